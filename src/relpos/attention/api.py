@@ -1,0 +1,113 @@
+"""``relpos.attention`` and ``relpos.scores``: one entry point, several backends.
+
+``backend="auto"`` picks, from what the call needs and from measurements recorded in
+docs/benchmarks.md (2-core CPU, torch 2.13):
+
+* no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
+* a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
+  (fastest for small problems);
+* a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
+  distance-only biases: 1.06x the no-bias SDPA time at L=4096), ``flex`` on CUDA when it
+  compiles. It never builds an L x L bias above the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from ..encodings.base import Encoding
+from .call import AttentionCall, prepare_call
+from .chunked import chunked_attention
+from .eager import eager_attention, logits
+from .flex import flex_attention_backend, flex_available
+from .sdpa import sdpa_attention
+
+DENSE_BIAS_LIMIT = 1 << 22  # elements of a materialised (B, H, Lq, Lk) bias (16 MiB in fp32)
+
+BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
+    "eager": eager_attention,
+    "sdpa": sdpa_attention,
+    "chunked": chunked_attention,
+    "flex": flex_attention_backend,
+}
+
+
+def supported_backends(encoding: Encoding | None) -> list[str]:
+    """Backends that compute this encoding exactly (``sdpa`` materialises biases)."""
+    return ["eager", "sdpa", "chunked", "flex"]
+
+
+def choose_backend(call: AttentionCall) -> str:
+    """The backend ``auto`` uses for this call (see module docstring)."""
+    if not call.has_bias:
+        return "sdpa"
+    B, H, Lq = call.q.shape[:3]
+    if B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT:
+        return "sdpa"
+    if call.q.device.type == "cuda" and flex_available():
+        return "flex"
+    return "chunked"
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None = None,
+    *,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    causal: bool = False,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """Scaled dot-product attention with a relative positional encoding.
+
+    Args:
+        q: ``(B, H, Lq, D)``; k: ``(B, Hkv, Lk, D)``; v: ``(B, Hkv, Lk, Dv)``, with ``H``
+            a multiple of ``Hkv`` (grouped-query attention).
+        encoding: a ``relpos.Encoding`` (``relpos.create(name, ...)``) or None.
+        q_pos, k_pos: positions ``(L,)``, ``(B, L)`` or ``(B, L, m)``. Defaults: keys
+            ``0..Lk-1``, queries the last ``Lq`` of those (``Lk-Lq .. Lk-1``), as in decoding.
+        causal: mask keys after each query, aligned bottom-right (query ``i`` sees keys
+            ``j <= i + Lk - Lq``).
+        mask: bool (True = attend) or additive float, broadcastable to ``(B, H, Lq, Lk)``.
+        scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
+        backend: "auto", "eager", "sdpa", "chunked" or "flex".
+
+    Returns:
+        ``(B, H, Lq, Dv)`` in the dtype of q.
+    """
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+    call = prepare_call(
+        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=causal, mask=mask, scale=scale
+    )
+    name = choose_backend(call) if backend == "auto" else backend
+    out = BACKENDS[name](call)
+    if encoding is not None and encoding.has_rotary:
+        out = encoding.rotate(out, call.q_pos, "o")
+    return out
+
+
+def scores(
+    q: Tensor,
+    k: Tensor,
+    encoding: Encoding | None = None,
+    *,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Attention logits ``(B, H, Lq, Lk)`` before masking and softmax (eager, O(L^2))."""
+    v = k  # logits never read v; k has its shape
+    call = prepare_call(
+        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=False, mask=None, scale=scale
+    )
+    return logits(call)
+
+
+__all__ = ["attention", "scores", "choose_backend", "BACKENDS", "DENSE_BIAS_LIMIT"]

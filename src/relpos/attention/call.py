@@ -1,0 +1,186 @@
+"""Validation and preparation shared by every backend: one ``AttentionCall`` per call.
+
+``prepare_call`` checks shapes, dtypes, head counts and positions (errors name the argument
+and the expected form), applies the encoding's rotations, and runs its ``prepare``.
+Backends then only read the ``AttentionCall``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..encodings.base import BiasContext, Encoding
+from ..positions import normalize_positions
+
+
+@dataclass
+class AttentionCall:
+    """Everything a backend needs. q/k/v are rotated; k/v keep their own head count."""
+
+    q: Tensor  # (B, H, Lq, D)
+    k: Tensor  # (B, Hkv, Lk, D)
+    v: Tensor  # (B, Hkv, Lk, Dv)
+    encoding: Encoding | None
+    ctx: BiasContext | None  # set when the encoding has a bias
+    q_pos: Tensor  # (B|1, Lq[, m])
+    k_pos: Tensor
+    causal: bool
+    mask: Tensor | None  # bool (True = attend) or float additive, broadcastable to (B,H,Lq,Lk)
+    scale: float
+
+    @property
+    def has_bias(self) -> bool:
+        return self.ctx is not None
+
+    @property
+    def groups(self) -> int:
+        return self.q.shape[1] // self.k.shape[1]
+
+    @property
+    def causal_offset(self) -> int:
+        """Causal masks are bottom-right aligned: query i may see keys j <= i + offset."""
+        return self.k.shape[2] - self.q.shape[2]
+
+    def expanded_kv(self) -> tuple[Tensor, Tensor]:
+        """k, v repeated to the query head count (grouped-query attention)."""
+        if self.groups == 1:
+            return self.k, self.v
+        return (
+            self.k.repeat_interleave(self.groups, dim=1),
+            self.v.repeat_interleave(self.groups, dim=1),
+        )
+
+    def bias_block(self, i: Tensor, j: Tensor) -> Tensor:
+        """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:
+        ``(B|1, H, T, S)``."""
+        assert self.encoding is not None and self.ctx is not None
+        dev = self.q.device
+        b = torch.arange(self.q.shape[0], device=dev)[:, None, None, None]
+        h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
+        return self.encoding.bias(self.ctx, b, h, i[None, None, :, None], j[None, None, None, :])
+
+    def mask_block(self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype) -> Tensor | None:
+        """Additive float mask (0 / -inf) for the query rows ``q_start:q_end`` and keys
+        ``0:k_end``, combining ``causal`` and the user ``mask``; None when nothing is masked."""
+        out = None
+        dev = self.q.device
+        if self.causal:
+            i = torch.arange(q_start, q_end, device=dev)[:, None] + self.causal_offset
+            j = torch.arange(k_end, device=dev)[None, :]
+            out = torch.zeros((), dtype=dtype, device=dev).masked_fill(j > i, float("-inf"))
+        if self.mask is not None:
+            m = self.mask[..., q_start:q_end, :k_end]
+            if m.dtype == torch.bool:
+                m = torch.zeros((), dtype=dtype, device=dev).masked_fill(~m, float("-inf"))
+            else:
+                m = m.to(dtype)
+            out = m if out is None else out + m
+        return out
+
+
+def _check_qkv(q: object, k: object, v: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(
+            f"q, k, v must share the batch size B, got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}"
+        )
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"the query head count ({q.shape[1]}) must be a multiple of the key/value head count "
+            f"({k.shape[1]}) for grouped-query attention"
+        )
+
+
+def _check_mask(mask: object, shape: tuple[int, int, int, int]) -> Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"mask must be bool (True = attend) or float (additive), got {mask.dtype}")
+    if mask.dim() > 4:
+        raise ValueError(f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}")
+    try:
+        return mask.expand(shape) if mask.dim() == 4 else mask.reshape(
+            (1,) * (4 - mask.dim()) + tuple(mask.shape)
+        ).expand(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}"
+        ) from None
+
+
+def prepare_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None,
+    *,
+    q_pos: Tensor | None,
+    k_pos: Tensor | None,
+    causal: bool,
+    mask: Tensor | None,
+    scale: float | None,
+) -> AttentionCall:
+    """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked)."""
+    _check_qkv(q, k, v)
+    if encoding is not None and not isinstance(encoding, Encoding):
+        raise TypeError(
+            f"encoding must be a relpos.Encoding (see relpos.create) or None, "
+            f"got {type(encoding).__name__}"
+        )
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+    mask = _check_mask(mask, (B, H, Lq, Lk))
+    dims = encoding.dims if encoding is not None else 1
+    continuous = encoding.continuous if encoding is not None else True
+    common = dict(batch=B, dims=dims, continuous=continuous, device=q.device)
+    qp = normalize_positions(q_pos, name="q_pos", length=Lq, offset=Lk - Lq, **common)
+    kp = normalize_positions(k_pos, name="k_pos", length=Lk, **common)
+    ctx = None
+    if encoding is not None:
+        if encoding.num_heads != H:
+            raise ValueError(
+                f"q has {H} heads but encoding {encoding.name!r} was created with "
+                f"num_heads={encoding.num_heads}"
+            )
+        if encoding.causal_only and not causal and Lq > 1:
+            raise ValueError(
+                f"encoding {encoding.name!r} is causal-only (scores grow toward future keys); "
+                f"pass causal=True"
+            )
+        encoding.check_positions(qp, "q_pos")
+        encoding.check_positions(kp, "k_pos")
+        if encoding.has_rotary:
+            q, k = encoding.rotate_qk(q, k, qp, kp)
+        v = encoding.rotate(v, kp, "v")
+        if encoding.has_bias:
+            ctx = encoding.prepare(q, k, qp, kp)
+    return AttentionCall(q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale))

@@ -1,0 +1,184 @@
+"""Memory-efficient backend for biased attention: query blocks, O(L * block) memory.
+
+Two paths, chosen per call:
+
+* **Toeplitz path** (``distance_only`` encodings whose positions are one integer range, no
+  user mask): the bias is tabulated once per distance, ``table (H, Lq + Lk - 1)`` (O(L)),
+  with ``-inf`` on future distances when causal. Each query block is processed with its rows
+  reversed, so its bias slice is a zero-copy Hankel *view* of the reversed table
+  (``as_strided`` with strides ``(H: N, row: 1, col: 1)``) handed straight to the fused SDPA
+  kernel. Causal blocks only visit keys up to their last query. A custom
+  ``autograd.Function`` recomputes each block in backward; the gradient of the table is the
+  sum of ``dS`` over anti-diagonals (a pad-and-reshape, no scatter), and autograd carries it
+  into the encoding's parameters (T5 table, KERPLE r1/r2, ...).
+* **Tile path** (any other bias, user masks, arbitrary positions): each query block computes
+  its ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
+  under activation checkpointing so backward recomputes the slice instead of storing it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..positions import as_span
+from .call import AttentionCall
+
+FORWARD_BLOCK = 256
+BACKWARD_BLOCK = 256
+TILE_BLOCK = 256
+
+
+# ---------------------------------------------------------------------------- Toeplitz path
+def _key_end(q_end: int, offset: int, length_k: int, causal: bool) -> int:
+    return min(length_k, q_end + offset) if causal else length_k
+
+
+def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
+    """View ``M[h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``: ``(1, H, rows, cols)``."""
+    n = w.shape[1]
+    return w.as_strided((1, w.shape[0], rows, cols), (0, n, 1, 1), w.storage_offset() + offset)
+
+
+def _antidiagonal_sums(a: Tensor) -> Tensor:
+    """``out[h, c] = sum_{r + s = c} a[h, r, s]`` for ``a (H, R, S)`` -> ``(H, R + S - 1)``."""
+    h, r, s = a.shape
+    padded = F.pad(a, (0, r)).reshape(h, r * (s + r))[:, : r * (s + r - 1)]
+    return padded.reshape(h, r, s + r - 1).sum(1)
+
+
+def _block_forward(qf: Tensor, kb: Tensor, vb: Tensor, bias: Tensor, scale: float):
+    if qf.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qf, kb, vb, attn_mask=bias, scale=scale
+        )
+        return out, lse
+    s = torch.matmul(qf.float(), kb.float().transpose(-1, -2)) * scale + bias.float()
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.matmul(torch.exp(s - lse[..., None]), vb.float()).to(qf.dtype)
+    return out, lse
+
+
+class _ToeplitzAttention(torch.autograd.Function):
+    """Attention with a bias ``table[h, i - j + Lk - 1]`` (index distance), q/k/v ``(B, H, L, D)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, scale, causal):  # type: ignore[override]
+        B, H, Lq, D = q.shape
+        Lk = k.shape[2]
+        offset = Lk - Lq
+        w = table.detach().flip(-1).to(q.dtype).contiguous()
+        out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+        for s in range(0, Lq, FORWARD_BLOCK):
+            e = min(s + FORWARD_BLOCK, Lq)
+            kend = _key_end(e, offset, Lk, causal)
+            qf = q[:, :, s:e].flip(2)
+            bias = _hankel(w, Lq - e, e - s, kend)
+            o, l = _block_forward(qf, k[:, :, :kend], v[:, :, :kend], bias, scale)
+            out[:, :, s:e] = o.flip(2)
+            lse[:, :, s:e] = l.flip(2)
+        ctx.save_for_backward(q, k, v, table, out, lse)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v, table, out, lse = ctx.saved_tensors
+        scale, causal = ctx.scale, ctx.causal
+        B, H, Lq, D = q.shape
+        Lk = k.shape[2]
+        offset = Lk - Lq
+        need_table = ctx.needs_input_grad[3]
+        q32, k32, v32 = q.float(), k.float(), v.float()
+        do32, o32 = dout.float(), out.float()
+        w = table.detach().float().flip(-1).contiguous()
+        dq = torch.zeros_like(q32)
+        dk = torch.zeros_like(k32)
+        dv = torch.zeros_like(v32)
+        dw = torch.zeros_like(w) if need_table else None
+        for s in range(0, Lq, BACKWARD_BLOCK):
+            e = min(s + BACKWARD_BLOCK, Lq)
+            kend = _key_end(e, offset, Lk, causal)
+            qf = q32[:, :, s:e].flip(2)
+            dof = do32[:, :, s:e].flip(2)
+            delta = (dof * o32[:, :, s:e].flip(2)).sum(-1, keepdim=True)
+            kb, vb = k32[:, :, :kend], v32[:, :, :kend]
+            off = Lq - e
+            scores = torch.matmul(qf, kb.transpose(-1, -2)).mul_(scale)
+            scores += _hankel(w, off, e - s, kend)
+            p = scores.sub_(lse[:, :, s:e].flip(2)[..., None]).exp_()
+            dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), dof)
+            ds = torch.matmul(dof, vb.transpose(-1, -2)).sub_(delta).mul_(p)
+            dq[:, :, s:e] = torch.matmul(ds, kb).mul_(scale).flip(2)
+            dk[:, :, :kend] += torch.matmul(ds.transpose(-1, -2), qf).mul_(scale)
+            if dw is not None:
+                dw[:, off : off + (e - s) + kend - 1] += _antidiagonal_sums(ds.sum(0))
+        dtable = dw.flip(-1).to(table.dtype) if dw is not None else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable, None, None
+
+
+def toeplitz_table(call: AttentionCall) -> Tensor | None:
+    """The per-distance bias table ``(H, Lq + Lk - 1)`` if this call qualifies, else None.
+
+    Entry ``t`` holds the bias at index distance ``i - j = t - (Lk - 1)`` (``-inf`` for keys
+    in the future when causal).
+    """
+    enc = call.encoding
+    if enc is None or not enc.distance_only or call.mask is not None:
+        return None
+    q_span, k_span = as_span(call.q_pos), as_span(call.k_pos)
+    if q_span is None or k_span is None:
+        return None
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    # position distance = index distance + delta, index distance d = i - j + (Lk - Lq)
+    delta = (q_span.start - k_span.start) - (Lk - Lq)
+    table = enc.distance_table(1 - Lq + delta, Lk - 1 + delta, call.q.device)
+    if call.causal:
+        future = torch.arange(Lq + Lk - 1, device=call.q.device) < Lq - 1
+        table = table.masked_fill(future, float("-inf"))
+    return table
+
+
+def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:
+    k, v = call.expanded_kv()
+    return _ToeplitzAttention.apply(call.q, k, v, table, call.scale, call.causal)
+
+
+# ---------------------------------------------------------------------------- tile path
+def _tile_attention(call: AttentionCall) -> Tensor:
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    dev = call.q.device
+    k, v = call.expanded_kv()
+    outs = []
+    for s in range(0, Lq, TILE_BLOCK):
+        e = min(s + TILE_BLOCK, Lq)
+        kend = _key_end(e, call.causal_offset, Lk, call.causal)
+
+        def block(qb: Tensor, kb: Tensor, vb: Tensor, s: int = s, e: int = e, kend: int = kend):
+            bias = None
+            if call.has_bias:
+                i = torch.arange(s, e, device=dev)
+                j = torch.arange(kend, device=dev)
+                bias = call.bias_block(i, j).to(qb.dtype)
+            m = call.mask_block(s, e, kend, qb.dtype)
+            if m is not None:
+                bias = m if bias is None else bias + m
+            return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=call.scale)
+
+        args = (call.q[:, :, s:e], k[:, :, :kend], v[:, :, :kend])
+        if torch.is_grad_enabled():
+            outs.append(checkpoint(block, *args, use_reentrant=False))
+        else:
+            outs.append(block(*args))
+    return torch.cat(outs, dim=2)
+
+
+def chunked_attention(call: AttentionCall) -> Tensor:
+    """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
+    table = toeplitz_table(call)
+    if table is not None:
+        return _toeplitz_attention(call, table)
+    return _tile_attention(call)

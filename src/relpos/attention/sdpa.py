@@ -1,0 +1,42 @@
+"""``torch.nn.functional.scaled_dot_product_attention`` backend.
+
+For encodings without a bias (rotary, none, absolute) this is the fast path: flash kernels
+on CPU and GPU, no L x L tensor when the only mask is causal with ``Lq == Lk``. With a bias
+it materialises the (B, H, Lq, Lk) bias as a float mask, which ``auto`` allows only below
+``relpos.attention.api.DENSE_BIAS_LIMIT`` elements.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from .call import AttentionCall
+
+
+def sdpa_attention(call: AttentionCall) -> Tensor:
+    """Returns ``(B, H, Lq, Dv)``."""
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    is_causal = call.causal and Lq == Lk and call.mask is None and not call.has_bias
+    bias = None
+    if call.has_bias:
+        import torch
+
+        dev = call.q.device
+        bias = call.bias_block(torch.arange(Lq, device=dev), torch.arange(Lk, device=dev))
+        bias = bias.to(call.q.dtype)
+    if not is_causal:
+        m = call.mask_block(0, Lq, Lk, call.q.dtype) if (call.causal and Lq > 1) or (
+            call.mask is not None
+        ) else None
+        if m is not None:
+            bias = m if bias is None else bias + m
+    return F.scaled_dot_product_attention(
+        call.q,
+        call.k,
+        call.v,
+        attn_mask=bias,
+        is_causal=is_causal,
+        scale=call.scale,
+        enable_gqa=call.groups > 1,
+    )

@@ -1,0 +1,274 @@
+"""Additive biases from positions alone: ALiBi, T5 buckets, KERPLE, FIRE.
+
+Each ``bias_at_distance`` (or ``bias``) reads like the paper's formula and is written once;
+backends broadcast it over full grids, tiles, per-distance tables, or call it as a
+FlexAttention ``score_mod``. ``distance = q_pos - k_pos`` (>= 0 for keys in the past).
+All biases are added after the ``1/sqrt(d)`` scaling.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..functional import alibi_slopes, t5_bucket
+from ..registry import register
+from .base import BiasContext, Encoding
+
+
+def _per_head(values: float | list[float] | Tensor | None, num_heads: int, name: str) -> Tensor | None:
+    """Optional per-head initial values: a scalar, a list of H values, or None."""
+    if values is None:
+        return None
+    t = torch.as_tensor(values, dtype=torch.float32)
+    if t.dim() == 0:
+        t = t.expand(num_heads).clone()
+    if t.shape != (num_heads,):
+        raise ValueError(f"{name} must be a scalar or {num_heads} per-head values, got {tuple(t.shape)}")
+    return t
+
+
+def _inverse_softplus(y: Tensor) -> Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+class DistanceBias(Encoding):
+    """Base of biases that depend on ``q_pos - k_pos`` only."""
+
+    family = "bias"
+    has_bias = True
+    relative = True
+    distance_only = True
+
+
+@register("alibi")
+class ALiBi(DistanceBias):
+    """ALiBi (Press et al. 2021, "Train Short, Test Long", arXiv 2108.12409).
+
+    ``b_h(i, j) = -m_h * (i - j)`` (causal form, the paper's) or ``-m_h * |i - j|`` with
+    ``bidirectional=True`` (the maintainers' encoder form). Slopes ``m_h`` from
+    ``functional.alibi_slopes`` (exact for any head count). No parameters. relpos uses the
+    explicit ``-m (i - j)`` matrix, not the ``m * j`` trick that is exact only under a causal mask.
+    """
+
+    paper = "Press et al. 2021 (ALiBi)"
+    continuous = True
+
+    def __init__(self, num_heads: int, head_dim: int, *, bidirectional: bool = False) -> None:
+        super().__init__(num_heads, head_dim)
+        self.bidirectional = bool(bidirectional)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        d = distance.to(self.slopes.dtype)
+        if self.bidirectional:
+            d = d.abs()
+        return -self.slopes[h] * d
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, bidirectional={self.bidirectional}"
+
+
+@register("t5")
+class T5Bias(DistanceBias):
+    """T5 relative-position buckets (Raffel et al. 2020; HF ``T5Attention.compute_bias``).
+
+    ``b_h(i, j) = B[bucket(j - i), h]`` with a learned table ``B (num_buckets, H)`` initialised
+    ``N(0, (num_heads * head_dim)^-1)`` (HF: ``factor * d_model^-0.5``). ``bidirectional`` picks
+    the encoder (two-sided) or decoder (causal) bucketing; ``functional.t5_bucket`` has details.
+    """
+
+    paper = "Raffel et al. 2020 (T5)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        bidirectional: bool = False,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets=num_buckets, max_distance=max_distance)
+        self.bidirectional = bool(bidirectional)
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        std = (num_heads * head_dim) ** -0.5
+        self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * std)
+
+    def bucket(self, distance: Tensor) -> Tensor:
+        """Bucket of ``relative_position = k_pos - q_pos = -distance``."""
+        return t5_bucket(
+            -distance,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        return self.table[self.bucket(distance), h]
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, bidirectional={self.bidirectional}, "
+            f"num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+        )
+
+
+class _Kerple(DistanceBias):
+    """Shared parametrisation: per-head ``r1 > eps`` as ``eps + softplus(raw)``."""
+
+    eps = 1e-2
+    paper = "Chi et al. 2022 (KERPLE)"
+
+    def _positive(self, init: Tensor) -> nn.Parameter:
+        return nn.Parameter(_inverse_softplus((init - self.eps).clamp(min=1e-4)))
+
+    @staticmethod
+    def _abs_float(distance: Tensor, like: Tensor) -> Tensor:
+        return distance.abs().to(like.dtype)
+
+
+@register("kerple-log")
+class KerpleLog(_Kerple):
+    """KERPLE, logarithmic variant (Chi et al. 2022, arXiv 2205.09921; chijames/KERPLE).
+
+    ``b_h(n) = -r1_h * log(1 + r2_h * n)`` with ``n = |i - j|``, per-head learned ``r1, r2 > 0``.
+    Official init: ``r1 ~ 2 U(0,1)``, ``r2 ~ U(0,1)``; the official code clamps at 1e-2 each
+    step, relpos keeps the constraint by parametrisation ``r = 1e-2 + softplus(raw)``.
+    Causal LMs mask j > i; the ``|i - j|`` form is the bidirectional extension.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        r1: float | list[float] | None = None,
+        r2: float | list[float] | None = None,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        r1_init = _per_head(r1, num_heads, "r1")
+        r2_init = _per_head(r2, num_heads, "r2")
+        if r1_init is None:
+            r1_init = torch.rand(num_heads) * 2
+        if r2_init is None:
+            r2_init = torch.rand(num_heads)
+        self.raw_r1 = self._positive(r1_init)
+        self.raw_r2 = self._positive(r2_init)
+
+    @property
+    def r1(self) -> Tensor:
+        return self.eps + F.softplus(self.raw_r1)
+
+    @property
+    def r2(self) -> Tensor:
+        return self.eps + F.softplus(self.raw_r2)
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        r1, r2 = self.r1, self.r2
+        n = self._abs_float(distance, r1)
+        return -r1[h] * torch.log1p(r2[h] * n)
+
+
+@register("kerple-power")
+class KerplePower(_Kerple):
+    """KERPLE, power variant (Chi et al. 2022, arXiv 2205.09921; chijames/KERPLE).
+
+    ``b_h(n) = -r1_h * n^(p_h)`` with ``n = |i - j|``, ``r1 > 0`` (``1e-2 + softplus``) and the
+    exponent ``p in (0, 2]`` kept in range as ``p = 2 * sigmoid(raw)``. Official init:
+    ``r1 ~ U(0,1)``, ``p ~ 2 U(0,1)``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        r1: float | list[float] | None = None,
+        power: float | list[float] | None = None,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        r1_init = _per_head(r1, num_heads, "r1")
+        p_init = _per_head(power, num_heads, "power")
+        if r1_init is None:
+            r1_init = torch.rand(num_heads)
+        if p_init is None:
+            p_init = torch.rand(num_heads) * 2
+        if bool(((p_init <= 0) | (p_init > 2)).any()):
+            raise ValueError(f"power must lie in (0, 2], got {p_init.tolist()}")
+        self.raw_r1 = self._positive(r1_init)
+        frac = (p_init / 2).clamp(1e-4, 1 - 1e-6)
+        self.raw_power = nn.Parameter(torch.log(frac) - torch.log1p(-frac))
+
+    @property
+    def r1(self) -> Tensor:
+        return self.eps + F.softplus(self.raw_r1)
+
+    @property
+    def power(self) -> Tensor:
+        return 2 * torch.sigmoid(self.raw_power)
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        r1, p = self.r1, self.power
+        n = self._abs_float(distance, r1)
+        # n = 0 gives 0; clamp so pow's gradient w.r.t. p (n^p log n) stays finite there.
+        powered = torch.pow(n.clamp(min=1.0), p[h])
+        return torch.where(n == 0, torch.zeros_like(powered), -r1[h] * powered)
+
+
+@register("fire")
+class FIRE(Encoding):
+    """FIRE, functional interpolation (Li et al. 2023, arXiv 2310.04418; paper appendix code).
+
+    ``b_h(i, j) = f_theta( psi(i - j) / (psi(max(L, i)) + 1e-6) )_h``, ``psi(x) = log(|c x| + 1)``,
+    ``f_theta = Linear(1, 32) -> ReLU -> Linear(32, H)``; learnable ``c`` (init 0.1) and threshold
+    ``L = |L_multiplier * 512|`` (multiplier init 1). ``i`` is the absolute query position
+    ("progressive interpolation"), so FIRE is not strictly relative. Follows the paper's
+    ``max(L, i)`` (one public re-implementation uses ``min``).
+    """
+
+    family = "bias"
+    paper = "Li et al. 2023 (FIRE)"
+    has_bias = True
+    relative = False
+    continuous = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        self.mlp_in = nn.Linear(1, mlp_width)
+        self.mlp_out = nn.Linear(mlp_width, num_heads)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.register_buffer("init_L", torch.tensor(float(init_L)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.eps = float(eps)
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log(torch.abs(self.c * x) + 1)
+
+    def mlp_input(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``psi(i - j) / (psi(max(L, i)) + eps)``: in [0, 1] for every ``j <= i``."""
+        i = q_pos.to(self.c.dtype)
+        threshold = torch.abs(self.L_multiplier * self.init_L)
+        return self.psi(i - k_pos.to(self.c.dtype)) / (self.psi(torch.maximum(threshold, i)) + self.eps)
+
+    def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        u = self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j])
+        hidden = torch.relu(u[..., None] * self.mlp_in.weight[:, 0] + self.mlp_in.bias)
+        # Contract the hidden units with the row of the output layer for head h (a matmul).
+        return torch.einsum("...k,...k->...", hidden, self.mlp_out.weight[h]) + self.mlp_out.bias[h]
+
+
+__all__ = ["ALiBi", "T5Bias", "KerpleLog", "KerplePower", "FIRE"]

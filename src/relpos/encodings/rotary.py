@@ -1,0 +1,154 @@
+"""Rotary encodings: RoPE (half-split / interleaved, partial) and xPos.
+
+RoPE (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding"):
+each channel pair of q and k is rotated by ``p * theta_i``, ``theta_i = base^(-2i/d)``, so
+``<R(m) q, R(n) k> = <q, R(n - m) k>`` depends on the distance only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional import apply_rotary, rope_angles, rope_frequencies
+from ..registry import register
+from .base import Encoding
+
+
+@register("rope")
+class RoPE(Encoding):
+    """Rotary position embedding (Su et al. 2021, arXiv 2104.09864).
+
+    Args:
+        base: ``rope_theta`` (10000).
+        layout: ``"half"`` pairs ``(x_i, x_{i+r/2})`` (GPT-NeoX / HF Llama) or
+            ``"interleaved"`` pairs ``(x_{2i}, x_{2i+1})`` (RoFormer, GPT-J, Meta Llama).
+        partial_rotary_factor: rotate the first ``r = int(head_dim * p)`` channels with
+            frequencies spread over ``r`` (GPT-NeoX convention); the rest pass through.
+        scaling: an HF ``rope_scaling`` dict (see ``functional.rope_frequencies``).
+
+    Formula: for pair ``(a, b)`` at position p: ``(a cos(p theta_i) - b sin(p theta_i),
+    a sin(p theta_i) + b cos(p theta_i))``. Angles are formed in float32 (float64 for
+    fractional positions or positions > 2^24). Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
+    """
+
+    family = "rotary"
+    paper = "Su et al. 2021 (RoFormer)"
+    has_rotary = True
+    continuous = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        if layout not in ("half", "interleaved"):
+            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+        inv_freq, attention_factor = rope_frequencies(
+            head_dim, base, scaling, partial_rotary_factor=partial_rotary_factor
+        )
+        self.base = float(base)
+        self.layout = layout
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.attention_factor = float(attention_factor)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of rotated channels ``r`` (even)."""
+        return 2 * self.inv_freq.numel()
+
+    def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of shape ``(B|1, 1, L, r/2)`` float32 for positions ``(B|1, L)``."""
+        ang = rope_angles(pos, self.inv_freq)[:, None]
+        cos, sin = ang.cos(), ang.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
+    def _check_head_dim(self, x: Tensor, role: str) -> None:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{role} has head_dim {x.shape[-1]} but the encoding was created with "
+                f"head_dim={self.head_dim}"
+            )
+
+    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
+        if role not in ("q", "k"):
+            return x
+        self._check_head_dim(x, role)
+        cos, sin = self.cos_sin(pos)
+        return apply_rotary(x, cos, sin, self.layout)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, base={self.base:g}, layout={self.layout!r}, "
+            f"rotary_dim={self.rotary_dim}"
+        )
+
+
+@register("xpos")
+class XPos(RoPE):
+    """xPos / LeX Transformer (Sun et al. 2022, arXiv 2212.10554; torchscale ``XPOS``).
+
+    RoPE (interleaved layout, as in torchscale) times a per-pair exponential scale:
+    ``zeta_i = (2i + 0.4 d) / (1.4 d)``; query at n: ``RoPE(q, n) * zeta^((n - c) / B)``; key at
+    m: ``RoPE(k, m) * zeta^(-(m - c) / B)``. The score then carries ``zeta_i^((n - m)/B)``,
+    which decays with distance for keys in the past: xPos is causal. ``B = scale_base``
+    (512). The centre ``c`` cancels in q.k; relpos takes the midpoint of the key positions
+    of each call so the factors neither overflow nor underflow, and therefore asks
+    ``relpos.nn`` to cache raw keys (``cache_rotated_keys = False``).
+    """
+
+    paper = "Sun et al. 2022 (xPos)"
+    causal_only = True
+    continuous = False
+    cache_rotated_keys = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+        layout: str = "interleaved",
+    ) -> None:
+        super().__init__(num_heads, head_dim, base=base, layout=layout)
+        if not scale_base > 0:
+            raise ValueError(f"scale_base must be > 0, got {scale_base!r}")
+        self.scale_base = float(scale_base)
+        d = head_dim
+        zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
+        self.register_buffer("zeta", zeta.float(), persistent=False)
+
+    def _scaled(self, x: Tensor, pos: Tensor, center: Tensor, sign: float) -> Tensor:
+        cos, sin = self.cos_sin(pos)
+        rel = (pos.to(torch.float64) - center)[:, None, :, None] * (sign / self.scale_base)
+        scale = torch.pow(self.zeta.to(torch.float64), rel).to(torch.float32)
+        return apply_rotary(x, cos * scale, sin * scale, self.layout)
+
+    def rotate_qk(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        self._check_head_dim(q, "q")
+        self._check_head_dim(k, "k")
+        center = (k_pos.min().to(torch.float64) + k_pos.max().to(torch.float64)) / 2
+        center = torch.floor(center)
+        return self._scaled(q, q_pos, center, 1.0), self._scaled(k, k_pos, center, -1.0)
+
+    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
+        if role not in ("q", "k"):
+            return x
+        self._check_head_dim(x, role)
+        zero = torch.zeros((), dtype=torch.float64, device=pos.device)
+        return self._scaled(x, pos, zero, 1.0 if role == "q" else -1.0)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_base={self.scale_base:g}"

@@ -1,0 +1,205 @@
+"""Pure functions shared by every encoding: frequencies, rotations, slopes, buckets.
+
+Nothing here holds state; encodings and backends compose these. Each function states its
+paper and the exact formula it implements (see ``../shared/spec``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "rope_frequencies",
+    "rope_angles",
+    "apply_rotary",
+    "alibi_slopes",
+    "t5_bucket",
+    "sinusoidal_table",
+]
+
+
+def _check_positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def rope_frequencies(
+    head_dim: int,
+    base: float = 10000.0,
+    scaling: dict | None = None,
+    *,
+    seq_len: int | None = None,
+    max_position_embeddings: int | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> tuple[Tensor, float]:
+    """Inverse frequencies of RoPE (Su et al. 2021, RoFormer) and the attention factor.
+
+    ``theta_i = base ** (-2i / d)`` for ``i = 0 .. d/2 - 1`` where ``d = int(head_dim *
+    partial_rotary_factor)`` (GPT-NeoX convention: the frequency range is spread over the
+    rotated channels only). Computed in float32 exactly as Hugging Face ``transformers``
+    (``1 / base ** (arange(0, d, 2).float() / d)``) so checkpoints trained there match bit for bit.
+
+    Args:
+        head_dim: channels per head.
+        base: the RoPE base ("rope_theta").
+        scaling: an HF ``rope_scaling`` dict. Only ``None`` or ``{"rope_type": "default"}`` is
+            accepted for now; context-extension types raise ``ValueError``.
+        seq_len, max_position_embeddings: reserved for the scaling types (ignored by default).
+        partial_rotary_factor: fraction of ``head_dim`` that is rotated, in (0, 1].
+
+    Returns:
+        ``(inv_freq, attention_factor)``: ``inv_freq`` has shape ``(d // 2,)`` float32;
+        ``attention_factor`` multiplies cos and sin (HF semantics), 1.0 for the default type.
+    """
+    _check_positive_int(head_dim, "head_dim")
+    if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1.0:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    if not (0.0 < float(partial_rotary_factor) <= 1.0):
+        raise ValueError(
+            f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}"
+        )
+    if scaling is not None:
+        if not isinstance(scaling, dict):
+            raise TypeError(f"scaling must be a dict (an HF rope_scaling) or None, got {scaling!r}")
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(
+                f"scaling rope_type {rope_type!r} is not supported yet; supported: ['default']"
+            )
+        unknown = set(scaling) - {"rope_type", "type", "rope_theta"}
+        if unknown:
+            raise ValueError(f"scaling has unknown keys {sorted(unknown)} for rope_type 'default'")
+        base = float(scaling.get("rope_theta", base))
+    dim = int(head_dim * partial_rotary_factor)
+    if dim < 2:
+        raise ValueError(
+            f"head_dim * partial_rotary_factor must leave at least 2 rotated channels, got {dim}"
+        )
+    if partial_rotary_factor == 1.0 and head_dim % 2:
+        raise ValueError(f"head_dim must be even for full rotary, got {head_dim}")
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (base**exponent)
+    return inv_freq, 1.0
+
+
+def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """Angles ``pos * theta`` in float32, or float64 when precision needs it.
+
+    Integer positions up to 2**24 are exact in float32, so the product is formed in float32
+    (as HF does). Larger integer positions and fractional positions use float64 for the
+    product; the result is returned in float32 for large integers too but after the
+    reduction ``angle mod 2*pi`` in float64, so no precision is lost to the magnitude.
+
+    Shapes: ``pos (..., L)`` int or float, ``inv_freq (F,)`` -> ``(..., L, F)`` float32.
+    """
+    if pos.is_floating_point() or (pos.numel() and int(pos.abs().max()) > 2**24):
+        ang = pos.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+        return torch.remainder(ang, 2 * math.pi).to(torch.float32)
+    return pos.to(torch.float32)[..., None] * inv_freq.to(torch.float32)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
+    """Rotate channel pairs of ``x`` by the angles whose cos/sin are given.
+
+    Pair ``(a, b)`` becomes ``(a cos - b sin, a sin + b cos)``.
+
+    * ``layout="half"`` (GPT-NeoX / HF Llama): pairs are ``(x_i, x_{i + r/2})``.
+    * ``layout="interleaved"`` (RoFormer, GPT-J, Meta Llama): pairs are ``(x_{2i}, x_{2i+1})``.
+
+    Shapes: ``x (..., L, D)``; ``cos, sin (..., L, r/2)`` broadcastable to x's leading dims, with
+    ``r = 2 * cos.shape[-1] <= D``. Channels ``r..D`` pass through unchanged (partial rotary).
+    The arithmetic runs in ``x.dtype`` (cos/sin are cast), as in HF.
+    """
+    if layout not in ("half", "interleaved"):
+        raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+    r = 2 * cos.shape[-1]
+    if r > x.shape[-1]:
+        raise ValueError(
+            f"x has {x.shape[-1]} channels but cos/sin rotate {r}; expected cos.shape[-1] <= D/2"
+        )
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    if layout == "half":
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return out if rest is None else torch.cat((out, rest), dim=-1)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al. 2021, official ``get_slopes``), float32, shape ``(H,)``.
+
+    For ``H`` a power of two, ``m_h = 2 ** (-8 (h + 1) / H)``. Otherwise, with
+    ``c = 2 ** floor(log2 H)``: the ``c`` slopes for ``c`` heads, then the even-indexed entries
+    (``0, 2, 4, ...``) of the slopes for ``2c`` heads, ``H - c`` of them. Not sorted for such H.
+    """
+    _check_positive_int(num_heads, "num_heads")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (k + 1) for k in range(n)]
+
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = power_of_two(closest)
+    if closest != num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def t5_bucket(
+    relative_position: Tensor,
+    *,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Tensor:
+    """T5 relative-position bucket (Raffel et al. 2020; HF ``_relative_position_bucket``).
+
+    ``relative_position = key_pos - query_pos``. Bidirectional: half the buckets for each sign
+    (future keys in the upper half). Causal: future keys fall in bucket 0. Within a side,
+    distances below ``nb // 2`` get their own bucket; larger ones are log-spaced up to
+    ``max_distance``, beyond which they share the last bucket. Returns int64, same shape.
+    """
+    _check_positive_int(num_buckets, "num_buckets")
+    _check_positive_int(max_distance, "max_distance")
+    if relative_position.is_floating_point():
+        raise TypeError("relative_position must be an integer tensor")
+    rp = relative_position.to(torch.int64)
+    ret = torch.zeros_like(rp)
+    if bidirectional:
+        nb = num_buckets // 2
+        ret = ret + (rp > 0).to(torch.int64) * nb
+        n = rp.abs()
+    else:
+        nb = num_buckets
+        n = (-rp).clamp(min=0)
+    max_exact = nb // 2
+    is_small = n < max_exact
+    # log(0) is masked out by the `where`; clamp keeps it finite so no NaN warnings appear.
+    n_f = n.clamp(min=1).to(torch.float32)
+    large = max_exact + (
+        torch.log(n_f / max_exact) / math.log(max_distance / max_exact) * (nb - max_exact)
+    ).to(torch.int64)
+    large = large.clamp(max=nb - 1)
+    return ret + torch.where(is_small, n, large)
+
+
+def sinusoidal_table(pos: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Absolute sinusoidal embedding (Vaswani et al. 2017), float32, ``(..., L, dim)``.
+
+    ``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
+    Angles are formed in float64 for fractional or very large positions (see ``rope_angles``).
+    """
+    _check_positive_int(dim, "dim")
+    if dim % 2:
+        raise ValueError(f"dim must be even for the sinusoidal table, got {dim}")
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ang = rope_angles(pos, inv_freq)
+    return torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2)
