@@ -11,7 +11,7 @@ Public API (stable names; see docs/architecture.md)::
 """
 
 from . import encodings as _encodings  # noqa: F401  (registers the encodings)
-from . import functional
+from . import functional, nn
 from .attention import attention, scores
 from .encodings.base import BiasContext, Encoding
 from .registry import available, create
@@ -24,6 +24,7 @@ __all__ = [
     "attention",
     "scores",
     "functional",
+    "nn",
     "Encoding",
     "BiasContext",
     "__version__",

@@ -63,6 +63,7 @@ def attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    _rotated: bool = False,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -77,6 +78,7 @@ def attention(
         mask: bool (True = attend) or additive float, broadcastable to ``(B, H, Lq, Lk)``.
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
         backend: "auto", "eager", "sdpa", "chunked" or "flex".
+        _rotated: internal (relpos.nn KV cache): q and k are already rotated.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
@@ -84,7 +86,8 @@ def attention(
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
     call = prepare_call(
-        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=causal, mask=mask, scale=scale
+        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=causal, mask=mask, scale=scale,
+        rotated=_rotated,
     )
     name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)

@@ -142,8 +142,13 @@ def prepare_call(
     causal: bool,
     mask: Tensor | None,
     scale: float | None,
+    rotated: bool = False,
 ) -> AttentionCall:
-    """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked)."""
+    """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked).
+
+    ``rotated=True`` (used by ``relpos.nn`` with a KV cache of rotated keys) skips the
+    rotations: q and k already carry them.
+    """
     _check_qkv(q, k, v)
     if encoding is not None and not isinstance(encoding, Encoding):
         raise TypeError(
@@ -178,9 +183,9 @@ def prepare_call(
             )
         encoding.check_positions(qp, "q_pos")
         encoding.check_positions(kp, "k_pos")
-        if encoding.has_rotary:
+        if encoding.has_rotary and not rotated:
             q, k = encoding.rotate_qk(q, k, qp, kp)
-        v = encoding.rotate(v, kp, "v")
+            v = encoding.rotate(v, kp, "v")
         if encoding.has_bias:
             ctx = encoding.prepare(q, k, qp, kp)
     return AttentionCall(q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale))

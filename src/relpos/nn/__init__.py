@@ -1,0 +1,7 @@
+"""Neural-network layers built on relpos encodings."""
+
+from .attention import MultiHeadAttention
+from .cache import KVCache, LayerCache
+from .transformer import TransformerLM
+
+__all__ = ["MultiHeadAttention", "TransformerLM", "KVCache", "LayerCache"]

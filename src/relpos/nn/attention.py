@@ -1,0 +1,113 @@
+"""``MultiHeadAttention``: projections + any relpos encoding + a KV cache for decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import attention
+from ..encodings.base import Encoding
+from ..registry import create
+from .cache import LayerCache
+
+
+def build_encoding(
+    encoding: str | Encoding | None, num_heads: int, head_dim: int, options: dict[str, Any]
+) -> Encoding | None:
+    """An ``Encoding`` from a registry name (with ``options``), an instance, or None."""
+    if encoding is None or isinstance(encoding, Encoding):
+        if options:
+            raise ValueError("encoding_options are only used with an encoding name")
+        return encoding
+    return create(encoding, num_heads=num_heads, head_dim=head_dim, **options)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (optionally grouped-query) self-attention with a relative encoding.
+
+    Args:
+        dim: model width; ``head_dim = dim // num_heads``.
+        num_heads: query heads ``H``.
+        encoding: registry name, ``relpos.Encoding`` (may be shared across layers), or None.
+        num_kv_heads: key/value heads (divides ``num_heads``); default ``num_heads``.
+        encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
+        backend: passed to ``relpos.attention``.
+
+    ``forward(x (B, L, dim), pos=None, cache=None, causal=True) -> (B, L, dim)``. With a
+    ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is given),
+    keys/values are appended, and the queries attend to the whole cache.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        encoding: str | Encoding | None = "rope",
+        *,
+        num_kv_heads: int | None = None,
+        encoding_options: dict[str, Any] | None = None,
+        backend: str = "auto",
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({num_kv_heads}) must be a positive divisor of num_heads ({num_heads})"
+            )
+        self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
+        self.head_dim = dim // num_heads
+        self.backend = backend
+        self.encoding = build_encoding(encoding, num_heads, self.head_dim, encoding_options or {})
+        self.q_proj = nn.Linear(dim, dim, bias=bias)
+        self.kv_proj = nn.Linear(dim, 2 * num_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        cache: LayerCache | None = None,
+        causal: bool = True,
+    ) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k, v = self.kv_proj(x).chunk(2, dim=-1)
+        k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        enc = self.encoding
+        if cache is None:
+            out = attention(q, k, v, enc, q_pos=pos, k_pos=pos, causal=causal, backend=self.backend)
+        else:
+            if pos is None:
+                pos = torch.arange(cache.length, cache.length + L, device=x.device)[None]
+            elif pos.dim() == 1:
+                pos = pos[None]
+            rotate_now = enc is not None and enc.has_rotary and enc.cache_rotated_keys
+            cache.rotated = rotate_now
+            if rotate_now:
+                assert enc is not None
+                q, k = enc.rotate(q, pos, "q"), enc.rotate(k, pos, "k")
+                v = enc.rotate(v, pos, "v")
+            k_all, v_all, k_pos = cache.append(k, v, pos)
+            out = attention(
+                q,
+                k_all,
+                v_all,
+                enc,
+                q_pos=pos,
+                k_pos=k_pos,
+                causal=causal,
+                backend=self.backend,
+                _rotated=rotate_now,
+            )
+        return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))

@@ -1,0 +1,55 @@
+"""Key/value cache for incremental decoding with ``relpos.nn.MultiHeadAttention``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerCache:
+    """Cached keys ``(B, Hkv, L, D)``, values ``(B, Hkv, L, Dv)`` and key positions ``(B|1, L)``.
+
+    ``rotated`` records whether the keys were stored after the encoding's rotation (RoPE) or
+    raw (encodings whose key rotation depends on the whole call, e.g. xPos).
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    k_pos: Tensor | None = None
+    rotated: bool = True
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.k is None:
+            self.k, self.v, self.k_pos = k, v, k_pos
+        else:
+            assert self.v is not None and self.k_pos is not None
+            if k_pos.shape[0] != self.k_pos.shape[0]:
+                batch = max(k_pos.shape[0], self.k_pos.shape[0])
+                self.k_pos = self.k_pos.expand(batch, -1)
+                k_pos = k_pos.expand(batch, -1)
+            self.k = torch.cat((self.k, k), dim=2)
+            self.v = torch.cat((self.v, v), dim=2)
+            self.k_pos = torch.cat((self.k_pos, k_pos), dim=1)
+        return self.k, self.v, self.k_pos
+
+
+@dataclass
+class KVCache:
+    """One ``LayerCache`` per layer of a ``TransformerLM``."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_layers: int) -> KVCache:
+        return cls([LayerCache() for _ in range(num_layers)])
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0

@@ -1,0 +1,152 @@
+"""``TransformerLM``: a pre-norm decoder-only language model that takes an encoding name."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..encodings.base import Encoding
+from .attention import MultiHeadAttention, build_encoding
+from .cache import KVCache, LayerCache
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``Linear(dim, r dim) -> GELU -> Linear(r dim, dim)``."""
+
+    def __init__(self, dim: int, ratio: float = 4.0) -> None:
+        super().__init__()
+        hidden = int(dim * ratio)
+        self.fc_in = nn.Linear(dim, hidden)
+        self.fc_out = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc_out(torch.nn.functional.gelu(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, dim: int, attn: MultiHeadAttention, mlp_ratio: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, mlp_ratio)
+
+    def forward(self, x: Tensor, pos: Tensor | None, cache: LayerCache | None) -> Tensor:
+        x = x + self.attn(self.norm1(x), pos=pos, cache=cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only LM (pre-norm, GELU MLP, tied input/output embeddings).
+
+    Args:
+        vocab_size, dim, depth, num_heads: the usual sizes.
+        encoding: registry name (e.g. "rope", "alibi", "kerple-log", "sinusoidal", "nope").
+        encoding_options: keyword options for ``relpos.create``.
+        share_encoding: one encoding module for all layers (the KERPLE and T5 papers' code
+            share their bias parameters across layers); False gives each layer its own.
+        num_kv_heads: grouped-query attention.
+        backend: attention backend ("auto" picks per call).
+
+    ``forward(tokens (B, L), pos=None, cache=None) -> logits (B, L, vocab)``. Absolute
+    encodings (``adds_to_input``) are added to the token embeddings; the rest act in attention.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 128,
+        depth: int = 4,
+        num_heads: int = 4,
+        encoding: str = "rope",
+        *,
+        encoding_options: dict[str, Any] | None = None,
+        share_encoding: bool = True,
+        num_kv_heads: int | None = None,
+        mlp_ratio: float = 4.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        self.vocab_size, self.dim, self.depth = vocab_size, dim, depth
+        head_dim = dim // num_heads
+        options = dict(encoding_options or {})
+        first = build_encoding(encoding, num_heads, head_dim, options)
+        assert first is not None
+        self.encoding_name = encoding
+        self.input_encoding: Encoding | None = first if first.adds_to_input else None
+        attn_encoding = None if first.adds_to_input else first
+
+        def layer_encoding(index: int) -> Encoding | None:
+            if attn_encoding is None:
+                return None
+            if share_encoding or index == 0:
+                return attn_encoding
+            return build_encoding(encoding, num_heads, head_dim, options)
+
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(
+            Block(
+                dim,
+                MultiHeadAttention(
+                    dim, num_heads, layer_encoding(i), num_kv_heads=num_kv_heads, backend=backend
+                ),
+                mlp_ratio,
+            )
+            for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("out_proj.weight") or name.endswith("fc_out.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)) and not hasattr(module, "_relpos_keep"):
+            if isinstance(module, nn.Linear) and module.in_features == 1:
+                return  # small MLPs inside encodings (FIRE) keep their own init
+            nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for incremental decoding."""
+        return KVCache.empty(self.depth)
+
+    def forward(
+        self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"tokens must be an integer tensor of shape (B, L), got {tuple(tokens.shape)} "
+                f"{tokens.dtype}"
+            )
+        B, L = tokens.shape
+        x = self.embed(tokens)
+        if self.input_encoding is not None:
+            if pos is None:
+                start = cache.length if cache is not None else 0
+                pos = torch.arange(start, start + L, device=tokens.device)[None]
+            x = x + self.input_encoding.embed(pos, self.dim).to(x.dtype)
+        for index, block in enumerate(self.blocks):
+            x = block(x, pos, cache.layers[index] if cache is not None else None)
+        return self.norm(x) @ self.embed.weight.t()
+
+    @torch.no_grad()
+    def generate(self, tokens: Tensor, max_new_tokens: int) -> Tensor:
+        """Greedy decoding with a KV cache: ``(B, L) -> (B, L + max_new_tokens)``."""
+        cache = self.new_cache()
+        logits = self(tokens, cache=cache)
+        out = [tokens]
+        for _ in range(max_new_tokens):
+            nxt = logits[:, -1:].argmax(-1)
+            out.append(nxt)
+            logits = self(nxt, cache=cache)
+        return torch.cat(out, dim=1)
