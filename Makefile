@@ -1,0 +1,58 @@
+# relpos developer commands. `make demo` and `make test` work on a fresh machine:
+# the first call creates .venv and installs the package with its lab and test extras.
+# constraints.txt pins torch so pip takes the local CPU wheel, never a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+LINT_PATHS := src tests $(wildcard benchmarks)
+
+.PHONY: venv test test-slow lint format demo docs clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -c constraints.txt -e '.[lab,test]'
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+
+demo: $(STAMP)
+	$(VENV)/bin/relpos demo
+
+# Rewrite the block between the encodings markers of README.md with `relpos list --markdown`.
+define UPDATE_README
+import pathlib, re
+from relpos.cli import markdown_table
+path = pathlib.Path("README.md")
+text = path.read_text()
+start, end = "<!-- encodings:start -->", "<!-- encodings:end -->"
+block = f"{start}\n{markdown_table()}\n{end}"
+new, n = re.subn(re.escape(start) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+if n != 1:
+    raise SystemExit(f"README.md: expected one {start} ... {end} block, found {n}")
+if new != text:
+    path.write_text(new)
+print("README.md: encoding table " + ("updated" if new != text else "already up to date"))
+endef
+export UPDATE_README
+
+docs: $(STAMP)
+	$(PY) -c "$$UPDATE_README"
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
