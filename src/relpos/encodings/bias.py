@@ -266,9 +266,17 @@ class FIRE(Encoding):
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         u = self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j])
-        hidden = torch.relu(u[..., None] * self.mlp_in.weight[:, 0] + self.mlp_in.bias)
-        # Contract the hidden units with the row of the output layer for head h (a matmul).
-        return torch.einsum("...k,...k->...", hidden, self.mlp_out.weight[h]) + self.mlp_out.bias[h]
+        w_in, b_in = self.mlp_in.weight[:, 0], self.mlp_in.bias
+        w_out, b_out = self.mlp_out.weight[h], self.mlp_out.bias[h]
+        if h.dim() == 0:
+            # One score at a time (FlexAttention's score_mod must be pointwise): unrolled sum.
+            out = b_out
+            for unit in range(w_in.shape[0]):
+                out = out + torch.relu(u * w_in[unit] + b_in[unit]) * w_out[unit]
+            return out
+        # Index grids: contract the hidden units with head h's output row as one matmul.
+        hidden = torch.relu(u[..., None] * w_in + b_in)
+        return torch.einsum("...k,...k->...", hidden, w_out) + b_out
 
 
 __all__ = ["ALiBi", "T5Bias", "KerpleLog", "KerplePower", "FIRE"]
