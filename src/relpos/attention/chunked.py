@@ -127,7 +127,9 @@ def toeplitz_table(call: AttentionCall) -> Tensor | None:
     in the future when causal).
     """
     enc = call.encoding
-    if enc is None or not enc.distance_only or call.mask is not None:
+    if enc is None or call.ctx is None or call.mask is not None:
+        return None
+    if not enc.is_distance_only(call.ctx):
         return None
     q_span, k_span = as_span(call.q_pos), as_span(call.k_pos)
     if q_span is None or k_span is None:

@@ -111,6 +111,14 @@ class Encoding(nn.Module):
             raise RuntimeError(f"encoding {self.name!r} has no additive bias")
         return self.bias_at_distance(h, ctx.q_pos[b, i] - ctx.k_pos[b, j])
 
+    def is_distance_only(self, ctx: BiasContext) -> bool:
+        """Whether, for this call, ``bias == bias_at_distance(h, q_pos - k_pos)``.
+
+        True for ``distance_only`` encodings; an encoding may also say so for some calls only
+        (FIRE, while every query position lies below its threshold).
+        """
+        return self.distance_only
+
     def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
         """Bias of head ``h`` at ``distance = q_pos - k_pos`` (distance-only encodings)."""
         raise RuntimeError(f"encoding {self.name!r} is not a distance-only bias")

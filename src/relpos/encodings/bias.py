@@ -261,11 +261,29 @@ class FIRE(Encoding):
     def mlp_input(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``psi(i - j) / (psi(max(L, i)) + eps)``: in [0, 1] for every ``j <= i``."""
         i = q_pos.to(self.c.dtype)
-        threshold = torch.abs(self.L_multiplier * self.init_L)
-        return self.psi(i - k_pos.to(self.c.dtype)) / (self.psi(torch.maximum(threshold, i)) + self.eps)
+        normaliser = self.psi(torch.maximum(self.threshold(), i)) + self.eps
+        return self.psi(i - k_pos.to(self.c.dtype)) / normaliser
+
+    def threshold(self) -> Tensor:
+        """The learned threshold ``L = |L_multiplier * init_L|``."""
+        return torch.abs(self.L_multiplier * self.init_L)
+
+    def is_distance_only(self, ctx: BiasContext) -> bool:
+        # Below the threshold the normaliser is psi(L) for every query: a function of i - j.
+        if ctx.q_pos.numel() == 0 or ctx.q_pos.is_floating_point():
+            return False
+        return bool(ctx.q_pos.max() < self.threshold())
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        """FIRE for queries below the threshold (normaliser ``psi(L)``)."""
+        u = self.psi(distance.to(self.c.dtype)) / (self.psi(self.threshold()) + self.eps)
+        return self.readout(u, h)
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        u = self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j])
+        return self.readout(self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j]), h)
+
+    def readout(self, u: Tensor, h: Tensor) -> Tensor:
+        """``f_theta(u)`` for head(s) ``h`` (broadcast against ``u``)."""
         w_in, b_in = self.mlp_in.weight[:, 0], self.mlp_in.bias
         w_out, b_out = self.mlp_out.weight[h], self.mlp_out.bias[h]
         if h.dim() == 0:
