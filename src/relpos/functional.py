@@ -7,6 +7,8 @@ paper and the exact formula it implements (see ``../shared/spec``).
 from __future__ import annotations
 
 import math
+import warnings
+from functools import cache
 
 import torch
 from torch import Tensor
@@ -15,6 +17,7 @@ __all__ = [
     "rope_frequencies",
     "rope_angles",
     "apply_rotary",
+    "apply_rotary_fused",
     "alibi_slopes",
     "t5_bucket",
     "sinusoidal_table",
@@ -59,9 +62,7 @@ def rope_frequencies(
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1.0:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     if not (0.0 < float(partial_rotary_factor) <= 1.0):
-        raise ValueError(
-            f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}"
-        )
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
     if scaling is not None:
         if not isinstance(scaling, dict):
             raise TypeError(f"scaling must be a dict (an HF rope_scaling) or None, got {scaling!r}")
@@ -131,6 +132,32 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> T
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
     return out if rest is None else torch.cat((out, rest), dim=-1)
+
+
+@cache
+def _compiled_rotary():
+    return torch.compile(apply_rotary, fullgraph=True)
+
+
+_FUSED_BROKEN = False
+
+
+def apply_rotary_fused(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
+    """``apply_rotary`` compiled into one kernel (``torch.compile``), same result.
+
+    The eager form makes several passes over ``x``; compiled, the half-split rotation runs at
+    the speed of a copy (docs/benchmarks.md). Falls back to eager, once with a warning, if
+    compilation is unavailable. Inside an outer ``torch.compile`` the eager form is traced.
+    """
+    global _FUSED_BROKEN
+    if _FUSED_BROKEN or torch.compiler.is_compiling():
+        return apply_rotary(x, cos, sin, layout)
+    try:
+        return _compiled_rotary()(x, cos, sin, layout)
+    except Exception as err:  # noqa: BLE001 - any compiler failure means: stay eager
+        _FUSED_BROKEN = True
+        warnings.warn(f"relpos: fused rotary unavailable ({err}); using eager", stacklevel=2)
+        return apply_rotary(x, cos, sin, layout)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

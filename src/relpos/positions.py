@@ -61,7 +61,9 @@ def normalize_positions(
         if dims == 1:
             pos = pos[..., 0]
     if pos.dim() not in (2, 3):
-        raise ValueError(f"{name} must have shape (L,), (B, L) or (B, L, m), got {tuple(pos.shape)}")
+        raise ValueError(
+            f"{name} must have shape (L,), (B, L) or (B, L, m), got {tuple(pos.shape)}"
+        )
     if pos.shape[1] != length:
         raise ValueError(f"{name} has length {pos.shape[1]} but the sequence has length {length}")
     if pos.shape[0] not in (1, batch):

@@ -86,7 +86,15 @@ def attention(
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
     call = prepare_call(
-        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=causal, mask=mask, scale=scale,
+        q,
+        k,
+        v,
+        encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        mask=mask,
+        scale=scale,
         rotated=_rotated,
     )
     name = choose_backend(call) if backend == "auto" else backend

@@ -101,7 +101,8 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         )
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         raise ValueError(
-            f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}"
+            f"k and v must have the same heads and length, got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")
@@ -120,11 +121,15 @@ def _check_mask(mask: object, shape: tuple[int, int, int, int]) -> Tensor | None
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"mask must be bool (True = attend) or float (additive), got {mask.dtype}")
     if mask.dim() > 4:
-        raise ValueError(f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}"
+        )
     try:
-        return mask.expand(shape) if mask.dim() == 4 else mask.reshape(
-            (1,) * (4 - mask.dim()) + tuple(mask.shape)
-        ).expand(shape)
+        return (
+            mask.expand(shape)
+            if mask.dim() == 4
+            else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(shape)
+        )
     except RuntimeError:
         raise ValueError(
             f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}"

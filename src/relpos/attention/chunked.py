@@ -37,7 +37,7 @@ def _key_end(q_end: int, offset: int, length_k: int, causal: bool) -> int:
 
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
-    """View ``M[h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``: ``(1, H, rows, cols)``."""
+    """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``."""
     n = w.shape[1]
     return w.as_strided((1, w.shape[0], rows, cols), (0, n, 1, 1), w.storage_offset() + offset)
 
@@ -62,7 +62,7 @@ def _block_forward(qf: Tensor, kb: Tensor, vb: Tensor, bias: Tensor, scale: floa
 
 
 class _ToeplitzAttention(torch.autograd.Function):
-    """Attention with a bias ``table[h, i - j + Lk - 1]`` (index distance), q/k/v ``(B, H, L, D)``."""
+    """Attention with bias ``table[h, i - j + Lk - 1]``; q, k, v are ``(B, H, L, D)``."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, scale, causal):  # type: ignore[override]

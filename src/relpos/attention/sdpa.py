@@ -26,9 +26,11 @@ def sdpa_attention(call: AttentionCall) -> Tensor:
         bias = call.bias_block(torch.arange(Lq, device=dev), torch.arange(Lk, device=dev))
         bias = bias.to(call.q.dtype)
     if not is_causal:
-        m = call.mask_block(0, Lq, Lk, call.q.dtype) if (call.causal and Lq > 1) or (
-            call.mask is not None
-        ) else None
+        m = (
+            call.mask_block(0, Lq, Lk, call.q.dtype)
+            if (call.causal and Lq > 1) or (call.mask is not None)
+            else None
+        )
         if m is not None:
             bias = m if bias is None else bias + m
     return F.scaled_dot_product_attention(

@@ -6,7 +6,6 @@ token embeddings. They exist so the lab can compare relative encodings against t
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
@@ -71,7 +70,11 @@ class LearnedAbsolute(Encoding):
         dim: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions <= 0:
+        if (
+            isinstance(max_positions, bool)
+            or not isinstance(max_positions, int)
+            or max_positions <= 0
+        ):
             raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
         self.dim = dim if dim is not None else num_heads * head_dim
         self.max_positions = max_positions

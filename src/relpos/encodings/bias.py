@@ -8,7 +8,6 @@ All biases are added after the ``1/sqrt(d)`` scaling.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +17,9 @@ from ..registry import register
 from .base import BiasContext, Encoding
 
 
-def _per_head(values: float | list[float] | Tensor | None, num_heads: int, name: str) -> Tensor | None:
+def _per_head(
+    values: float | list[float] | Tensor | None, num_heads: int, name: str
+) -> Tensor | None:
     """Optional per-head initial values: a scalar, a list of H values, or None."""
     if values is None:
         return None
@@ -26,7 +27,9 @@ def _per_head(values: float | list[float] | Tensor | None, num_heads: int, name:
     if t.dim() == 0:
         t = t.expand(num_heads).clone()
     if t.shape != (num_heads,):
-        raise ValueError(f"{name} must be a scalar or {num_heads} per-head values, got {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must be a scalar or {num_heads} per-head values, got {tuple(t.shape)}"
+        )
     return t
 
 
@@ -92,7 +95,9 @@ class T5Bias(DistanceBias):
         max_distance: int = 128,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets=num_buckets, max_distance=max_distance)
+        t5_bucket(
+            torch.zeros(1, dtype=torch.long), num_buckets=num_buckets, max_distance=max_distance
+        )
         self.bidirectional = bool(bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance

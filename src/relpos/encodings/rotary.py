@@ -10,9 +10,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import apply_rotary, rope_angles, rope_frequencies
+from .. import config
+from ..functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
 from ..registry import register
 from .base import Encoding
+
+
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """``apply_rotary``, through the compiled kernel when ``relpos.config`` asks for it."""
+    fused = config.FUSED_ROTARY
+    if fused is True or (fused == "auto" and x.numel() >= config.FUSED_ROTARY_MIN_NUMEL):
+        return apply_rotary_fused(x, cos, sin, layout)
+    return apply_rotary(x, cos, sin, layout)
 
 
 @register("rope")
@@ -84,7 +93,7 @@ class RoPE(Encoding):
             return x
         self._check_head_dim(x, role)
         cos, sin = self.cos_sin(pos)
-        return apply_rotary(x, cos, sin, self.layout)
+        return rotate_pairs(x, cos, sin, self.layout)
 
     def extra_repr(self) -> str:
         return (
@@ -132,7 +141,7 @@ class XPos(RoPE):
         cos, sin = self.cos_sin(pos)
         rel = (pos.to(torch.float64) - center)[:, None, :, None] * (sign / self.scale_base)
         scale = torch.pow(self.zeta.to(torch.float64), rel).to(torch.float32)
-        return apply_rotary(x, cos * scale, sin * scale, self.layout)
+        return rotate_pairs(x, cos * scale, sin * scale, self.layout)
 
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor

@@ -57,7 +57,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_kv_heads <= 0 or num_heads % num_kv_heads:
             raise ValueError(
-                f"num_kv_heads ({num_kv_heads}) must be a positive divisor of num_heads ({num_heads})"
+                f"num_kv_heads ({num_kv_heads}) must be a positive divisor of num_heads "
+                f"({num_heads})"
             )
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
         self.head_dim = dim // num_heads
