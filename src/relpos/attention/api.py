@@ -116,7 +116,16 @@ def scores(
     """Attention logits ``(B, H, Lq, Lk)`` before masking and softmax (eager, O(L^2))."""
     v = k  # logits never read v; k has its shape
     call = prepare_call(
-        q, k, v, encoding, q_pos=q_pos, k_pos=k_pos, causal=False, mask=None, scale=scale
+        q,
+        k,
+        v,
+        encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=False,
+        mask=None,
+        scale=scale,
+        check_causal=False,
     )
     return logits(call)
 

@@ -148,11 +148,13 @@ def prepare_call(
     mask: Tensor | None,
     scale: float | None,
     rotated: bool = False,
+    check_causal: bool = True,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked).
 
     ``rotated=True`` (used by ``relpos.nn`` with a KV cache of rotated keys) skips the
-    rotations: q and k already carry them.
+    rotations: q and k already carry them. ``check_causal=False`` (``relpos.scores``: logits
+    before any mask) lets causal-only encodings be inspected without a causal mask.
     """
     _check_qkv(q, k, v)
     if encoding is not None and not isinstance(encoding, Encoding):
@@ -181,7 +183,7 @@ def prepare_call(
                 f"q has {H} heads but encoding {encoding.name!r} was created with "
                 f"num_heads={encoding.num_heads}"
             )
-        if encoding.causal_only and not causal and Lq > 1:
+        if check_causal and encoding.causal_only and not causal and Lq > 1:
             raise ValueError(
                 f"encoding {encoding.name!r} is causal-only (scores grow toward future keys); "
                 f"pass causal=True"

@@ -184,7 +184,8 @@ class KerplePower(_Kerple):
     """KERPLE, power variant (Chi et al. 2022, arXiv 2205.09921; chijames/KERPLE).
 
     ``b_h(n) = -r1_h * n^(p_h)`` with ``n = |i - j|``, ``r1 > 0`` (``1e-2 + softplus``) and the
-    exponent ``p in (0, 2]`` kept in range as ``p = 2 * sigmoid(raw)``. Official init:
+    exponent kept in the official range ``[1e-2, 2]`` as ``p = 1e-2 + (2 - 1e-2) sigmoid(raw)``
+    (a floor, so a saturated sigmoid cannot freeze the exponent at 0). Official init:
     ``r1 ~ U(0,1)``, ``p ~ 2 U(0,1)``.
     """
 
@@ -206,7 +207,7 @@ class KerplePower(_Kerple):
         if bool(((p_init <= 0) | (p_init > 2)).any()):
             raise ValueError(f"power must lie in (0, 2], got {p_init.tolist()}")
         self.raw_r1 = self._positive(r1_init)
-        frac = (p_init / 2).clamp(1e-4, 1 - 1e-6)
+        frac = ((p_init - self.eps) / (2 - self.eps)).clamp(1e-6, 1 - 1e-6)
         self.raw_power = nn.Parameter(torch.log(frac) - torch.log1p(-frac))
 
     @property
@@ -215,7 +216,8 @@ class KerplePower(_Kerple):
 
     @property
     def power(self) -> Tensor:
-        return 2 * torch.sigmoid(self.raw_power)
+        """Exponent in ``[1e-2, 2]`` (the official clamp range), as ``eps + (2 - eps) sigmoid``."""
+        return self.eps + (2 - self.eps) * torch.sigmoid(self.raw_power)
 
     def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
         r1, p = self.r1, self.power
