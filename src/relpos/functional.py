@@ -45,46 +45,77 @@ def rope_frequencies(
     partial_rotary_factor)`` (GPT-NeoX convention: the frequency range is spread over the
     rotated channels only). Computed in float32 exactly as Hugging Face ``transformers``
     (``1 / base ** (arange(0, d, 2).float() / d)``) so checkpoints trained there match bit for bit.
+    A ``scaling`` dict selects a context-extension type from ``relpos.rope_scaling.ROPE_SCALING``
+    (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, ``proportional``);
+    see that module for the formulas and for the length-dependent types and the KV cache.
 
     Args:
         head_dim: channels per head.
-        base: the RoPE base ("rope_theta").
-        scaling: an HF ``rope_scaling`` dict. Only ``None`` or ``{"rope_type": "default"}`` is
-            accepted for now; context-extension types raise ``ValueError``.
-        seq_len, max_position_embeddings: reserved for the scaling types (ignored by default).
-        partial_rotary_factor: fraction of ``head_dim`` that is rotated, in (0, 1].
+        base: the RoPE base ("rope_theta"); ``rope_theta`` inside ``scaling`` overrides it.
+        scaling: an HF ``rope_scaling`` / ``rope_parameters`` dict, verbatim (``rope_type`` or
+            legacy ``type``); unknown keys, missing keys or types raise ``ValueError``.
+            ``None`` is the default RoPE.
+        seq_len: current sequence length (largest position + 1); read by ``dynamic`` and
+            ``longrope`` only.
+        max_position_embeddings: the model-config length HF reads besides the dict: dynamic
+            NTK's reference length, YaRN's factor when the dict has none, LongRoPE's attention
+            factor, and the fallback for a missing ``original_max_position_embeddings``.
+        partial_rotary_factor: fraction of ``head_dim`` that is rotated, in (0, 1]; a value
+            inside ``scaling`` overrides it. For ``proportional`` (p-RoPE) it is the fraction
+            of frequencies kept, in [0, 1], and cos/sin still cover the whole head.
 
     Returns:
-        ``(inv_freq, attention_factor)``: ``inv_freq`` has shape ``(d // 2,)`` float32;
-        ``attention_factor`` multiplies cos and sin (HF semantics), 1.0 for the default type.
+        ``(inv_freq, attention_factor)``: ``inv_freq`` has shape ``(ceil(d / 2),)`` float32
+        (``(head_dim // 2,)`` for ``proportional``); ``attention_factor`` multiplies cos and
+        sin (HF semantics), 1.0 except for ``yarn`` and ``longrope``.
     """
+    from . import rope_scaling  # the scaling types live there; it imports nothing from here
+
     _check_positive_int(head_dim, "head_dim")
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1.0:
         raise ValueError(f"base must be a number > 1, got {base!r}")
-    if not (0.0 < float(partial_rotary_factor) <= 1.0):
-        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise TypeError(f"scaling must be a dict (an HF rope_scaling) or None, got {scaling!r}")
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"scaling rope_type {rope_type!r} is not supported yet; supported: ['default']"
-            )
-        unknown = set(scaling) - {"rope_type", "type", "rope_theta"}
-        if unknown:
-            raise ValueError(f"scaling has unknown keys {sorted(unknown)} for rope_type 'default'")
-        base = float(scaling.get("rope_theta", base))
+    for name, value in (("seq_len", seq_len), ("max_position_embeddings", max_position_embeddings)):
+        if value is not None:
+            _check_positive_int(value, name)
+    params = rope_scaling.validate_scaling(
+        scaling,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        partial_rotary_factor=partial_rotary_factor,
+    )
+    rope_type = params["rope_type"]
+    base = params.get("rope_theta", base)
+    partial_rotary_factor = params.get("partial_rotary_factor", partial_rotary_factor)
+    proportional = rope_type == "proportional"
+    prf = partial_rotary_factor
+    if not (
+        isinstance(prf, (int, float))
+        and not isinstance(prf, bool)
+        and (0.0 <= prf <= 1.0 if proportional else 0.0 < prf <= 1.0)
+    ):
+        interval = "[0, 1] for proportional" if proportional else "(0, 1]"
+        raise ValueError(f"partial_rotary_factor must be in {interval}, got {prf!r}")
     dim = int(head_dim * partial_rotary_factor)
-    if dim < 2:
+    if proportional:
+        if head_dim % 2:
+            raise ValueError(
+                f"head_dim must be even for proportional RoPE (cos/sin span the head), got "
+                f"{head_dim}"
+            )
+    elif dim < 2:
         raise ValueError(
             f"head_dim * partial_rotary_factor must leave at least 2 rotated channels, got {dim}"
         )
     if partial_rotary_factor == 1.0 and head_dim % 2:
         raise ValueError(f"head_dim must be even for full rotary, got {head_dim}")
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (base**exponent)
-    return inv_freq, 1.0
+    return rope_scaling.ROPE_SCALING[rope_type](
+        dim,
+        base,
+        params,
+        seq_len=seq_len,
+        max_position_embeddings=max_position_embeddings,
+        head_dim=head_dim,
+    )
 
 
 def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
