@@ -13,6 +13,7 @@ from torch import Tensor
 from .. import config
 from ..functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
 from ..registry import register
+from ..rope_scaling import is_length_dependent
 from .base import Encoding
 
 
@@ -34,7 +35,15 @@ class RoPE(Encoding):
             ``"interleaved"`` pairs ``(x_{2i}, x_{2i+1})`` (RoFormer, GPT-J, Meta Llama).
         partial_rotary_factor: rotate the first ``r = int(head_dim * p)`` channels with
             frequencies spread over ``r`` (GPT-NeoX convention); the rest pass through.
-        scaling: an HF ``rope_scaling`` dict (see ``functional.rope_frequencies``).
+        scaling: an HF ``rope_scaling`` / ``rope_parameters`` dict (``relpos.rope_scaling``:
+            linear, ntk, dynamic, yarn, llama3, longrope, proportional).
+        max_position_embeddings: the model-config length HF reads besides the dict (dynamic
+            NTK's reference length, YaRN's factor, LongRoPE's switch).
+
+    Length-dependent scalings (dynamic NTK, LongRoPE) take their frequencies from the largest
+    position of each call, for queries and keys together; such an encoding sets
+    ``cache_rotated_keys = False`` so ``relpos.nn`` re-rotates the cache and one call never
+    mixes two bases (HF keeps stale rotations in its cache instead; spec P3).
 
     Formula: for pair ``(a, b)`` at position p: ``(a cos(p theta_i) - b sin(p theta_i),
     a sin(p theta_i) + b cos(p theta_i))``. Angles are formed in float32 (float64 for
@@ -55,31 +64,74 @@ class RoPE(Encoding):
         layout: str = "half",
         partial_rotary_factor: float = 1.0,
         scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if layout not in ("half", "interleaved"):
             raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
-        inv_freq, attention_factor = rope_frequencies(
-            head_dim, base, scaling, partial_rotary_factor=partial_rotary_factor
-        )
         self.base = float(base)
         self.layout = layout
         self.partial_rotary_factor = float(partial_rotary_factor)
+        self.scaling = dict(scaling) if scaling is not None else None
+        self.max_position_embeddings = max_position_embeddings
+        self.length_dependent = is_length_dependent(scaling)
+        if self.length_dependent:
+            # Frequencies follow the length of each call: cache raw keys, re-rotate (spec P3).
+            self.cache_rotated_keys = False
+        inv_freq, attention_factor = self.frequencies(None)
         self.attention_factor = float(attention_factor)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
+        """``(inv_freq, attention_factor)`` for a call whose largest position is ``seq_len - 1``
+        (only length-dependent scalings, dynamic NTK and LongRoPE, read ``seq_len``)."""
+        return rope_frequencies(
+            self.head_dim,
+            self.base,
+            self.scaling,
+            seq_len=seq_len,
+            max_position_embeddings=self.max_position_embeddings,
+            partial_rotary_factor=self.partial_rotary_factor,
+        )
 
     @property
     def rotary_dim(self) -> int:
         """Number of rotated channels ``r`` (even)."""
         return 2 * self.inv_freq.numel()
 
-    def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of shape ``(B|1, 1, L, r/2)`` float32 for positions ``(B|1, L)``."""
-        ang = rope_angles(pos, self.inv_freq)[:, None]
+    def cos_sin(self, pos: Tensor, seq_len: int | None = None) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of shape ``(B|1, 1, L, r/2)`` float32 for positions ``(B|1, L)``.
+
+        ``seq_len`` selects the frequencies of length-dependent scalings (default: the
+        largest position in ``pos`` + 1, as HF counts it).
+        """
+        inv_freq, factor = self.inv_freq, self.attention_factor
+        if self.length_dependent:
+            if seq_len is None:
+                seq_len = int(pos.max()) + 1 if pos.numel() else 1
+            inv_freq, factor = self.frequencies(seq_len)
+            inv_freq = inv_freq.to(pos.device)
+        ang = rope_angles(pos, inv_freq)[:, None]
         cos, sin = ang.cos(), ang.sin()
-        if self.attention_factor != 1.0:
-            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
         return cos, sin
+
+    def rotate_qk(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if not self.length_dependent:
+            return super().rotate_qk(q, k, q_pos, k_pos)
+        # One set of frequencies for queries and keys of the call: never mix bases.
+        seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        self._check_head_dim(q, "q")
+        self._check_head_dim(k, "k")
+        q_cos, q_sin = self.cos_sin(q_pos, seq_len)
+        k_cos, k_sin = self.cos_sin(k_pos, seq_len)
+        return (
+            rotate_pairs(q, q_cos, q_sin, self.layout),
+            rotate_pairs(k, k_cos, k_sin, self.layout),
+        )
 
     def _check_head_dim(self, x: Tensor, role: str) -> None:
         if x.shape[-1] != self.head_dim:
