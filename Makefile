@@ -56,3 +56,12 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+
+# Speed and memory benchmarks at full size (docs/benchmarks.md): markdown tables on stdout,
+# JSON in runs/bench/ (git-ignored). Run on an otherwise idle machine; `--quick` on a script
+# checks it end to end at small sizes.
+.PHONY: bench
+bench: venv
+	$(PY) benchmarks/bench_bias_forward.py --json runs/bench/bias_forward.json
+	$(PY) benchmarks/bench_bias_train.py --json runs/bench/bias_train.json
+	$(PY) benchmarks/bench_rope.py --json runs/bench/rope.json
