@@ -13,7 +13,9 @@ Two paths, chosen per call:
   into the encoding's parameters (T5 table, KERPLE r1/r2, ...).
 * **Tile path** (any other bias, user masks, arbitrary positions): each query block computes
   its ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
-  under activation checkpointing so backward recomputes the slice instead of storing it.
+  under activation checkpointing so backward recomputes the slice instead of storing it. The
+  block has ``T = TILE_ELEMENTS // Lk`` rows, so per-tile work (e.g. FIRE's MLP over every
+  pair) takes constant memory whatever the length.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .call import AttentionCall
 
 FORWARD_BLOCK = 256
 BACKWARD_BLOCK = 256
-TILE_BLOCK = 256
+TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
 
 
 # ---------------------------------------------------------------------------- Toeplitz path
@@ -155,8 +157,9 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     dev = call.q.device
     k, v = call.expanded_kv()
     outs = []
-    for s in range(0, Lq, TILE_BLOCK):
-        e = min(s + TILE_BLOCK, Lq)
+    block = max(16, TILE_ELEMENTS // max(Lk, 1))
+    for s in range(0, Lq, block):
+        e = min(s + block, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)
 
         def block(qb: Tensor, kb: Tensor, vb: Tensor, s: int = s, e: int = e, kend: int = kend):
