@@ -53,7 +53,11 @@ def build(impl: str, encoding: str) -> torch.nn.Module:
         return relpos.nn.TransformerLM(VOCAB, DIM, DEPTH, HEADS, encoding)
     from x_transformers import Decoder, TransformerWrapper
 
-    pos = {"alibi_pos_bias": True} if encoding == "alibi" else {"rotary_pos_emb": True}
+    head_dim = DIM // HEADS
+    if encoding == "alibi":
+        pos = {"alibi_pos_bias": True}
+    else:  # rotate the whole head, as relpos does (x-transformers defaults to half of it)
+        pos = {"rotary_pos_emb": True, "rotary_emb_dim": head_dim}
     return TransformerWrapper(
         num_tokens=VOCAB,
         max_seq_len=SEQ,
@@ -63,7 +67,7 @@ def build(impl: str, encoding: str) -> torch.nn.Module:
             dim=DIM,
             depth=DEPTH,
             heads=HEADS,
-            attn_dim_head=DIM // HEADS,
+            attn_dim_head=head_dim,
             attn_flash=impl == "x-transformers-flash",
             **pos,
         ),
