@@ -62,8 +62,21 @@ def _block_mask(call: AttentionCall):
     B, H, Lq = call.q.shape[:3]
     Lk = call.k.shape[2]
     if user is None:
-        return create_block_mask(mask_mod, None, None, Lq, Lk, device=call.q.device)
+        return _causal_block_mask(Lq, Lk, str(call.q.device))
     return create_block_mask(mask_mod, B, H, Lq, Lk, device=call.q.device)
+
+
+@lru_cache(maxsize=32)
+def _causal_block_mask(Lq: int, Lk: int, device: str):
+    """Bottom-right aligned causal block mask, built once per shape (building costs ~1 s)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = Lk - Lq
+
+    def causal(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return j <= i + offset
+
+    return create_block_mask(causal, None, None, Lq, Lk, device=device)
 
 
 def flex_attention_backend(call: AttentionCall) -> Tensor:
