@@ -1,0 +1,1 @@
+"""Conformance suite: every registered encoding, parametrized over ``relpos.available()``."""

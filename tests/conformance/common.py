@@ -1,0 +1,104 @@
+"""Shared helpers of the conformance suite (parametrized over ``relpos.available()``).
+
+Every test here reads only the public API and the capability flags of the encodings
+(``relative``, ``continuous``, ``causal_only``, ``has_rotary``, ``has_bias``,
+``distance_only``, ``adds_to_input``, ``max_positions``, ``learnable``): an encoding that is
+registered later is covered with no new test code, and skips are per capability, never per
+name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import relpos
+
+ENCODINGS = relpos.available()
+
+B, H, D = 2, 4, 16  # batch, heads, head_dim used throughout
+RTOL = 1e-5  # fp32 agreement, relative to the largest magnitude of the reference
+
+
+def make_encoding(name: str, seed: int = 0, **options) -> relpos.Encoding:
+    """``relpos.create(name)`` with defaults, its random init drawn from ``seed``."""
+    torch.manual_seed(seed)
+    return relpos.create(name, num_heads=H, head_dim=D, **options)
+
+
+def assert_close_rel(actual, expected, rtol: float = RTOL, scale=None, msg: str = "") -> None:
+    """``|actual - expected| <= rtol * (|expected| + max|expected|)`` elementwise.
+
+    ``scale`` overrides ``max|expected|`` (e.g. the largest gradient of a tensor family).
+    """
+    if scale is None:
+        scale = expected.detach().abs().max() if expected.numel() else 0.0
+    torch.testing.assert_close(
+        actual,
+        expected,
+        rtol=rtol,
+        atol=rtol * float(scale) + 1e-30,
+        msg=(lambda m: f"{msg}\n{m}") if msg else None,
+    )
+
+
+def increasing_positions(batch: int, length: int, gen: torch.Generator, limit: int) -> torch.Tensor:
+    """Per-batch strictly increasing integer positions ``(batch, length)`` with gaps and
+    different starts (never one shared arange), all below ``limit``."""
+    steps = torch.randint(1, 4, (batch, length), generator=gen)
+    start = torch.randint(0, 5, (batch,), generator=gen) + 3 * torch.arange(batch)
+    pos = start[:, None] + steps.cumsum(1) - steps[:, :1]
+    if int(pos.max()) >= limit:  # squeeze into a learned table, still not an arange
+        pos = torch.arange(length).expand(batch, length) + torch.arange(batch)[:, None]
+        pos = pos + (torch.arange(length) >= length // 2)
+    return pos
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem: query/key lengths, kv heads, mask, position kind."""
+
+    id: str
+    lq: int
+    lk: int
+    hkv: int = H
+    mask: bool = False  # a random (B, 1, 1, Lk) bool padding mask
+    # "default" (None), "arange" (explicit), "offset" (arange from 400), "batch" (B, L),
+    # "float" (B, L) floating-point
+    pos: str = "default"
+
+    def needs(self, enc: relpos.Encoding) -> str | None:
+        """Why the encoding cannot run this case (capability), or None."""
+        if self.pos == "float" and not enc.continuous:
+            return "float positions need a continuous encoding"
+        return None
+
+
+def build_inputs(case: Case, enc: relpos.Encoding, seed: int = 0, dtype=torch.float32) -> dict:
+    """q, k, v and keyword arguments of ``relpos.attention`` for ``case``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, case.lq, D, generator=gen, dtype=dtype)
+    k = torch.randn(B, case.hkv, case.lk, D, generator=gen, dtype=dtype)
+    v = torch.randn(B, case.hkv, case.lk, D, generator=gen, dtype=dtype)
+    kw: dict = {}
+    limit = enc.max_positions if enc.max_positions is not None else 1 << 20
+    if case.pos in ("arange", "offset"):
+        kp = torch.arange(case.lk) + (400 if case.pos == "offset" else 0)
+        kw["k_pos"], kw["q_pos"] = kp, kp[case.lk - case.lq :]
+    elif case.pos == "batch":
+        kp = increasing_positions(B, case.lk, gen, limit)
+        kw["k_pos"], kw["q_pos"] = kp, kp[:, case.lk - case.lq :]
+    elif case.pos == "float":
+        steps = 0.25 + torch.rand(B, case.lk, generator=gen, dtype=torch.float64)
+        kp = steps.cumsum(1).to(dtype)
+        kw["k_pos"], kw["q_pos"] = kp, kp[:, case.lk - case.lq :]
+    if case.mask:
+        m = torch.rand(B, 1, 1, case.lk, generator=gen) > 0.3
+        m[..., 0] = True  # every query row keeps a key (no all-masked rows, even causal)
+        kw["mask"] = m
+    return dict(q=q, k=k, v=v, **kw)
+
+
+def encoding_params(enc: relpos.Encoding) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p) for n, p in enc.named_parameters() if p.requires_grad]

@@ -1,0 +1,77 @@
+"""``backend="auto"``: picks a correct backend and never materialises an L x L bias above
+``relpos.attention.api.DENSE_BIAS_LIMIT`` elements."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import relpos
+from relpos.attention import api
+from relpos.attention.call import AttentionCall, prepare_call
+
+from .common import D, H, assert_close_rel, make_encoding
+
+
+def large_shape(enc) -> tuple[int, int]:
+    """``(B, L)`` with ``B * H * L * L`` just above the limit, L inside any learned table."""
+    length = math.isqrt(api.DENSE_BIAS_LIMIT // H) + 8
+    if enc.max_positions is not None:
+        length = min(length, enc.max_positions)
+    batch = api.DENSE_BIAS_LIMIT // (H * length * length) + 1
+    assert batch * H * length * length > api.DENSE_BIAS_LIMIT
+    return batch, length
+
+
+def _call(enc, batch: int, length: int, causal: bool = True) -> AttentionCall:
+    q = torch.randn(batch, H, length, D)
+    return prepare_call(q, q, q, enc, q_pos=None, k_pos=None, causal=causal, mask=None, scale=None)
+
+
+def test_auto_choice(name):
+    enc = make_encoding(name)
+    large = api.choose_backend(_call(enc, *large_shape(enc)))
+    small = api.choose_backend(_call(enc, 2, 64))
+    assert large in api.BACKENDS and small in api.BACKENDS
+    if enc.has_bias:
+        assert large == "chunked", "a bias above DENSE_BIAS_LIMIT on CPU must go to chunked"
+    else:
+        assert large == "sdpa" and small == "sdpa", "no bias (rotary, none, absolute): sdpa"
+
+
+@pytest.fixture
+def bias_size_guard(monkeypatch):
+    """Fails the test if any backend builds a bias block above DENSE_BIAS_LIMIT elements."""
+    sizes: list[int] = []
+    original = AttentionCall.bias_block
+
+    def guarded(self, i, j):
+        out = original(self, i, j)
+        sizes.append(self.q.shape[0] * self.q.shape[1] * i.numel() * j.numel())
+        assert out.numel() <= api.DENSE_BIAS_LIMIT, f"materialised bias {tuple(out.shape)}"
+        return out
+
+    monkeypatch.setattr(AttentionCall, "bias_block", guarded)
+    return sizes
+
+
+def test_auto_never_materialises_a_large_bias(name, bias_size_guard):
+    enc = make_encoding(name)
+    if not enc.has_bias:
+        pytest.skip("no additive bias")
+    batch, length = large_shape(enc)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
+    k = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
+    v = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
+    out = relpos.attention(q, k, v, enc, causal=True)
+    out.square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert all(s <= api.DENSE_BIAS_LIMIT for s in bias_size_guard), bias_size_guard
+    # and the answer is the eager one on the last rows
+    tail = 8
+    with torch.no_grad():
+        ref = relpos.attention(q[:, :, -tail:], k, v, enc, causal=True, backend="eager")
+    assert_close_rel(out[:, :, -tail:].detach(), ref)

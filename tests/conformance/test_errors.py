@@ -1,0 +1,218 @@
+"""Conformance 5: bad input raises ``ValueError``/``TypeError`` whose message names the argument,
+never a silent broadcast or an ``IndexError`` from deep inside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import relpos
+
+from .common import ENCODINGS, B, D, H, make_encoding
+
+L = 12
+CALLS = ["attention", "scores"]
+
+
+def _qkv(lq: int = L, lk: int = L, hq: int = H, hkv: int = H, dq: int = D, dk: int = D):
+    gen = torch.Generator().manual_seed(0)
+    return (
+        torch.randn(B, hq, lq, dq, generator=gen),
+        torch.randn(B, hkv, lk, dk, generator=gen),
+        torch.randn(B, hkv, lk, dk, generator=gen),
+    )
+
+
+def _call(which: str, enc, q, k, v, **kw):
+    if which == "scores":
+        kw.pop("mask", None)
+        return relpos.scores(q, k, enc, **kw)
+    kw.setdefault("causal", True)
+    return relpos.attention(q, k, v, enc, **kw)
+
+
+@pytest.fixture
+def enc(name):
+    return make_encoding(name)
+
+
+@pytest.mark.parametrize("which", CALLS)
+def test_wrong_rank_of_q(enc, which):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"\bq\b"):
+        _call(which, enc, q[0], k, v)
+    with pytest.raises(ValueError, match=r"\bk\b"):
+        _call(which, enc, q, k[None], v)
+
+
+@pytest.mark.parametrize("which", CALLS)
+def test_mismatched_head_dim(enc, which):
+    q, k, v = _qkv(dk=D // 2)
+    with pytest.raises(ValueError, match="head_dim"):
+        _call(which, enc, q, k, v)
+
+
+@pytest.mark.parametrize("which", CALLS)
+def test_head_count_must_match_encoding(enc, which):
+    q, k, v = _qkv(hq=2 * H, hkv=2 * H)
+    with pytest.raises(ValueError, match="num_heads"):
+        _call(which, enc, q, k, v)
+
+
+@pytest.mark.parametrize("which", CALLS)
+def test_kv_heads_must_divide_q_heads(enc, which):
+    q, k, v = _qkv(hkv=3)
+    with pytest.raises(ValueError, match="head count"):
+        _call(which, enc, q, k, v)
+
+
+def test_k_and_v_must_agree(enc):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"\bv\b"):
+        relpos.attention(q, k, v[:, :, :-1], enc, causal=True)
+
+
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+def test_positions_of_wrong_length(enc, which, arg):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=arg):
+        _call(which, enc, q, k, v, **{arg: torch.arange(L + 1)})
+    with pytest.raises(ValueError, match=arg):  # (B, L) with the wrong L
+        _call(which, enc, q, k, v, **{arg: torch.arange(L - 1)[None].expand(B, -1)})
+
+
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+def test_positions_of_wrong_batch(enc, which, arg):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=arg):
+        _call(which, enc, q, k, v, **{arg: torch.arange(L)[None].expand(B + 1, -1)})
+
+
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+def test_positions_of_wrong_rank(enc, which, arg):
+    q, k, v = _qkv()
+    bad = [
+        torch.arange(L).reshape(1, 1, 1, L),  # 4-D
+        torch.tensor(3),  # 0-D
+        torch.arange(L)[None, :, None].expand(B, L, enc.dims + 1),  # too many position axes
+    ]
+    for pos in bad:
+        with pytest.raises(ValueError, match=arg):
+            _call(which, enc, q, k, v, **{arg: pos})
+
+
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+def test_positions_of_wrong_dtype(enc, which, arg):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=arg):
+        _call(which, enc, q, k, v, **{arg: torch.ones(L, dtype=torch.bool)})
+    with pytest.raises(TypeError, match=arg):
+        _call(which, enc, q, k, v, **{arg: list(range(L))})
+    if not enc.continuous:
+        with pytest.raises(TypeError, match=rf"{arg}.*(integer|dtype)"):
+            _call(which, enc, q, k, v, **{arg: torch.arange(L, dtype=torch.float32)})
+
+
+def test_mask_of_wrong_shape(enc):
+    q, k, v = _qkv()
+    for mask in (
+        torch.ones(B, 1, 1, L + 1, dtype=torch.bool),
+        torch.ones(B + 1, 1, 1, L, dtype=torch.bool),
+        torch.ones(1, 1, 1, 1, L, dtype=torch.bool),
+    ):
+        with pytest.raises(ValueError, match="mask"):
+            relpos.attention(q, k, v, enc, causal=True, mask=mask)
+    with pytest.raises(TypeError, match="mask"):
+        relpos.attention(q, k, v, enc, causal=True, mask=torch.ones(B, 1, 1, L, dtype=torch.int64))
+
+
+def test_bad_qkv_types(enc):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"\bq\b"):
+        relpos.attention(q.numpy(), k, v, enc, causal=True)
+    with pytest.raises(TypeError, match=r"\bq\b"):
+        relpos.attention(q.long(), k, v, enc, causal=True)
+    with pytest.raises(TypeError, match="dtype"):
+        relpos.attention(q.double(), k, v, enc, causal=True)
+    with pytest.raises(TypeError, match="causal"):
+        relpos.attention(q, k, v, enc, causal=1)
+    with pytest.raises(ValueError, match="scale"):
+        relpos.attention(q, k, v, enc, causal=True, scale=-1.0)
+
+
+def test_unknown_backend(enc):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="backend"):
+        relpos.attention(q, k, v, enc, causal=True, backend="flash-attn-9")
+
+
+def test_encoding_of_wrong_type():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="encoding"):
+        relpos.attention(q, k, v, "rope", causal=True)
+
+
+def test_unknown_encoding_name_lists_known_names():
+    with pytest.raises(ValueError, match="no-such-encoding") as err:
+        relpos.create("no-such-encoding", num_heads=H, head_dim=D)
+    for known in ENCODINGS:
+        assert known in str(err.value)
+    with pytest.raises(TypeError):
+        relpos.create(None, num_heads=H, head_dim=D)
+
+
+def test_unknown_option_is_named(name):
+    with pytest.raises(TypeError, match="not_an_option"):
+        relpos.create(name, num_heads=H, head_dim=D, not_an_option=1)
+
+
+@pytest.mark.parametrize("arg", ["num_heads", "head_dim"])
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True, None], ids=repr)
+def test_bad_sizes(name, arg, bad):
+    sizes = {"num_heads": H, "head_dim": D, arg: bad}
+    with pytest.raises((ValueError, TypeError), match=arg):
+        relpos.create(name, **sizes)
+
+
+def test_rotary_needs_even_head_dim(name):
+    if not make_encoding(name).has_rotary:
+        pytest.skip("not rotary")
+    with pytest.raises(ValueError, match="head_dim"):
+        relpos.create(name, num_heads=H, head_dim=D + 1)
+
+
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+def test_positions_past_learned_table(enc, which, arg):
+    if enc.max_positions is None:
+        pytest.skip("no learned position table")
+    q, k, v = _qkv()
+    top = enc.max_positions
+    pos = {"q_pos": torch.arange(L), "k_pos": torch.arange(L)}
+    pos[arg] = torch.arange(top - L // 2, top + L - L // 2)  # crosses the end of the table
+    with pytest.raises(ValueError, match="max_positions"):
+        _call(which, enc, q, k, v, **pos)
+    pos[arg] = torch.arange(-1, L - 1)  # negative positions
+    with pytest.raises(ValueError, match="max_positions"):
+        _call(which, enc, q, k, v, **pos)
+
+
+def test_embed_past_learned_table(enc):
+    if enc.max_positions is None or not enc.adds_to_input:
+        pytest.skip("no learned input table")
+    with pytest.raises(ValueError, match="max_positions"):
+        enc.embed(torch.arange(enc.max_positions, enc.max_positions + 2)[None], H * D)
+
+
+def test_model_past_learned_table(name):
+    enc = make_encoding(name)
+    if enc.max_positions is None:
+        pytest.skip("no learned position table")
+    model = relpos.nn.TransformerLM(50, dim=H * D, depth=1, num_heads=H, encoding=name)
+    toks = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_positions"):
+        model(toks, pos=torch.arange(enc.max_positions - 2, enc.max_positions + 2)[None])
