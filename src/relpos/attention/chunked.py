@@ -157,9 +157,9 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     dev = call.q.device
     k, v = call.expanded_kv()
     outs = []
-    block = max(16, TILE_ELEMENTS // max(Lk, 1))
-    for s in range(0, Lq, block):
-        e = min(s + block, Lq)
+    rows = max(16, TILE_ELEMENTS // max(Lk, 1))
+    for s in range(0, Lq, rows):
+        e = min(s + rows, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)
 
         def block(qb: Tensor, kb: Tensor, vb: Tensor, s: int = s, e: int = e, kend: int = kend):

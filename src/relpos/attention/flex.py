@@ -1,9 +1,10 @@
 """FlexAttention backend: the encoding's ``bias`` is the ``score_mod``, masks are block masks.
 
-The compiled ``flex_attention`` is created once per process and reused; score_mod closures
-share one code object, so new calls with new tensors do not recompile (dynamo lifts the
-captured tensors to graph inputs). torch 2.13 has no FlexAttention backward on CPU: asking
-for gradients there raises a ``RuntimeError`` that names the ``chunked`` backend instead.
+The compiled ``flex_attention`` is created once per process and device type and reused;
+score_mod closures share one code object, so new calls with new tensors of the same shapes do
+not recompile (dynamo lifts the captured tensors to graph inputs). torch 2.13 has no
+FlexAttention backward on CPU: asking for gradients there raises a ``RuntimeError`` that
+names the ``chunked`` backend instead.
 """
 
 from __future__ import annotations
@@ -15,13 +16,29 @@ from torch import Tensor
 
 from .call import AttentionCall
 
+FLEX_RECOMPILE_LIMIT = 64
 
-@lru_cache(maxsize=1)
-def compiled_flex_attention():
-    """``torch.compile(flex_attention)``, built on first use."""
+
+@lru_cache(maxsize=4)
+def compiled_flex_attention(device_type: str = "cpu"):
+    """``torch.compile(flex_attention)`` for one device type, built on first use.
+
+    On CUDA shapes are dynamic after the first recompile. On CPU, inductor's dynamic-shape
+    FlexAttention kernel fails to build in torch 2.13, so shapes stay static: each new
+    (Lq, Lk) compiles once (seconds), and dynamo's per-function recompile limit is raised to
+    ``FLEX_RECOMPILE_LIMIT`` so varying lengths do not silently fall back to the unfused,
+    O(L^2) ``flex_attention``.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    if device_type == "cpu":
+        import torch._dynamo.config as dynamo_config
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if getattr(dynamo_config, name, FLEX_RECOMPILE_LIMIT) < FLEX_RECOMPILE_LIMIT:
+                setattr(dynamo_config, name, FLEX_RECOMPILE_LIMIT)
+        return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=None)
 
 
 def flex_available() -> bool:
@@ -96,7 +113,7 @@ def flex_attention_backend(call: AttentionCall) -> Tensor:
         )
     score_mod = _score_mod(call) if call.has_bias else None
     block_mask = _block_mask(call) if (call.causal or call.mask is not None) else None
-    return compiled_flex_attention()(
+    return compiled_flex_attention(call.q.device.type)(
         call.q,
         call.k,
         call.v,
