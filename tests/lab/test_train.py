@@ -82,19 +82,22 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run_bitwise(corpus, tmp_p
     assert_same_weights(model, straight.model)
 
 
-def test_sigint_checkpoints_restores_handlers_and_resumes_to_the_same_result(corpus, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_checkpoints_restores_handlers_and_resumes_to_the_same_result(
+    corpus, tmp_path, signum
+):
     config = tiny("kerple-log", steps=8, checkpoint_every=0)
     straight = train(config, corpus, None, progress=False)
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
-    def send_sigint(done: int, loss: torch.Tensor) -> None:
+    def send_signal(done: int, loss: torch.Tensor) -> None:
         if done == 3:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
     folder = tmp_path / "run"
     with pytest.raises(TrainingInterrupted) as info:
-        train(config, corpus, folder, progress=False, callback=send_sigint)
-    assert info.value.signum == signal.SIGINT and info.value.step in (3, 4)
+        train(config, corpus, folder, progress=False, callback=send_signal)
+    assert info.value.signum == signum and info.value.step in (3, 4)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert ckpt.read_state(folder)["step"] == info.value.step
     resumed = train(config, corpus, folder, resume=True, progress=False)

@@ -441,6 +441,7 @@ def _train(
     model.train()
 
     tokens_per_step = config.batch_size * config.seq_len
+    fingerprint = corpus.fingerprint() if out is not None and info.is_main else ""
     pending = torch.zeros(LOG_EVERY + 1, device=device)  # losses since the last read-back
     pending_from = step
     start_step, start_time = step, time.perf_counter()
@@ -492,7 +493,7 @@ def _train(
                 "corpus": {
                     "name": corpus.name,
                     "tokenizer": corpus.tokenizer,
-                    "fingerprint": corpus.fingerprint(),
+                    "fingerprint": fingerprint,
                     "documents": corpus.documents,
                 },
                 "rng": _rng_state(device, generator),
