@@ -30,8 +30,13 @@ class NoPE(Encoding):
 class Sinusoidal(Encoding):
     """Absolute sinusoidal embedding (Vaswani et al. 2017, "Attention Is All You Need").
 
-    ``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``, added to
-    the token embeddings. ``embed(pos (B|1, L), dim) -> (B|1, L, dim)``.
+    ``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``, times
+    ``scale``, added to the token embeddings. ``embed(pos (B|1, L), dim) -> (B|1, L, dim)``.
+
+    ``scale`` defaults to ``dim ** -0.5`` (x-transformers' convention): the paper multiplies
+    unit-variance token embeddings by ``sqrt(dim)`` instead; ``relpos.nn`` initialises token
+    embeddings at ``N(0, 0.02^2)``, against which an unscaled PE (norm ``sqrt(dim / 2)``) would
+    drown the token identity.
     """
 
     family = "absolute"
@@ -40,12 +45,16 @@ class Sinusoidal(Encoding):
     continuous = True
     adds_to_input = True
 
-    def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0) -> None:
+    def __init__(
+        self, num_heads: int, head_dim: int, *, base: float = 10000.0, scale: float | None = None
+    ) -> None:
         super().__init__(num_heads, head_dim)
         self.base = float(base)
+        self.scale = None if scale is None else float(scale)
 
     def embed(self, pos: Tensor, dim: int) -> Tensor:
-        return sinusoidal_table(pos, dim, self.base)
+        scale = dim**-0.5 if self.scale is None else self.scale
+        return sinusoidal_table(pos, dim, self.base) * scale
 
 
 @register("learned")
