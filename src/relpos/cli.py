@@ -8,6 +8,7 @@ inside a command (bad names, bad shapes) become one line ``relpos: error: ...`` 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -90,7 +91,7 @@ def _list(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ demo
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _attention_demo() -> int:
     import torch
 
     import relpos
@@ -99,8 +100,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     names = relpos.available()
     print(f"relpos {relpos.__version__}: {len(names)} encodings: {', '.join(names)}")
-    print("plan: the `extrapolate` lab (train short, test long) lands with a later issue;")
-    print("      for now, a causal forward pass of relpos.attention on random q, k, v:")
+    print("a causal forward pass of relpos.attention on random q, k, v")
+    print("(`relpos demo` without --attention-only runs `relpos extrapolate`):")
     header = ("encoding", "q, k, v (B, H, L, D)", "out", "auto picks")
     print("  {:<9} {:<22} {:<22} {:<11} |auto - eager|".format(*header))
     torch.manual_seed(0)
@@ -120,6 +121,161 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--attention-only",
+        action="store_true",
+        help="only the quick forward pass of relpos.attention (seconds), no training",
+    )
+    parser.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.attention_only:
+        return _attention_demo()
+    # The quick extrapolation profile into runs/demo, replacing an earlier demo run.
+    ns = build_parser().parse_args(["extrapolate", "--out", args.out, "--force"])
+    ns.argv = getattr(args, "argv", ["demo"])
+    return _extrapolate(ns)
+
+
+# ------------------------------------------------------------------------------ extrapolate
+
+
+def _extrapolate_args(parser: argparse.ArgumentParser) -> None:
+    # Numbers are parsed by the command (not argparse types) so bad values give one line.
+    add = parser.add_argument
+    add("--encodings", help="comma-separated registry names (default: the profile's list)")
+    add("--train-len", default="128", help="training length L in tokens (default 128)")
+    add("--eval-mult", default="1,2,4,8,16", help="evaluation lengths as multiples of L")
+    add("--steps", help="training steps per encoding (default: the profile's)")
+    add("--profile", default="quick", help="quick (default, ~6 min on 2 cores) or paper")
+    add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
+    add("--tokenizer", default="bytes", help="bytes (default) or bpe")
+    add("--bpe-vocab-size", default="2048", help="vocabulary of --tokenizer bpe")
+    add("--split", default="test", help="evaluation split: test (default) or valid")
+    add("--seed", default="0", help="seed of the model init and the batches (default 0)")
+    add("--out", help="run folder (default runs/extrapolate-PROFILE)")
+    add("--resume", action="store_true", help="continue the run in --out")
+    add("--force", action="store_true", help="replace the run in --out")
+    add("--no-progress", action="store_true", help="no progress bars")
+
+
+def _int_arg(value: str, flag: str, *, minimum: int = 1) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} must be an integer, got {value!r}") from None
+    if number < minimum:
+        kind = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{flag} must be {kind}, got {value!r}")
+    return number
+
+
+def _extrapolate(args: argparse.Namespace) -> int:
+    import shlex
+    import time
+    from pathlib import Path
+
+    from .lab import extrapolate as ex
+    from .lab import report
+    from .lab.profiles import get_profile
+
+    t0 = time.perf_counter()
+    # 1. Everything that needs no data, then the data, then the plan: nothing is written
+    #    before all of it has been validated.
+    profile = get_profile(args.profile)
+    encodings = ex.parse_encodings(args.encodings or list(profile.encodings))
+    train_len = _int_arg(args.train_len, "--train-len")
+    mults = ex.parse_mults(args.eval_mult)
+    steps = None if args.steps is None else _int_arg(args.steps, "--steps")
+    seed = _int_arg(args.seed, "--seed", minimum=0)
+    bpe_vocab = _int_arg(args.bpe_vocab_size, "--bpe-vocab-size")
+    if args.tokenizer not in ("bytes", "bpe"):
+        raise ValueError(f"--tokenizer must be bytes or bpe, got {args.tokenizer!r}")
+    if args.split not in ("test", "valid"):
+        raise ValueError(f"--split must be test or valid, got {args.split!r}")
+    out = Path(args.out or f"runs/extrapolate-{profile.name}")
+    ex.check_out_dir(out, resume=args.resume, force=args.force)
+    if args.data is not None and not Path(args.data).exists():
+        raise ValueError(f"--data {args.data}: no such file or folder")
+
+    from .lab.data import load_corpus
+
+    # The split does not follow --seed: every seed is evaluated on the same unseen text.
+    corpus = load_corpus(args.data, tokenizer=args.tokenizer, bpe_vocab_size=bpe_vocab)
+    plan = ex.plan_extrapolation(
+        encodings,
+        corpus=corpus,
+        out_dir=out,
+        train_len=train_len,
+        eval_mults=mults,
+        profile=profile,
+        steps=steps,
+        seed=seed,
+        resume=args.resume,
+        force=args.force,
+        split=args.split,
+    )
+
+    # 2. The plan.
+    argv = getattr(args, "argv", None)
+    command = "relpos " + (shlex.join(argv) if argv else "extrapolate")
+    lengths = plan.eval_lengths
+    budget = ", ".join(f"{m} {n:,}" for m, n in plan.max_tokens.items())
+    print(
+        f"relpos extrapolate, profile {profile.name}: {len(encodings)} encodings "
+        f"({', '.join(encodings)})"
+    )
+    print(
+        f"  model: TransformerLM dim {profile.dim}, depth {profile.depth}, "
+        f"{profile.num_heads} heads; {plan.steps} steps x batch {profile.batch_size} x "
+        f"L={train_len} on {corpus.name} ({corpus.tokenizer}, {corpus.train.numel():,} "
+        "train tokens)"
+    )
+    print(
+        f"  eval: lengths {', '.join(map(str, lengths))} on the {plan.split} split, "
+        f"scored tokens per length: {budget}"
+    )
+    print(
+        f"  estimated time: ~{plan.estimate_seconds() / 60:.1f} min on a quiet 2-core CPU "
+        f"(this machine: {os.cpu_count()} CPUs); out: {out}"
+    )
+
+    # 3. Run.
+    meta = report.run_metadata(
+        command=command,
+        profile=profile.name,
+        seed=seed,
+        corpus={
+            "name": corpus.name,
+            "tokenizer": corpus.tokenizer,
+            "vocab_size": corpus.vocab_size,
+            "documents": corpus.documents,
+            "tokens": {s: int(getattr(corpus, s).numel()) for s in ("train", "valid", "test")},
+        },
+        eval={
+            "split": plan.split,
+            "lengths": lengths,
+            "modes": plan.modes,
+            "max_tokens": plan.max_tokens,
+            "starts": plan.starts,
+        },
+    )
+    ex.start_run(plan, {"command": command})
+    try:
+        rows = ex.run_plan(plan, corpus, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
+        return 130
+    meta["wall_seconds"] = time.perf_counter() - t0
+    paths = report.write_report(out, rows, meta)
+    report.print_table(rows)
+    print(f"wall time {meta['wall_seconds']:.0f} s")
+    print(f"report: {paths['md']}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -131,7 +287,16 @@ class Command(NamedTuple):
 
 COMMANDS: dict[str, Command] = {
     "list": Command("list the registered encodings", _list_args, _list),
-    "demo": Command("run a tiny forward pass with alibi and rope", None, _demo),
+    "demo": Command(
+        "train short, test long: the quick `extrapolate` run into runs/demo",
+        _demo_args,
+        _demo,
+    ),
+    "extrapolate": Command(
+        "train each encoding at length L, measure perplexity at L..16L, write a report",
+        _extrapolate_args,
+        _extrapolate,
+    ),
 }
 
 
@@ -149,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``relpos ARGS``; returns the exit code (argparse exits 2 on bad usage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return COMMANDS[args.command].run(args)
     except (ValueError, TypeError) as err:
