@@ -85,7 +85,7 @@ def test_bad_usage_exits_2(capsys):
 
 
 def test_demo_runs_attention(capsys):
-    code, out, _ = run(capsys, "demo")
+    code, out, _ = run(capsys, "demo", "--attention-only")
     assert code == 0
     assert "extrapolate" in out
     for name in relpos.available():

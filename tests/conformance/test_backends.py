@@ -146,6 +146,7 @@ def flex_eager_fallbacks(monkeypatch):
 
 
 @pytest.mark.parametrize("mode,case", FLEX_CASES, ids=[m for m, _ in FLEX_CASES])
+@pytest.mark.slow  # compiles flex per encoding and case (make test-slow)
 def test_flex_forward_matches_eager(name, mode, case, flex_eager_fallbacks):
     enc = make_encoding(name)
     causal = mode == "causal" or enc.causal_only  # causal-only: the second case runs causal
@@ -160,6 +161,7 @@ def test_flex_forward_matches_eager(name, mode, case, flex_eager_fallbacks):
     assert not flex_eager_fallbacks, "backend='flex' ran flex_attention uncompiled"
 
 
+@pytest.mark.slow  # ten compiles
 def test_flex_stays_compiled_across_lengths(flex_eager_fallbacks):
     """Decoding-style use: one encoding, many sequence lengths. backend='flex' must keep
     running the compiled kernel (O(L) memory), not fall back to the unfused path once dynamo

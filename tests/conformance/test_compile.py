@@ -11,6 +11,7 @@ import relpos
 from .common import B, D, H, assert_close_rel, make_encoding
 
 
+@pytest.mark.slow  # inductor compiles per encoding and case: minutes on 2 cores (make test-slow)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_torch_compile_matches_eager(name, backend, causal):

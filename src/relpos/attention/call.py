@@ -59,7 +59,9 @@ class AttentionCall:
         ``(B|1, H, T, S)``."""
         assert self.encoding is not None and self.ctx is not None
         dev = self.q.device
-        b = torch.arange(self.q.shape[0], device=dev)[:, None, None, None]
+        # Batch-shared positions: compute one batch row and let it broadcast.
+        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and not self.ctx.extra
+        b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
         h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
         return self.encoding.bias(self.ctx, b, h, i[None, None, :, None], j[None, None, None, :])
 

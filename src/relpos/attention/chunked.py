@@ -122,14 +122,15 @@ class _ToeplitzAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable, None, None
 
 
-def toeplitz_table(call: AttentionCall) -> Tensor | None:
-    """The per-distance bias table ``(H, Lq + Lk - 1)`` if this call qualifies, else None.
+def distance_table(call: AttentionCall, causal: bool) -> Tensor | None:
+    """The per-distance bias table ``(H, Lq + Lk - 1)`` if this call's bias has one, else None.
 
-    Entry ``t`` holds the bias at index distance ``i - j = t - (Lk - 1)`` (``-inf`` for keys
-    in the future when causal).
+    It has one when the encoding says the bias is a function of ``q_pos - k_pos`` for this
+    call and both positions are one batch-shared integer range. Entry ``t`` holds the bias at
+    index distance ``i - j = t - (Lk - 1)`` (``-inf`` for keys in the future if ``causal``).
     """
     enc = call.encoding
-    if enc is None or call.ctx is None or call.mask is not None:
+    if enc is None or call.ctx is None:
         return None
     if not enc.is_distance_only(call.ctx):
         return None
@@ -140,10 +141,18 @@ def toeplitz_table(call: AttentionCall) -> Tensor | None:
     # position distance = index distance + delta, index distance d = i - j + (Lk - Lq)
     delta = (q_span.start - k_span.start) - (Lk - Lq)
     table = enc.distance_table(1 - Lq + delta, Lk - 1 + delta, call.q.device)
-    if call.causal:
+    if causal:
         future = torch.arange(Lq + Lk - 1, device=call.q.device) < Lq - 1
         table = table.masked_fill(future, float("-inf"))
     return table
+
+
+def toeplitz_table(call: AttentionCall) -> Tensor | None:
+    """The table the Toeplitz path uses for this call (causal ``-inf`` included), or None
+    when the call takes the tile path (no table, or a user mask)."""
+    if call.mask is not None:
+        return None
+    return distance_table(call, causal=call.causal)
 
 
 def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:

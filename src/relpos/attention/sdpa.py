@@ -8,10 +8,25 @@ it materialises the (B, H, Lq, Lk) bias as a float mask, which ``auto`` allows o
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall
+from .chunked import distance_table
+
+
+def dense_bias(call: AttentionCall) -> Tensor:
+    """The ``(B|1, H, Lq, Lk)`` bias. Distance-only biases over range positions gather from
+    their per-distance table (``H * (Lq + Lk)`` evaluations instead of one per pair)."""
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    dev = call.q.device
+    i = torch.arange(Lq, device=dev)
+    j = torch.arange(Lk, device=dev)
+    table = distance_table(call, causal=False)
+    if table is None:
+        return call.bias_block(i, j)
+    return table[:, i[:, None] - j[None, :] + (Lk - 1)][None]
 
 
 def sdpa_attention(call: AttentionCall) -> Tensor:
@@ -20,11 +35,7 @@ def sdpa_attention(call: AttentionCall) -> Tensor:
     is_causal = call.causal and Lq == Lk and call.mask is None and not call.has_bias
     bias = None
     if call.has_bias:
-        import torch
-
-        dev = call.q.device
-        bias = call.bias_block(torch.arange(Lq, device=dev), torch.arange(Lk, device=dev))
-        bias = bias.to(call.q.dtype)
+        bias = dense_bias(call).to(call.q.dtype)
     if not is_causal:
         m = (
             call.mask_block(0, Lq, Lk, call.q.dtype)
