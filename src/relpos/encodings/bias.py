@@ -299,8 +299,15 @@ class FIRE(Encoding):
             for unit in range(w_in.shape[0]):
                 out = out + torch.relu(u * w_in[unit] + b_in[unit]) * w_out[unit]
             return out
-        # Index grids: contract the hidden units with head h's output row as one matmul.
         hidden = torch.relu(u[..., None] * w_in + b_in)
+        every_head = torch.arange(self.num_heads, device=h.device).view(1, -1, 1, 1)
+        if u.dim() == 4 and u.shape[1] == 1 and h.shape == every_head.shape:
+            if torch.equal(h, every_head):
+                # A (B, 1, T, S) grid for all heads: one (.., 32) @ (32, H) matmul, no
+                # (B, H, T, S, 32) broadcast.
+                out = torch.matmul(hidden[:, 0], self.mlp_out.weight.t()) + self.mlp_out.bias
+                return out.permute(0, 3, 1, 2)
+        # Other index shapes: contract the hidden units with head h's output row.
         return torch.einsum("...k,...k->...", hidden, w_out) + b_out
 
 
