@@ -29,7 +29,7 @@ from ..positions import as_span
 from .call import AttentionCall
 
 FORWARD_BLOCK = 256
-BACKWARD_BLOCK = 256
+BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
 TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
 
 
