@@ -2,6 +2,14 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .llama import LlamaConfig, LlamaLM
 from .transformer import TransformerLM
 
-__all__ = ["MultiHeadAttention", "TransformerLM", "KVCache", "LayerCache"]
+__all__ = [
+    "MultiHeadAttention",
+    "TransformerLM",
+    "LlamaLM",
+    "LlamaConfig",
+    "KVCache",
+    "LayerCache",
+]
