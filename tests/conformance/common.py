@@ -2,9 +2,14 @@
 
 Every test here reads only the public API and the capability flags of the encodings
 (``relative``, ``continuous``, ``causal_only``, ``has_rotary``, ``has_bias``,
-``distance_only``, ``adds_to_input``, ``max_positions``, ``learnable``): an encoding that is
-registered later is covered with no new test code, and skips are per capability, never per
-name.
+``distance_only``, ``adds_to_input``, ``max_positions``, ``learnable``, ``dims``,
+``required_inputs``, ``needs_probabilities``): an encoding that is registered later is covered
+with no new test code, and skips are per capability, never per name.
+
+Tests call ``attention`` / ``scores`` from here: they are ``relpos.attention`` /
+``relpos.scores`` with two adaptations, so one test serves every encoding: 1-D positions are
+lifted to the encoding's ``dims`` axes (``lift_positions``), and encodings with
+``required_inputs`` get valid random ones (``Encoding.example_inputs``) unless given.
 """
 
 from __future__ import annotations
@@ -19,6 +24,44 @@ ENCODINGS = relpos.available()
 
 B, H, D = 2, 4, 16  # batch, heads, head_dim used throughout
 RTOL = 1e-5  # fp32 agreement, relative to the largest magnitude of the reference
+
+
+def lift_positions(enc: relpos.Encoding, pos):
+    """1-D positions ``(L,)`` / ``(B, L)`` as ``(B|1, L, m)`` for an m-D encoding: axis 0 keeps
+    the positions, axis ``a`` uses ``(a + 2) * p + a`` (distinct, still shifted by the same
+    constant on every axis when ``p`` is), reduced into a learned table if there is one.
+    Anything else (already m-D, bool, non-tensors: error tests) is returned unchanged."""
+    if enc.dims == 1 or not isinstance(pos, torch.Tensor) or pos.dim() not in (1, 2):
+        return pos
+    if pos.dtype == torch.bool or pos.is_complex():
+        return pos
+    axes = [pos] + [(a + 2) * pos + a for a in range(1, enc.dims)]
+    if enc.max_positions is not None and not pos.is_floating_point():
+        axes = [axes[0]] + [x % enc.max_positions for x in axes[1:]]
+    out = torch.stack(axes, dim=-1)
+    return out[None] if pos.dim() == 1 else out
+
+
+def _adapt(enc, q, k, kw: dict) -> dict:
+    if not isinstance(enc, relpos.Encoding):
+        return kw
+    for n in ("q_pos", "k_pos"):
+        if kw.get(n) is not None:
+            kw[n] = lift_positions(enc, kw[n])
+    if enc.required_inputs and "inputs" not in kw and isinstance(q, torch.Tensor):
+        gen = torch.Generator().manual_seed(0)
+        kw["inputs"] = enc.example_inputs(q.shape[0], q.shape[-2], k.shape[-2], gen)
+    return kw
+
+
+def attention(q, k, v, enc=None, **kw):
+    """``relpos.attention`` with positions lifted to the encoding's axes and example inputs."""
+    return relpos.attention(q, k, v, enc, **_adapt(enc, q, k, kw))
+
+
+def scores(q, k, enc=None, **kw):
+    """``relpos.scores`` with positions lifted to the encoding's axes and example inputs."""
+    return relpos.scores(q, k, enc, **_adapt(enc, q, k, kw))
 
 
 def make_encoding(name: str, seed: int = 0, **options) -> relpos.Encoding:
@@ -97,6 +140,7 @@ def build_inputs(case: Case, enc: relpos.Encoding, seed: int = 0, dtype=torch.fl
         m = torch.rand(B, 1, 1, case.lk, generator=gen) > 0.3
         m[..., 0] = True  # every query row keeps a key (no all-masked rows, even causal)
         kw["mask"] = m
+    kw = _adapt(enc, q, k, kw)
     return dict(q=q, k=k, v=v, **kw)
 
 

@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 
-import relpos
 from relpos.attention import api
 from relpos.attention.call import AttentionCall, prepare_call
 
-from .common import D, H, assert_close_rel, make_encoding
+from .common import D, H, assert_close_rel, attention, make_encoding
 
 
 def large_shape(enc) -> tuple[int, int]:
@@ -27,7 +26,10 @@ def large_shape(enc) -> tuple[int, int]:
 
 def _call(enc, batch: int, length: int, causal: bool = True) -> AttentionCall:
     q = torch.randn(batch, H, length, D)
-    return prepare_call(q, q, q, enc, q_pos=None, k_pos=None, causal=causal, mask=None, scale=None)
+    inputs = enc.example_inputs(batch, length, length, torch.Generator().manual_seed(0))
+    return prepare_call(
+        q, q, q, enc, q_pos=None, k_pos=None, causal=causal, mask=None, scale=None, inputs=inputs
+    )
 
 
 def test_auto_choice(name):
@@ -35,7 +37,9 @@ def test_auto_choice(name):
     large = api.choose_backend(_call(enc, *large_shape(enc)))
     small = api.choose_backend(_call(enc, 2, 64))
     assert large in api.BACKENDS and small in api.BACKENDS
-    if enc.has_bias:
+    if enc.needs_probabilities:
+        assert (small, large) == ("eager", "chunked"), "weights beyond a score term: eager/chunked"
+    elif enc.has_bias:
         assert large == "chunked", "a bias above DENSE_BIAS_LIMIT on CPU must go to chunked"
     else:
         assert large == "sdpa" and small == "sdpa", "no bias (rotary, none, absolute): sdpa"
@@ -59,19 +63,19 @@ def bias_size_guard(monkeypatch):
 
 def test_auto_never_materialises_a_large_bias(name, bias_size_guard):
     enc = make_encoding(name)
-    if not enc.has_bias:
-        pytest.skip("no additive bias")
+    if not enc.needs_context:
+        pytest.skip("no additive bias or weight hooks")
     batch, length = large_shape(enc)
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
     k = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
     v = torch.randn(batch, H, length, D, generator=gen, requires_grad=True)
-    out = relpos.attention(q, k, v, enc, causal=True)
+    out = attention(q, k, v, enc, causal=True)
     out.square().mean().backward()
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
     assert all(s <= api.DENSE_BIAS_LIMIT for s in bias_size_guard), bias_size_guard
     # and the answer is the eager one on the last rows
     tail = 8
     with torch.no_grad():
-        ref = relpos.attention(q[:, :, -tail:], k, v, enc, causal=True, backend="eager")
+        ref = attention(q[:, :, -tail:], k, v, enc, causal=True, backend="eager")
     assert_close_rel(out[:, :, -tail:].detach(), ref)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import relpos
-from relpos.attention import chunked
+from relpos.attention import chunked, supported_backends
 from relpos.attention.call import prepare_call
 
 from .common import (
     ENCODINGS,
     Case,
     assert_close_rel,
+    attention,
     build_inputs,
     encoding_params,
     make_encoding,
@@ -44,8 +44,8 @@ CASES = [
 def run_backend(enc, inputs: dict, causal: bool, backend: str, need_grad: bool = True):
     """Output and gradients (q, k, v, encoding parameters) of a weighted-sum loss."""
     q, k, v = (inputs[n].detach().clone().requires_grad_(need_grad) for n in ("q", "k", "v"))
-    kw = {n: inputs[n] for n in ("q_pos", "k_pos", "mask") if n in inputs}
-    out = relpos.attention(q, k, v, enc, causal=causal, backend=backend, **kw)
+    kw = {n: inputs[n] for n in ("q_pos", "k_pos", "mask", "inputs") if n in inputs}
+    out = attention(q, k, v, enc, causal=causal, backend=backend, **kw)
     if not need_grad:
         return out.detach(), None
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(123))
@@ -109,6 +109,8 @@ def test_backend_matches_eager(name, backend, case, causal, monkeypatch):
         pytest.skip("causal-only encoding (non-causal calls must raise: tested below)")
     if reason := case.needs(enc):
         pytest.skip(reason)
+    if backend.removesuffix("-small") not in supported_backends(enc):
+        pytest.skip(f"{backend} cannot run this encoding (needs_probabilities): tested below")
     if backend == "chunked-small" and case.lq <= SMALL_BLOCKS["FORWARD_BLOCK"]:
         pytest.skip("a single block even when shrunk: same as 'chunked'")
     inputs = build_inputs(case, enc)
@@ -149,6 +151,8 @@ def flex_eager_fallbacks(monkeypatch):
 @pytest.mark.slow  # compiles flex per encoding and case (make test-slow)
 def test_flex_forward_matches_eager(name, mode, case, flex_eager_fallbacks):
     enc = make_encoding(name)
+    if "flex" not in supported_backends(enc):
+        pytest.skip("flex cannot run this encoding (needs_probabilities)")
     causal = mode == "causal" or enc.causal_only  # causal-only: the second case runs causal
     inputs = build_inputs(case, enc)
     # A fresh dynamo state: each case really runs compiled flex, whatever ran before in this
@@ -172,17 +176,31 @@ def test_flex_stays_compiled_across_lengths(flex_eager_fallbacks):
     with torch.no_grad():
         for length in range(16, 16 * 11, 16):
             q = torch.randn(1, enc.num_heads, length, enc.head_dim)
-            relpos.attention(q, q, q, enc, causal=True, backend="flex")
+            attention(q, q, q, enc, causal=True, backend="flex")
             assert not flex_eager_fallbacks, f"flex ran uncompiled at length {length}"
 
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_flex_without_cpu_backward_points_to_chunked(name):
     enc = make_encoding(name)
+    if "flex" not in supported_backends(enc):
+        pytest.skip("flex cannot run this encoding (needs_probabilities)")
     inputs = build_inputs(Case("s", 16, 16), enc)
     q = inputs["q"].requires_grad_(True)
     with pytest.raises(RuntimeError, match="chunked"):
-        relpos.attention(q, inputs["k"], inputs["v"], enc, causal=True, backend="flex")
+        attention(q, inputs["k"], inputs["v"], enc, causal=True, backend="flex")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_backends_refuse_encodings_they_cannot_run(name, backend):
+    """SDPA and FlexAttention only add a score term: an encoding with value terms, multiplied
+    weights or piecewise logits must be refused with a clear error, never run wrongly."""
+    enc = make_encoding(name)
+    if backend in supported_backends(enc):
+        pytest.skip("supported")
+    inputs = build_inputs(Case("s", 16, 16), enc)
+    with pytest.raises(ValueError, match=f"backend '{backend}' cannot run encoding"):
+        attention(inputs["q"], inputs["k"], inputs["v"], enc, causal=True, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["auto", "eager", "sdpa", "chunked", "flex"])
@@ -190,14 +208,16 @@ def test_causal_only_rejects_non_causal(name, backend):
     enc = make_encoding(name)
     if not enc.causal_only:
         pytest.skip("not a causal-only encoding")
+    if backend not in ("auto", *supported_backends(enc)):
+        pytest.skip("backend cannot run this encoding")
     inputs = build_inputs(Case("s", 16, 16), enc)
     with pytest.raises(ValueError, match="causal"):
-        relpos.attention(inputs["q"], inputs["k"], inputs["v"], enc, causal=False, backend=backend)
+        attention(inputs["q"], inputs["k"], inputs["v"], enc, causal=False, backend=backend)
     if backend == "flex":
         return  # (compiling flex for the single-query call below costs seconds)
     # a single query (decoding) has no future keys: allowed
-    one = relpos.attention(inputs["q"][:, :, -1:], inputs["k"], inputs["v"], enc, backend=backend)
-    ref = relpos.attention(inputs["q"], inputs["k"], inputs["v"], enc, causal=True)[:, :, -1:]
+    one = attention(inputs["q"][:, :, -1:], inputs["k"], inputs["v"], enc, backend=backend)
+    ref = attention(inputs["q"], inputs["k"], inputs["v"], enc, causal=True)[:, :, -1:]
     assert_close_rel(one, ref)
 
 
@@ -223,6 +243,7 @@ def test_chunked_cases_cover_both_paths(name):
             causal=True,
             mask=inp.get("mask"),
             scale=None,
+            inputs=inp.get("inputs"),
         )
         toeplitz = chunked.toeplitz_table(call) is not None
         paths[case.id] = toeplitz

@@ -8,7 +8,7 @@ import torch
 
 import relpos
 
-from .common import ENCODINGS, B, D, H, make_encoding
+from .common import ENCODINGS, B, D, H, attention, make_encoding, scores
 
 L = 12
 CALLS = ["attention", "scores"]
@@ -26,9 +26,9 @@ def _qkv(lq: int = L, lk: int = L, hq: int = H, hkv: int = H, dq: int = D, dk: i
 def _call(which: str, enc, q, k, v, **kw):
     if which == "scores":
         kw.pop("mask", None)
-        return relpos.scores(q, k, enc, **kw)
+        return scores(q, k, enc, **kw)
     kw.setdefault("causal", True)
-    return relpos.attention(q, k, v, enc, **kw)
+    return attention(q, k, v, enc, **kw)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_kv_heads_must_divide_q_heads(enc, which):
 def test_k_and_v_must_agree(enc):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"\bv\b"):
-        relpos.attention(q, k, v[:, :, :-1], enc, causal=True)
+        attention(q, k, v[:, :, :-1], enc, causal=True)
 
 
 @pytest.mark.parametrize("which", CALLS)
@@ -125,35 +125,35 @@ def test_mask_of_wrong_shape(enc):
         torch.ones(1, 1, 1, 1, L, dtype=torch.bool),
     ):
         with pytest.raises(ValueError, match="mask"):
-            relpos.attention(q, k, v, enc, causal=True, mask=mask)
+            attention(q, k, v, enc, causal=True, mask=mask)
     with pytest.raises(TypeError, match="mask"):
-        relpos.attention(q, k, v, enc, causal=True, mask=torch.ones(B, 1, 1, L, dtype=torch.int64))
+        attention(q, k, v, enc, causal=True, mask=torch.ones(B, 1, 1, L, dtype=torch.int64))
 
 
 def test_bad_qkv_types(enc):
     q, k, v = _qkv()
     with pytest.raises(TypeError, match=r"\bq\b"):
-        relpos.attention(q.numpy(), k, v, enc, causal=True)
+        attention(q.numpy(), k, v, enc, causal=True)
     with pytest.raises(TypeError, match=r"\bq\b"):
-        relpos.attention(q.long(), k, v, enc, causal=True)
+        attention(q.long(), k, v, enc, causal=True)
     with pytest.raises(TypeError, match="dtype"):
-        relpos.attention(q.double(), k, v, enc, causal=True)
+        attention(q.double(), k, v, enc, causal=True)
     with pytest.raises(TypeError, match="causal"):
-        relpos.attention(q, k, v, enc, causal=1)
+        attention(q, k, v, enc, causal=1)
     with pytest.raises(ValueError, match="scale"):
-        relpos.attention(q, k, v, enc, causal=True, scale=-1.0)
+        attention(q, k, v, enc, causal=True, scale=-1.0)
 
 
 def test_unknown_backend(enc):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="backend"):
-        relpos.attention(q, k, v, enc, causal=True, backend="flash-attn-9")
+        attention(q, k, v, enc, causal=True, backend="flash-attn-9")
 
 
 def test_encoding_of_wrong_type():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="encoding"):
-        relpos.attention(q, k, v, "rope", causal=True)
+        attention(q, k, v, "rope", causal=True)
 
 
 def test_unknown_encoding_name_lists_known_names():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import relpos
 
-from .common import Case, build_inputs, encoding_params, make_encoding
+from .common import Case, attention, build_inputs, encoding_params, make_encoding
 
 
 def assert_gradients_reach(named_params, what: str) -> None:
@@ -27,8 +27,8 @@ def assert_gradients_reach(named_params, what: str) -> None:
 def _attention_loss(enc, case: Case, causal: bool, backend: str) -> None:
     inp = build_inputs(case, enc)
     q, k, v = (inp[n].requires_grad_(True) for n in ("q", "k", "v"))
-    kw = {n: inp[n] for n in ("q_pos", "k_pos", "mask") if n in inp}
-    out = relpos.attention(q, k, v, enc, causal=causal, backend=backend, **kw)
+    kw = {n: inp[n] for n in ("q_pos", "k_pos", "mask", "inputs") if n in inp}
+    out = attention(q, k, v, enc, causal=causal, backend=backend, **kw)
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     (out * weight).sum().backward()
     for t, n in ((q, "q"), (k, "k"), (v, "v")):

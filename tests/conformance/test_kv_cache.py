@@ -11,8 +11,17 @@ import pytest
 import torch
 
 import relpos
+from relpos.attention import supported_backends
 
-from .common import B, D, H, assert_close_rel, increasing_positions, make_encoding
+from .common import (
+    B,
+    D,
+    H,
+    assert_close_rel,
+    attention,
+    increasing_positions,
+    make_encoding,
+)
 
 VOCAB, DIM, DEPTH, LENGTH = 50, 32, 2, 40
 
@@ -51,6 +60,10 @@ def decode(model, toks: torch.Tensor, prefill: int, step: int) -> torch.Tensor:
 )
 @torch.no_grad()
 def test_kv_cache_decoding_equals_full_forward(name, prefill, step, options):
+    if make_encoding(name).required_inputs:
+        pytest.skip("per-call inputs (graphs, boxes): not a decoder-LM encoding")
+    if options.get("backend") not in (None, *supported_backends(make_encoding(name))):
+        pytest.skip("backend cannot run this encoding")
     model = make_lm(name, **options)
     toks = tokens()
     full = model(toks)
@@ -63,6 +76,8 @@ def test_kv_cache_decoding_equals_full_forward(name, prefill, step, options):
 @torch.no_grad()
 def test_single_query_equals_row_of_full_causal_attention(name, backend, kind):
     enc = make_encoding(name)
+    if backend not in ("auto", *supported_backends(enc)):
+        pytest.skip("backend cannot run this encoding")
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, LENGTH, D, generator=gen)
     k = torch.randn(B, H // 2, LENGTH, D, generator=gen)
@@ -72,9 +87,9 @@ def test_single_query_equals_row_of_full_causal_attention(name, backend, kind):
     else:
         limit = enc.max_positions if enc.max_positions is not None else 1 << 20
         pos = increasing_positions(B, LENGTH, gen, limit)
-    full = relpos.attention(q, k, v, enc, q_pos=pos, k_pos=pos, causal=True, backend="eager")
+    full = attention(q, k, v, enc, q_pos=pos, k_pos=pos, causal=True, backend="eager")
     for t in (0, 1, 17, LENGTH - 1):
-        one = relpos.attention(
+        one = attention(
             q[:, :, t : t + 1],
             k[:, :, : t + 1],
             v[:, :, : t + 1],
@@ -88,12 +103,14 @@ def test_single_query_equals_row_of_full_causal_attention(name, backend, kind):
     # default positions: the single query is the last key's position
     t = LENGTH - 1
     if kind == "arange":
-        one = relpos.attention(q[:, :, t:], k, v, enc, causal=True, backend=backend)
+        one = attention(q[:, :, t:], k, v, enc, causal=True, backend=backend)
         assert_close_rel(one, full[:, :, t:], msg="default q_pos for Lq=1")
 
 
 @torch.no_grad()
 def test_generate_runs_and_is_greedy(name):
+    if make_encoding(name).required_inputs:
+        pytest.skip("per-call inputs (graphs, boxes): not a decoder-LM encoding")
     model = make_lm(name)
     prompt = tokens(6, seed=1)
     out = model.generate(prompt, max_new_tokens=8)

@@ -13,9 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import relpos
-
-from .common import RTOL, B, D, H, assert_close_rel, increasing_positions, make_encoding
+from .common import (
+    RTOL,
+    B,
+    D,
+    H,
+    assert_close_rel,
+    attention,
+    increasing_positions,
+    make_encoding,
+    scores,
+)
 
 LQ, LK = 24, 40
 
@@ -52,8 +60,8 @@ def _check_shift(enc, kind: str, shift, via: str) -> None:
 
     def run(qpos, kpos):
         if via == "scores":
-            return relpos.scores(q, k, enc, q_pos=qpos, k_pos=kpos)
-        return relpos.attention(q, k, v, enc, q_pos=qpos, k_pos=kpos, causal=True)
+            return scores(q, k, enc, q_pos=qpos, k_pos=kpos)
+        return attention(q, k, v, enc, q_pos=qpos, k_pos=kpos, causal=True)
 
     ref = run(qp, kp)
     moved = run(qp + shift, kp + shift)

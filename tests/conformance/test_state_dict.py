@@ -8,7 +8,7 @@ import torch
 
 import relpos
 
-from .common import B, D, H, make_encoding
+from .common import B, D, H, attention, make_encoding, scores
 
 
 def _outputs(enc) -> list[torch.Tensor]:
@@ -18,8 +18,8 @@ def _outputs(enc) -> list[torch.Tensor]:
     k = torch.randn(B, H, 24, D, generator=gen)
     pos = torch.arange(24)
     outs = [
-        relpos.scores(q, k, enc, q_pos=pos, k_pos=pos),
-        relpos.attention(q, k, k, enc, causal=True, backend="eager"),
+        scores(q, k, enc, q_pos=pos, k_pos=pos),
+        attention(q, k, k, enc, causal=True, backend="eager"),
     ]
     if enc.adds_to_input:
         outs.append(enc.embed(pos[None], H * D))

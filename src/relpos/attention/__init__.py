@@ -1,5 +1,19 @@
 """Attention backends behind ``relpos.attention``."""
 
-from .api import BACKENDS, DENSE_BIAS_LIMIT, attention, choose_backend, scores
+from .api import (
+    BACKENDS,
+    DENSE_BIAS_LIMIT,
+    attention,
+    choose_backend,
+    scores,
+    supported_backends,
+)
 
-__all__ = ["attention", "scores", "choose_backend", "BACKENDS", "DENSE_BIAS_LIMIT"]
+__all__ = [
+    "attention",
+    "scores",
+    "choose_backend",
+    "supported_backends",
+    "BACKENDS",
+    "DENSE_BIAS_LIMIT",
+]

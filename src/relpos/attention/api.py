@@ -9,6 +9,9 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
   distance-only biases: 1.14-1.18x the no-bias SDPA time at L=4096, docs/benchmarks.md),
   ``flex`` on CUDA. It never builds an L x L bias above the limit.
+* encodings that change the weights themselves (``Encoding.needs_probabilities``: value
+  terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
+  ``sdpa`` and ``flex`` only take an additive score term and refuse them.
 """
 
 from __future__ import annotations
@@ -36,15 +39,20 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
 
 def supported_backends(encoding: Encoding | None) -> list[str]:
     """Backends that compute this encoding exactly (``sdpa`` materialises biases)."""
+    if encoding is not None and encoding.needs_probabilities:
+        return ["eager", "chunked"]
     return ["eager", "sdpa", "chunked", "flex"]
 
 
 def choose_backend(call: AttentionCall) -> str:
     """The backend ``auto`` uses for this call (see module docstring)."""
+    B, H, Lq = call.q.shape[:3]
+    small = B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT
+    if call.needs_probabilities:
+        return "eager" if small else "chunked"
     if not call.has_bias:
         return "sdpa"
-    B, H, Lq = call.q.shape[:3]
-    if B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT:
+    if small:
         return "sdpa"
     if call.q.device.type == "cuda" and flex_available():
         return "flex"
@@ -63,6 +71,7 @@ def attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    inputs: dict[str, Tensor] | None = None,
     _rotated: bool = False,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
@@ -77,7 +86,9 @@ def attention(
             ``j <= i + Lk - Lq``).
         mask: bool (True = attend) or additive float, broadcastable to ``(B, H, Lq, Lk)``.
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
-        backend: "auto", "eager", "sdpa", "chunked" or "flex".
+        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
+        inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
+            graph's adjacency, token boxes), by name.
         _rotated: internal (relpos.nn KV cache): q and k are already rotated.
 
     Returns:
@@ -85,6 +96,13 @@ def attention(
     """
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+    if backend != "auto" and backend not in (ok := supported_backends(encoding)):
+        assert encoding is not None
+        raise ValueError(
+            f"backend {backend!r} cannot run encoding {encoding.name!r}: it changes the "
+            f"attention weights beyond an additive score (value terms, multiplied weights or "
+            f"piecewise logits); use backend 'auto' or one of {ok}"
+        )
     call = prepare_call(
         q,
         k,
@@ -96,6 +114,7 @@ def attention(
         mask=mask,
         scale=scale,
         rotated=_rotated,
+        inputs=inputs,
     )
     name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)
@@ -112,8 +131,12 @@ def scores(
     q_pos: Tensor | None = None,
     k_pos: Tensor | None = None,
     scale: float | None = None,
+    inputs: dict[str, Tensor] | None = None,
 ) -> Tensor:
-    """Attention logits ``(B, H, Lq, Lk)`` before masking and softmax (eager, O(L^2))."""
+    """Attention logits ``(B, H, Lq, Lk)`` before masking and softmax (eager, O(L^2)).
+
+    Piecewise encodings give their merged logits (-inf where a pair is masked); value terms
+    and multiplied weights act after the softmax and are not part of the logits."""
     v = k  # logits never read v; k has its shape
     call = prepare_call(
         q,
@@ -126,8 +149,16 @@ def scores(
         mask=None,
         scale=scale,
         check_causal=False,
+        inputs=inputs,
     )
     return logits(call)
 
 
-__all__ = ["attention", "scores", "choose_backend", "BACKENDS", "DENSE_BIAS_LIMIT"]
+__all__ = [
+    "attention",
+    "scores",
+    "choose_backend",
+    "supported_backends",
+    "BACKENDS",
+    "DENSE_BIAS_LIMIT",
+]

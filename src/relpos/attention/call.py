@@ -31,10 +31,29 @@ class AttentionCall:
     causal: bool
     mask: Tensor | None  # bool (True = attend) or float additive, broadcastable to (B,H,Lq,Lk)
     scale: float
+    # piecewise encodings: the rotated (q_r, k_r) of each piece (q/k above are piece 0)
+    pieces: list[tuple[Tensor, Tensor]] | None = None
 
     @property
     def has_bias(self) -> bool:
-        return self.ctx is not None
+        """The encoding adds a bias (``bias`` hook) to the logits of this call."""
+        return self.ctx is not None and self.encoding is not None and self.encoding.has_bias
+
+    @property
+    def needs_probabilities(self) -> bool:
+        """Value terms, multiplied weights or piecewise logits: eager / chunked only."""
+        return self.encoding is not None and self.encoding.needs_probabilities
+
+    def index_grids(self, i: Tensor, j: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``b, h, i, j`` index tensors broadcasting to ``(B|1, H, T, S)`` for the encoding's
+        element-wise hooks (one batch row when positions are batch-shared and nothing
+        batch-specific was prepared)."""
+        assert self.ctx is not None
+        dev = self.q.device
+        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and not self.ctx.extra
+        b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
+        h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
+        return b, h, i[None, None, :, None], j[None, None, None, :]
 
     @property
     def groups(self) -> int:
@@ -58,12 +77,7 @@ class AttentionCall:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:
         ``(B|1, H, T, S)``."""
         assert self.encoding is not None and self.ctx is not None
-        dev = self.q.device
-        # Batch-shared positions: compute one batch row and let it broadcast.
-        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and not self.ctx.extra
-        b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
-        h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
-        return self.encoding.bias(self.ctx, b, h, i[None, None, :, None], j[None, None, None, :])
+        return self.encoding.bias(self.ctx, *self.index_grids(i, j))
 
     def mask_block(self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask (0 / -inf) for the query rows ``q_start:q_end`` and keys
@@ -138,6 +152,36 @@ def _check_mask(mask: object, shape: tuple[int, int, int, int]) -> Tensor | None
         ) from None
 
 
+def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor]:
+    if inputs is None:
+        inputs = {}
+    if not isinstance(inputs, dict):
+        raise TypeError(f"inputs must be a dict of tensors or None, got {type(inputs).__name__}")
+    if encoding is None:
+        if inputs:
+            raise ValueError("inputs are read by an encoding; got inputs but encoding=None")
+        return inputs
+    known = {**encoding.required_inputs, **encoding.optional_inputs}
+    for name, form in encoding.required_inputs.items():
+        if name not in inputs:
+            raise ValueError(
+                f"encoding {encoding.name!r} needs inputs={{{name!r}: {form}}} "
+                f"(relpos.attention(..., inputs=...))"
+            )
+    for name, value in inputs.items():
+        if name not in known:
+            expected = ", ".join(f"{n!r}: {f}" for n, f in known.items()) or "none"
+            raise ValueError(
+                f"encoding {encoding.name!r} does not read inputs[{name!r}]; it reads: {expected}"
+            )
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"inputs[{name!r}] must be a torch.Tensor ({known[name]}), "
+                f"got {type(value).__name__}"
+            )
+    return inputs
+
+
 def prepare_call(
     q: Tensor,
     k: Tensor,
@@ -151,6 +195,7 @@ def prepare_call(
     scale: float | None,
     rotated: bool = False,
     check_causal: bool = True,
+    inputs: dict[str, Tensor] | None = None,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked).
 
@@ -169,7 +214,7 @@ def prepare_call(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = encoding.default_scale(D) if isinstance(encoding, Encoding) else 1 / math.sqrt(D)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"scale must be a positive number or None, got {scale!r}")
     mask = _check_mask(mask, (B, H, Lq, Lk))
@@ -178,7 +223,9 @@ def prepare_call(
     common = dict(batch=B, dims=dims, continuous=continuous, device=q.device)
     qp = normalize_positions(q_pos, name="q_pos", length=Lq, offset=Lk - Lq, **common)
     kp = normalize_positions(k_pos, name="k_pos", length=Lk, **common)
+    inputs = _check_inputs(encoding, inputs)
     ctx = None
+    pieces = None
     if encoding is not None:
         if encoding.num_heads != H:
             raise ValueError(
@@ -192,9 +239,13 @@ def prepare_call(
             )
         encoding.check_positions(qp, "q_pos")
         encoding.check_positions(kp, "k_pos")
-        if encoding.has_rotary and not rotated:
+        if encoding.piecewise:
+            pieces = encoding.pieces(q, k, qp, kp)
+            q, k = pieces[0]
+        elif encoding.has_rotary and not rotated:
             q, k = encoding.rotate_qk(q, k, qp, kp)
             v = encoding.rotate(v, kp, "v")
-        if encoding.has_bias:
-            ctx = encoding.prepare(q, k, qp, kp)
-    return AttentionCall(q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale))
+        if encoding.needs_context:
+            ctx = encoding.prepare(q, k, qp, kp, inputs)
+            ctx.scale = float(scale)
+    return AttentionCall(q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale), pieces)

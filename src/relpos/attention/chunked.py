@@ -11,6 +11,9 @@ Two paths, chosen per call:
   ``autograd.Function`` recomputes each block in backward; the gradient of the table is the
   sum of ``dS`` over anti-diagonals (a pad-and-reshape, no scatter), and autograd carries it
   into the encoding's parameters (T5 table, KERPLE r1/r2, ...).
+* **Probability path** (encodings that change the weights themselves: value terms, URPE's
+  multiplied weights, piecewise logits): each query block runs ``dense.block_attention``
+  (explicit logits and softmax over its keys) under activation checkpointing.
 * **Tile path** (any other bias, user masks, arbitrary positions): each query block computes
   its ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
@@ -27,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..positions import as_span
 from .call import AttentionCall
+from .dense import block_attention
 
 FORWARD_BLOCK = 256
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
@@ -190,8 +194,24 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     return torch.cat(outs, dim=2)
 
 
+def _probability_attention(call: AttentionCall) -> Tensor:
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    rows = max(16, TILE_ELEMENTS // max(Lk, 1))
+    outs = []
+    for s in range(0, Lq, rows):
+        e = min(s + rows, Lq)
+        kend = _key_end(e, call.causal_offset, Lk, call.causal)
+        if torch.is_grad_enabled():
+            outs.append(checkpoint(block_attention, call, s, e, kend, use_reentrant=False))
+        else:
+            outs.append(block_attention(call, s, e, kend))
+    return torch.cat(outs, dim=2)
+
+
 def chunked_attention(call: AttentionCall) -> Tensor:
     """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
+    if call.needs_probabilities:
+        return _probability_attention(call)
     table = toeplitz_table(call)
     if table is not None:
         return _toeplitz_attention(call, table)

@@ -5,29 +5,18 @@ Every encoding runs here; the other backends are tested against it. O(L^2) memor
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .call import AttentionCall
+from .dense import block_attention, block_logits
 
 
 def logits(call: AttentionCall) -> Tensor:
-    """``q k^T * scale + bias``, without masks: ``(B, H, Lq, Lk)`` (dtype of q)."""
-    k, _ = call.expanded_kv()
-    out = torch.matmul(call.q, k.transpose(-1, -2)) * call.scale
-    if call.has_bias:
-        dev = call.q.device
-        i = torch.arange(call.q.shape[2], device=dev)
-        j = torch.arange(call.k.shape[2], device=dev)
-        out = out + call.bias_block(i, j).to(out.dtype)
-    return out
+    """``q k^T * scale + bias`` (piecewise logits included), without masks:
+    ``(B, H, Lq, Lk)`` (dtype of q)."""
+    return block_logits(call, 0, call.q.shape[2], call.k.shape[2])
 
 
 def eager_attention(call: AttentionCall) -> Tensor:
     """Softmax attention from the full logit matrix. Returns ``(B, H, Lq, Dv)``."""
-    s = logits(call)
-    m = call.mask_block(0, call.q.shape[2], call.k.shape[2], s.dtype)
-    if m is not None:
-        s = s + m
-    _, v = call.expanded_kv()
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    return block_attention(call, 0, call.q.shape[2], call.k.shape[2])

@@ -7,8 +7,21 @@ Every RPE changes attention through some of
 * ``rotate(x, pos, role)`` — the multiplicative part ``R_h(p)`` (roles "q", "k", "v", "o");
 * ``bias(ctx, b, h, i, j)`` — the additive part as an element-wise function of index tensors
   (the FlexAttention ``score_mod`` shape), so one formula serves every backend;
-* ``prepare(q, k, q_pos, k_pos)`` — per-call precomputation captured by ``bias``;
+* ``prepare(q, k, q_pos, k_pos, inputs)`` — per-call precomputation captured by ``bias``
+  (e.g. ``q @ E_rel^T``), reading optional per-call ``inputs`` (graphs, boxes);
 * ``embed(pos, dim)`` — absolute encodings added to the token embeddings by ``relpos.nn``.
+
+Three further hooks change the attention weights themselves (backends that only take an
+additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` and
+``chunked`` can, see ``needs_probabilities``):
+
+* ``value_term(ctx, p, b, h, i, j)`` — an extra output term ``sum_j p_ij a^V_ij`` (Shaw's
+  relative value embeddings, iRPE contextual values);
+* ``prob_multiplier(ctx, b, h, i, j)`` — an element-wise factor on the softmax weights (URPE);
+* ``pieces(q, k, q_pos, k_pos)`` + ``piece_index(ctx, b, h, i, j)`` — piecewise rotary logits:
+  the logit of pair (i, j) is ``<q^r_i, k^r_j>`` for the piece ``r = piece_index(i, j)``
+  (-1 masks the pair). Dual Chunk Attention, Self-Extend and LM-Infinite are of this form;
+  one softmax over the union of pieces equals merging the pieces by log-sum-exp.
 
 Subclasses set capability flags (class attributes) that backends read to pick a kernel.
 """
@@ -33,6 +46,9 @@ class BiasContext:
     q_pos: Tensor
     k_pos: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
+    #: the logit scale of the call (set by the backends after ``prepare``): bias terms that
+    #: read q or k (``q @ E_rel^T``) are multiplied by it, as the content term is.
+    scale: float = 1.0
 
 
 class Encoding(nn.Module):
@@ -50,6 +66,10 @@ class Encoding(nn.Module):
         max_positions: for learned tables, positions must lie in ``[0, max_positions)``.
         cache_rotated_keys: keys may be cached after ``rotate`` (their rotation never depends
             on later tokens). False makes ``relpos.nn`` cache raw keys and re-rotate.
+        has_value_term / multiplies_probs / piecewise: which of the weight-changing hooks are
+            active (see the module docstring); any of them sets ``needs_probabilities``.
+        required_inputs / optional_inputs: per-call tensors the encoding reads, passed as
+            ``relpos.attention(..., inputs={name: tensor})``: ``{name: expected form}``.
     """
 
     name: ClassVar[str] = ""
@@ -64,6 +84,11 @@ class Encoding(nn.Module):
     has_bias: ClassVar[bool] = False
     adds_to_input: ClassVar[bool] = False
     cache_rotated_keys: ClassVar[bool] = True
+    has_value_term: ClassVar[bool] = False
+    multiplies_probs: ClassVar[bool] = False
+    piecewise: ClassVar[bool] = False
+    required_inputs: ClassVar[dict[str, str]] = {}
+    optional_inputs: ClassVar[dict[str, str]] = {}
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -80,6 +105,31 @@ class Encoding(nn.Module):
         """True when the encoding has trainable parameters."""
         return any(p.requires_grad for p in self.parameters())
 
+    @property
+    def needs_probabilities(self) -> bool:
+        """The encoding changes the attention weights beyond an additive score term (value
+        terms, multiplied probabilities, piecewise logits): only the ``eager`` and
+        ``chunked`` backends run it."""
+        return self.has_value_term or self.multiplies_probs or self.piecewise
+
+    @property
+    def needs_context(self) -> bool:
+        """Whether the backends must call ``prepare`` (any hook that reads a ``BiasContext``)."""
+        return self.has_bias or self.needs_probabilities
+
+    def default_scale(self, head_dim: int) -> float:
+        """The logit scale used when the caller passes ``scale=None``: ``head_dim ** -0.5``
+        (DeBERTa overrides it: three terms share ``1/sqrt(3 d)``)."""
+        return head_dim**-0.5
+
+    @classmethod
+    def example_inputs(
+        cls, batch: int, length_q: int, length_k: int, generator: torch.Generator
+    ) -> dict[str, Tensor]:
+        """Valid random ``inputs`` for a call of these lengths (tests, docs). Encodings with
+        ``required_inputs`` override this."""
+        return {}
+
     # ----------------------------------------------------------------- hooks
     def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
         """Multiplicative part. ``x (B, H, L, D)``, ``pos (B|1, L[, m])``. Identity here."""
@@ -92,8 +142,18 @@ class Encoding(nn.Module):
         centres both on one reference position). Default: ``rotate`` each."""
         return self.rotate(q, q_pos, "q"), self.rotate(k, k_pos, "k")
 
-    def prepare(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> BiasContext:
-        """Per-call precomputation for ``bias``. Positions are expanded to the batch of ``q``."""
+    def prepare(
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        inputs: dict[str, Tensor] | None = None,
+    ) -> BiasContext:
+        """Per-call precomputation for ``bias``. Positions are expanded to the batch of ``q``.
+
+        ``inputs`` holds the per-call tensors named in ``required_inputs`` /
+        ``optional_inputs`` (already checked for presence by the backends)."""
         batch = q.shape[0]
         return BiasContext(
             q_pos=q_pos.expand(batch, *q_pos.shape[1:]),
@@ -128,6 +188,30 @@ class Encoding(nn.Module):
         h = torch.arange(self.num_heads, device=device)[:, None]
         d = torch.arange(low, high + 1, device=device)[None, :]
         return self.bias_at_distance(h, d).expand(self.num_heads, d.shape[1])
+
+    def value_term(
+        self, ctx: BiasContext, p: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor
+    ) -> Tensor:
+        """Extra output ``(B, H, T, Dv)`` from the softmax weights ``p (B, H, T, S)`` of query
+        indices ``i (T,)`` and key indices ``j (S,)`` (``b``, ``h`` are index grids as for
+        ``bias``). Summed over key blocks, so it must be linear in ``p``."""
+        raise RuntimeError(f"encoding {self.name!r} has no value term")
+
+    def prob_multiplier(
+        self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor
+    ) -> Tensor:
+        """Element-wise factor applied to the softmax weights before they weight the values."""
+        raise RuntimeError(f"encoding {self.name!r} does not multiply the attention weights")
+
+    def pieces(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> list[tuple[Tensor, Tensor]]:
+        """Piecewise encodings: the rotated ``(q_r, k_r)`` of every piece ``r``."""
+        raise RuntimeError(f"encoding {self.name!r} is not piecewise")
+
+    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        """Piecewise encodings: which piece gives the logit of (b, h, i, j); -1 = masked."""
+        raise RuntimeError(f"encoding {self.name!r} is not piecewise")
 
     def embed(self, pos: Tensor, dim: int) -> Tensor:
         """Absolute embedding ``(B|1, L, dim)`` added to token embeddings (absolute family)."""

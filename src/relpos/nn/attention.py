@@ -35,9 +35,10 @@ class MultiHeadAttention(nn.Module):
         encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
         backend: passed to ``relpos.attention``.
 
-    ``forward(x (B, L, dim), pos=None, cache=None, causal=True) -> (B, L, dim)``. With a
-    ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is given),
-    keys/values are appended, and the queries attend to the whole cache.
+    ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
+    With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
+    given; on every axis for m-D encodings), keys/values are appended, and the queries attend
+    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes).
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class MultiHeadAttention(nn.Module):
         pos: Tensor | None = None,
         cache: LayerCache | None = None,
         causal: bool = True,
+        inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
@@ -87,10 +89,22 @@ class MultiHeadAttention(nn.Module):
         k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         enc = self.encoding
         if cache is None:
-            out = attention(q, k, v, enc, q_pos=pos, k_pos=pos, causal=causal, backend=self.backend)
+            out = attention(
+                q,
+                k,
+                v,
+                enc,
+                q_pos=pos,
+                k_pos=pos,
+                causal=causal,
+                backend=self.backend,
+                inputs=inputs,
+            )
         else:
             if pos is None:
                 pos = torch.arange(cache.length, cache.length + L, device=x.device)[None]
+                if enc is not None and enc.dims > 1:
+                    pos = pos[..., None].expand(1, L, enc.dims)
             elif pos.dim() == 1:
                 pos = pos[None]
             rotate_now = enc is not None and enc.has_rotary and enc.cache_rotated_keys
@@ -109,6 +123,7 @@ class MultiHeadAttention(nn.Module):
                 k_pos=k_pos,
                 causal=causal,
                 backend=self.backend,
+                inputs=inputs,
                 _rotated=rotate_now,
             )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))

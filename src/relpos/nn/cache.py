@@ -10,7 +10,7 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
-    """Cached keys ``(B, Hkv, L, D)``, values ``(B, Hkv, L, Dv)`` and key positions ``(B|1, L)``.
+    """Cached keys ``(B, Hkv, L, D)``, values ``(B, Hkv, L, Dv)``, key positions ``(B|1, L[, m])``.
 
     ``rotated`` records whether the keys were stored after the encoding's rotation (RoPE) or
     raw (encodings whose key rotation depends on the whole call, e.g. xPos).
@@ -32,8 +32,8 @@ class LayerCache:
             assert self.v is not None and self.k_pos is not None
             if k_pos.shape[0] != self.k_pos.shape[0]:
                 batch = max(k_pos.shape[0], self.k_pos.shape[0])
-                self.k_pos = self.k_pos.expand(batch, -1)
-                k_pos = k_pos.expand(batch, -1)
+                self.k_pos = self.k_pos.expand(batch, *self.k_pos.shape[1:])
+                k_pos = k_pos.expand(batch, *k_pos.shape[1:])
             self.k = torch.cat((self.k, k), dim=2)
             self.v = torch.cat((self.v, v), dim=2)
             self.k_pos = torch.cat((self.k_pos, k_pos), dim=1)

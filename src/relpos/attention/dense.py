@@ -1,0 +1,72 @@
+"""Attention over one block of query rows with the full logit block materialised.
+
+The reference computation (``eager`` runs it on the whole matrix) and the building block of
+the chunked backend's probability path (query blocks under activation checkpointing). It is
+the only place that runs the hooks which change the attention weights themselves:
+
+    logit_ij = <q^r_i, k^r_j> * scale + bias_ij      r = piece_index(i, j) (piecewise) or 0
+    p_ij     = softmax_j(logit_ij + mask_ij)
+    out_i    = sum_j p_ij * m_ij * v_j  +  value_term(p)_i      m = prob_multiplier (URPE)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .call import AttentionCall
+
+
+def block_logits(call: AttentionCall, start: int, end: int, key_end: int) -> Tensor:
+    """Logits ``(B, H, end - start, key_end)`` of query rows ``start:end`` against keys
+    ``0:key_end``, before any mask (the dtype of q)."""
+    dev = call.q.device
+    i = torch.arange(start, end, device=dev)
+    j = torch.arange(key_end, device=dev)
+    groups = call.groups
+
+    def product(q: Tensor, k: Tensor) -> Tensor:
+        k = k[:, :, :key_end]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+        return torch.matmul(q[:, :, start:end], k.transpose(-1, -2)) * call.scale
+
+    if call.pieces is None:
+        out = product(call.q, call.k)
+    else:
+        assert call.encoding is not None and call.ctx is not None
+        index = call.encoding.piece_index(call.ctx, *call.index_grids(i, j))
+        out = None
+        for r, (qr, kr) in enumerate(call.pieces):
+            part = product(qr, kr)
+            out = part if out is None else torch.where(index == r, part, out)
+        assert out is not None
+        out = out.masked_fill(index < 0, float("-inf"))
+    if call.has_bias:
+        out = out + call.bias_block(i, j).to(out.dtype)
+    return out
+
+
+def block_attention(call: AttentionCall, start: int, end: int, key_end: int) -> Tensor:
+    """Attention output ``(B, H, end - start, Dv)`` of query rows ``start:end`` over keys
+    ``0:key_end`` (the caller guarantees that causal masking hides every later key)."""
+    s = block_logits(call, start, end, key_end)
+    m = call.mask_block(start, end, key_end, s.dtype)
+    if m is not None:
+        s = s + m
+    p = torch.softmax(s, dim=-1)
+    _, v = call.expanded_kv()
+    v = v[:, :, :key_end]
+    enc = call.encoding
+    if enc is None or not enc.needs_probabilities:
+        return torch.matmul(p, v)
+    assert call.ctx is not None
+    dev = call.q.device
+    grids = call.index_grids(
+        torch.arange(start, end, device=dev), torch.arange(key_end, device=dev)
+    )
+    weights = p * enc.prob_multiplier(call.ctx, *grids).to(p.dtype) if enc.multiplies_probs else p
+    out = torch.matmul(weights, v)
+    if enc.has_value_term:
+        out = out + enc.value_term(call.ctx, p, *grids).to(out.dtype)
+    return out
