@@ -276,6 +276,21 @@ def _extrapolate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ longctx
+
+
+def _longctx_args(parser: argparse.ArgumentParser) -> None:
+    from .lab.longctx import add_arguments
+
+    add_arguments(parser)
+
+
+def _longctx(args: argparse.Namespace) -> int:
+    from .lab.longctx import run_command
+
+    return run_command(args)
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -296,6 +311,12 @@ COMMANDS: dict[str, Command] = {
         "train each encoding at length L, measure perplexity at L..16L, write a report",
         _extrapolate_args,
         _extrapolate,
+    ),
+    "longctx": Command(
+        "training-free context extension of pretrained SmolLM2: passkey and perplexity vs "
+        "length per RoPE scaling method",
+        _longctx_args,
+        _longctx,
     ),
 }
 
