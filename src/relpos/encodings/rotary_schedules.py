@@ -1,0 +1,363 @@
+"""Inference-time position schedules on RoPE: Dual Chunk Attention, LM-Infinite, Self-Extend.
+
+Each lets a RoPE model trained on ``Lp`` tokens read longer inputs without training by giving
+every (query, key) pair rotary positions whose difference stays within what was trained.
+The pair's logit is ``<R(a_ij) q_i, R(b_ij) k_j> * scale`` where ``(a_ij, b_ij)`` comes from
+one of a few *pieces* (a query rotation and a key rotation each), chosen per pair:
+
+    logit_ij = < q^r_i , k^r_j > * scale,     r = piece_index(i, j)   (-1: masked)
+
+One softmax over the union of pieces is the papers' log-sum-exp merge of per-piece
+softmaxes. The engine's piecewise hooks (``Encoding.pieces`` / ``piece_index``) evaluate it on
+the ``eager`` and ``chunked`` backends; the rotations are RoPE's own (these classes subclass
+``RoPE`` and accept its options: base, layout, partial_rotary_factor, scaling,
+max_position_embeddings).
+
+Positions are the sequence coordinates (integers, normally ``0..L-1``); the schedules read
+them in absolute terms (chunks, groups, starting tokens), so none is ``relative``. All are
+causal: a pair whose key lies after its query is masked. A query's rotation depends on which
+key it meets, so keys are cached unrotated (``cache_rotated_keys = False``) and every call
+rotates the whole cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ..registry import register
+from .base import BiasContext
+from .rotary import RoPE, rotate_pairs
+
+Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece
+
+
+def _positive_int(value: object, name: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _floor_div(x: Tensor, n: int) -> Tensor:
+    return torch.div(x, n, rounding_mode="floor")
+
+
+class PiecewiseRoPE(RoPE):
+    """Common parent of the RoPE schedules: RoPE rotations at per-piece positions.
+
+    Subclasses give ``piece_positions(q_pos, k_pos)`` (the rotary positions of queries and
+    keys for every piece) and ``piece_index`` (which piece scores pair ``(i, j)``). The
+    rotations are ``RoPE.cos_sin`` + ``rotate_pairs``; a length-dependent ``scaling``
+    (dynamic NTK, LongRoPE) takes one set of frequencies per call from the largest true
+    position, for every piece.
+    """
+
+    relative = False
+    continuous = False
+    causal_only = True
+    piecewise = True
+    cache_rotated_keys = False
+
+    #: small options under which a short test sequence (about 40 tokens) meets every piece
+    test_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def example_options(cls) -> dict[str, Any]:
+        """Options that make a short test (L of about 40) exercise every piece; the defaults
+        are sized for real models and reduce to plain RoPE on short inputs."""
+        return dict(cls.test_options)
+
+    def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
+        """Rotary positions ``(query (Bp, Lq), key (Bp, Lk))`` of every piece."""
+        raise NotImplementedError
+
+    def scale_queries(self, q: Tensor, q_pos: Tensor) -> Tensor:
+        """A per-query factor applied before rotation (identity; Self-Extend's log scale)."""
+        return q
+
+    def pieces(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
+        self._check_head_dim(q, "q")
+        self._check_head_dim(k, "k")
+        q = self.scale_queries(q, q_pos)
+        seq_len = None
+        if self.length_dependent:
+            seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        rotated: dict[tuple[int, int], Tensor] = {}  # one rotation per (tensor, positions)
+
+        def rot(x: Tensor, pos: Tensor) -> Tensor:
+            key = (id(x), id(pos))
+            if key not in rotated:
+                cos, sin = self.cos_sin(pos, seq_len)
+                rotated[key] = rotate_pairs(x, cos, sin, self.layout)
+            return rotated[key]
+
+        return [(rot(q, qp), rot(k, kp)) for qp, kp in self.piece_positions(q_pos, k_pos)]
+
+
+@register("dca")
+class DualChunkAttention(PiecewiseRoPE):
+    """Dual Chunk Attention, DCA (An et al. 2024, "Training-Free Long-Context Scaling of Large
+    Language Models", arXiv 2402.17463; HKUNLP/ChunkLlama ``chunkllama_attn_replace.py``).
+
+    The sequence is cut into chunks of ``c = chunk_size - local_window`` positions. Keys sit
+    at ``p_k mod c``. A query at ``p`` in chunk ``n = p // c`` meets
+
+    * keys of its own chunk (intra, piece 0) from position ``p mod c``;
+    * keys of chunk ``n - 1`` (successive, piece 1) from ``min(p mod c + c, chunk_size)``;
+    * keys of chunks ``< n - 1`` (inter, piece 2) from ``min(2c - 1, chunk_size)``;
+
+    so every relative distance stays ``<= chunk_size < pretraining_length``. The paper merges
+    the three partial flash-attention outputs by their log-sum-exp; one softmax over the
+    union is the same thing.
+
+    Args:
+        pretraining_length: ``Lp``, the trained context; default ``max_position_embeddings``,
+            else 4096 (ChunkLlama's default).
+        chunk_size: ``s`` (default ``3 Lp // 4``); local_window: ``w`` (default ``Lp // 8``).
+        base, layout, partial_rotary_factor, scaling, max_position_embeddings: as ``rope``
+            (ChunkLlama's ``scaling_factor`` is ``scaling={"rope_type": "linear", ...}``).
+
+    Not implemented: the optional query temperature ``0.05 ln(L / Lp) + 1`` of some ports.
+    Shapes as ``rope``; positions are integers.
+    """
+
+    paper = "An et al. 2024 (Dual Chunk Attention, ChunkLlama)"
+    test_options = {"pretraining_length": 16}  # s = 12, w = 2, c = 10 (spec R.11)
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        pretraining_length: int | None = None,
+        chunk_size: int | None = None,
+        local_window: int | None = None,
+        base: float = 10000.0,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_dim,
+            base=base,
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
+        )
+        if pretraining_length is None:
+            pretraining_length = max_position_embeddings or 4096
+        lp = _positive_int(pretraining_length, "pretraining_length", minimum=2)
+        s = _positive_int(3 * lp // 4 if chunk_size is None else chunk_size, "chunk_size")
+        w = lp // 8 if local_window is None else local_window
+        w = _positive_int(w, "local_window", minimum=0)
+        if w >= s:
+            raise ValueError(
+                f"local_window must be smaller than chunk_size (chunk length = chunk_size - "
+                f"local_window >= 1), got local_window={w}, chunk_size={s}"
+            )
+        self.pretraining_length, self.chunk_size, self.local_window = lp, s, w
+        self.chunk_len = s - w
+
+    def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
+        c, s = self.chunk_len, self.chunk_size
+        key = torch.remainder(k_pos, c)
+        intra = torch.remainder(q_pos, c)
+        successive = torch.clamp(intra + c, max=s)
+        inter = torch.full_like(q_pos, min(2 * c - 1, s))
+        return [(intra, key), (successive, key), (inter, key)]
+
+    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
+        cq, ck = _floor_div(qp, self.chunk_len), _floor_div(kp, self.chunk_len)
+        piece = torch.where(ck == cq, 0, torch.where(ck == cq - 1, 1, 2))
+        return torch.where(kp > qp, -1, piece)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, chunk_size={self.chunk_size}, "
+            f"local_window={self.local_window}, chunk_len={self.chunk_len}"
+        )
+
+
+@register("lm-infinite")
+class LMInfinite(PiecewiseRoPE):
+    """LM-Infinite (Han et al. 2023, "LM-Infinite: Zero-Shot Extreme Length Generalization for
+    Large Language Models", arXiv 2308.16137; Glaciohound/LM-Infinite ``models/llama.py``,
+    ``models/lambda_attention.py``).
+
+    Lambda-shaped attention with a distance cap. Key ``j`` (position ``p_j``) is visible from
+    query ``i`` iff ``0 <= p_i - p_j < local_branch`` (local branch: true RoPE, piece 0) or
+    ``p_j < global_branch`` (the starting tokens). A starting token outside the local window
+    is scored at distance ``min(p_i - p_j, limit_distance)``: the true rotation below the
+    limit, else (piece 1) the query rotated by ``limit_distance`` against the *unrotated*
+    key, as the official code does. The official code uses ``min(limit, kv_len - 1)`` as
+    that distance, which depends on the length of the call; it equals ``limit_distance``
+    whenever ``limit_distance <= local_branch`` (the README's setting), and relpos keeps the
+    per-pair cap so a KV-cache decode equals the full forward.
+
+    Starting tokens are those at positions ``< global_branch`` (the first tokens of the
+    sequence when positions start at 0).
+
+    Args:
+        local_branch: ``n_local``; default ``max_position_embeddings``, else 4096.
+        global_branch: ``n_global`` (10, the README's drop-in default; 10-100 behave alike).
+        limit_distance: default ``local_branch``.
+        base, layout, partial_rotary_factor, scaling, max_position_embeddings: as ``rope``.
+
+    The optional ``triangle_offset`` log penalty and top-k attention of the repo are not
+    implemented. Shapes as ``rope``; positions are integers.
+    """
+
+    paper = "Han et al. 2023 (LM-Infinite)"
+    test_options = {"local_branch": 8, "global_branch": 3, "limit_distance": 6}
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        local_branch: int | None = None,
+        global_branch: int = 10,
+        limit_distance: int | None = None,
+        base: float = 10000.0,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_dim,
+            base=base,
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
+        )
+        if local_branch is None:
+            local_branch = max_position_embeddings or 4096
+        self.local_branch = _positive_int(local_branch, "local_branch")
+        self.global_branch = _positive_int(global_branch, "global_branch", minimum=0)
+        limit = self.local_branch if limit_distance is None else limit_distance
+        self.limit_distance = _positive_int(limit, "limit_distance", minimum=0)
+
+    def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
+        capped = torch.full_like(q_pos, self.limit_distance)
+        return [(q_pos, k_pos), (capped, torch.zeros_like(k_pos))]
+
+    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
+        d = qp - kp
+        starting = torch.where(d < self.limit_distance, 0, 1)
+        piece = torch.where(kp < self.global_branch, starting, -1)
+        piece = torch.where(d < self.local_branch, 0, piece)
+        return torch.where(d < 0, -1, piece)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, local_branch={self.local_branch}, "
+            f"global_branch={self.global_branch}, limit_distance={self.limit_distance}"
+        )
+
+
+@register("self-extend")
+class SelfExtend(PiecewiseRoPE):
+    """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without
+    Tuning", arXiv 2401.01325; datamllab/LongLM ``self_extend_patch/Llama.py``).
+
+    Two rotations: neighbour (piece 0, true RoPE positions) for keys with
+    ``p_i - p_j < neighbor_window`` and grouped (piece 1) for the rest, with
+
+        q_grp = p_i // G + W - W / G,     k_grp = p_j // G
+
+    (``G = group_size``, ``W = neighbor_window``; a float when ``G`` does not divide ``W``,
+    as in the official code). The grouped distance is then ``W`` at the window's edge and
+    grows ``G`` times slower beyond. The official code drops the shift ``W - W/G`` while
+    every query position is below ``W``; no pair is grouped then, so it never matters.
+    Capacity: ``(Lp - W) * G + W`` tokens.
+
+    Args:
+        group_size: ``G`` (``group_size_1``, 8); neighbor_window: ``W`` (``group_size_2``,
+            1024).
+        log_scale_base: optional; multiplies queries by
+            ``max(1, log(p_i + 1) / log(log_scale_base))`` (the repo's ``scale_base``; off by
+            default). Needs non-negative positions.
+        base, layout, partial_rotary_factor, scaling, max_position_embeddings: as ``rope``.
+
+    Shapes as ``rope``; positions are integers.
+    """
+
+    paper = "Jin et al. 2024 (Self-Extend, LongLM)"
+    test_options = {"group_size": 4, "neighbor_window": 6}  # W/G fractional: float positions
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        group_size: int = 8,
+        neighbor_window: int = 1024,
+        log_scale_base: float | None = None,
+        base: float = 10000.0,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_dim,
+            base=base,
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
+        )
+        self.group_size = _positive_int(group_size, "group_size")
+        self.neighbor_window = _positive_int(neighbor_window, "neighbor_window")
+        if log_scale_base is not None and (
+            isinstance(log_scale_base, bool)
+            or not isinstance(log_scale_base, (int, float))
+            or not log_scale_base > 1
+        ):
+            raise ValueError(f"log_scale_base must be a number > 1 or None, got {log_scale_base!r}")
+        self.log_scale_base = None if log_scale_base is None else float(log_scale_base)
+
+    def group_shift(self) -> float | int:
+        """``W - W / G``: an int when ``G`` divides ``W``."""
+        w, g = self.neighbor_window, self.group_size
+        return w - w // g if w % g == 0 else w - w / g
+
+    def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
+        g = self.group_size
+        shift = self.group_shift()
+        q_grp = _floor_div(q_pos, g)
+        q_grp = q_grp + shift if isinstance(shift, int) else q_grp.to(torch.float64) + shift
+        return [(q_pos, k_pos), (q_grp, _floor_div(k_pos, g))]
+
+    def scale_queries(self, q: Tensor, q_pos: Tensor) -> Tensor:
+        if self.log_scale_base is None:
+            return q
+        if q_pos.numel() and int(q_pos.min()) < 0:
+            raise ValueError("log_scale_base needs non-negative query positions (log(p + 1))")
+        factor = torch.log1p(q_pos.to(torch.float64)) / math.log(self.log_scale_base)
+        return q * factor.clamp(min=1.0)[:, None, :, None].to(q.dtype)
+
+    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        d = ctx.q_pos[b, i] - ctx.k_pos[b, j]
+        return torch.where(d < 0, -1, torch.where(d < self.neighbor_window, 0, 1))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, group_size={self.group_size}, "
+            f"neighbor_window={self.neighbor_window}"
+        )
+
+
+__all__ = ["PiecewiseRoPE", "DualChunkAttention", "LMInfinite", "SelfExtend"]
