@@ -110,10 +110,12 @@ def test_trial_keys_are_the_same_for_every_method_and_differ_across_lengths():
 # ------------------------------------------------------------------------------ methods
 
 
-def test_the_registry_holds_the_five_rope_scalings_of_the_experiment():
-    assert list(METHODS) == ["baseline", "pi", "ntk", "dynamic-ntk", "yarn"]
+def test_the_registry_holds_the_rope_scalings_and_schedules_of_the_experiment():
+    scalings = ["baseline", "pi", "ntk", "dynamic-ntk", "yarn"]
+    assert list(METHODS) == [*scalings, "lm-infinite", "dca", "self-extend"]
     assert longctx.available_methods() == list(METHODS)
-    types = {n: m.options.get("scaling", {}).get("rope_type") for n, m in METHODS.items()}
+    assert {METHODS[n].encoding for n in scalings} == {"rope"}
+    types = {n: METHODS[n].options.get("scaling", {}).get("rope_type") for n in scalings}
     assert types == {
         "baseline": None,
         "pi": "linear",
@@ -121,7 +123,7 @@ def test_the_registry_holds_the_five_rope_scalings_of_the_experiment():
         "dynamic-ntk": "dynamic",
         "yarn": "yarn",
     }
-    assert all(m.options["scaling"]["factor"] == 2.0 for n, m in METHODS.items() if n != "baseline")
+    assert all(METHODS[n].options["scaling"]["factor"] == 2.0 for n in scalings[1:])
 
 
 def test_each_method_builds_its_encoding_on_the_models_rope():
@@ -133,6 +135,10 @@ def test_each_method_builds_its_encoding_on_the_models_rope():
         encs[name] = model.set_encoding(method.encoding, **method.options)
         assert encs[name].base == model.config.rope_base
         assert encs[name].max_position_embeddings == model.config.max_position_embeddings
+    # the schedules are sized from the model's trained context
+    assert encs["lm-infinite"].local_branch == model.config.max_position_embeddings
+    assert encs["dca"].chunk_size == 3 * model.config.max_position_embeddings // 4
+    assert encs["self-extend"].group_size == 8
     torch.testing.assert_close(encs["baseline"].inv_freq, base)
     torch.testing.assert_close(encs["pi"].inv_freq, base / 2)
     b2 = ntk_scaled_base(model.config.rope_base, 2.0, half)

@@ -22,7 +22,16 @@ them, see ``LlamaLM.encoding_defaults``):
 * ``ntk``: NTK-aware base x2 (bloc97 2023);
 * ``dynamic-ntk``: dynamic NTK x2 (emozilla 2023; HF ``dynamic``), frequencies from the
   length of each call;
-* ``yarn``: YaRN x2 (Peng et al. 2023, arXiv 2309.00071; HF ``yarn``).
+* ``yarn``: YaRN x2 (Peng et al. 2023, arXiv 2309.00071; HF ``yarn``);
+* ``lm-infinite``: LM-Infinite (Han et al. 2023, arXiv 2308.16137): a local branch of the
+  trained length plus the first 10 tokens, distances capped at the trained length;
+* ``dca``: Dual Chunk Attention (An et al. 2024, arXiv 2402.17463), chunks of 3/4 of the
+  trained length with a local window of 1/8;
+* ``self-extend``: Self-Extend (Jin et al. 2024, arXiv 2401.01325), groups of 8 beyond a
+  neighbour window of 1024.
+
+The last three are piecewise RoPE schedules: they run on the ``chunked`` backend (O(L x block)
+memory) and are slower than the rotary-only methods, which use SDPA.
 
 Formulas: ../shared/spec/formulas-rotary.md §3-6. What the full profile should show (measured
 with ``transformers`` on the same file, greedy): the baseline finds the key at 4K and 8K and
@@ -87,6 +96,12 @@ METHODS: dict[str, Method] = {
         "rope", {"scaling": {"rope_type": "dynamic", "factor": 2.0}}, "dynamic NTK x2"
     ),
     "yarn": Method("rope", {"scaling": {"rope_type": "yarn", "factor": 2.0}}, "YaRN x2"),
+    # RoPE schedules (relpos.encodings.rotary_schedules), sized from the trained context Lp
+    "lm-infinite": Method("lm-infinite", {"global_branch": 10}, "LM-Infinite, local Lp + 10"),
+    "dca": Method("dca", {}, "Dual Chunk Attention, chunk 3Lp/4"),
+    "self-extend": Method(
+        "self-extend", {"group_size": 8, "neighbor_window": 1024}, "Self-Extend G=8, W=1024"
+    ),
 }
 
 
