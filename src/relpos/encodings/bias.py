@@ -50,28 +50,127 @@ class DistanceBias(Encoding):
 class ALiBi(DistanceBias):
     """ALiBi (Press et al. 2021, "Train Short, Test Long", arXiv 2108.12409).
 
-    ``b_h(i, j) = -m_h * (i - j)`` (causal form, the paper's) or ``-m_h * |i - j|`` with
-    ``bidirectional=True`` (the maintainers' encoder form). Slopes ``m_h`` from
-    ``functional.alibi_slopes`` (exact for any head count). No parameters. relpos uses the
-    explicit ``-m (i - j)`` matrix, not the ``m * j`` trick that is exact only under a causal mask.
+    ``b_h(i, j) = -m_h * d`` with ``d = i - j``: the causal form, the paper's. Slopes ``m_h``
+    from ``functional.alibi_slopes`` (exact for any head count). relpos uses the explicit
+    ``-m (i - j)`` matrix, not the ``m * j`` trick that is exact only under a causal mask.
+
+    ``bidirectional`` picks the encoder form (formulas-bias.md section 1):
+
+    * ``False`` / ``"causal"``: ``-m_h d`` (future keys get ``+m_h |d|``; mask them).
+    * ``True`` / ``"symmetric"``: ``-m_h |d|``, the maintainers' encoder form (issue #5, NeMo).
+    * ``"asymmetric"``: ``-m_h d`` for past keys (``d >= 0``) and ``-m'_h |d|`` for future
+      keys, with a second slope set ``m'``: the even-indexed slopes of a ``2 T``-head model
+      (``alibi_slopes(2 T)[0::2]``, ``T = total_heads``), which lie between the standard ones
+      on the log scale (``m'_h = 2^(4/T) m_h`` for ``T`` a power of two). The paper and the
+      spec give no slopes for this form (authority C); this default keeps the past side
+      identical to ALiBi and tells the two sides apart in every head.
+    * ``"shifted"``: ``-m_h (|d| - 0.5 [d > 0])``, the deterministic encoder ALiBi of
+      google-deepmind/randomized_positional_encodings (formulas-bias.md section 22): past keys
+      get half a slope more than future keys at the same distance.
+
+    ``learnable_slopes=True`` makes the slopes (both sets) per-head parameters initialised to
+    the values above and kept positive as ``m = exp(log_m)`` (as x-transformers'
+    ``LearnedAlibiPositionalBias``; the spec has no learnable form).
+
+    Tensor parallelism: a shard that holds heads ``head_offset .. head_offset + H - 1`` of a
+    model with ``total_heads`` heads gets exactly those heads' slopes
+    (``alibi_slopes(total_heads)[head_offset : head_offset + H]``); concatenating the shards'
+    ``slopes`` gives the full model's.
     """
 
     paper = "Press et al. 2021 (ALiBi)"
     continuous = True
+    FORMS = ("causal", "symmetric", "asymmetric", "shifted")
 
-    def __init__(self, num_heads: int, head_dim: int, *, bidirectional: bool = False) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        bidirectional: bool | str = False,
+        learnable_slopes: bool = False,
+        head_offset: int = 0,
+        total_heads: int | None = None,
+    ) -> None:
         super().__init__(num_heads, head_dim)
-        self.bidirectional = bool(bidirectional)
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self.form = self._form(bidirectional)
+        if not isinstance(learnable_slopes, bool):
+            raise TypeError(f"learnable_slopes must be a bool, got {learnable_slopes!r}")
+        total = num_heads if total_heads is None else total_heads
+        if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+            raise ValueError(f"total_heads must be a positive int or None, got {total_heads!r}")
+        if isinstance(head_offset, bool) or not isinstance(head_offset, int) or head_offset < 0:
+            raise ValueError(f"head_offset must be a non-negative int, got {head_offset!r}")
+        if head_offset + num_heads > total:
+            raise ValueError(
+                f"head_offset + num_heads must be <= total_heads: this shard holds heads "
+                f"{head_offset}..{head_offset + num_heads - 1} of total_heads={total}"
+            )
+        self.head_offset, self.total_heads = head_offset, total
+        self.learnable_slopes = learnable_slopes
+        shard = slice(head_offset, head_offset + num_heads)
+        self._slope_set("slopes", alibi_slopes(total)[shard])
+        if self.form == "asymmetric":
+            self._slope_set("future_slopes", alibi_slopes(2 * total)[0::2][shard])
+
+    @classmethod
+    def _form(cls, bidirectional: bool | str) -> str:
+        if bidirectional is False:
+            return "causal"
+        if bidirectional is True:
+            return "symmetric"
+        if isinstance(bidirectional, str) and bidirectional in cls.FORMS:
+            return bidirectional
+        raise ValueError(
+            f"bidirectional must be a bool or one of {', '.join(map(repr, cls.FORMS))}, "
+            f"got {bidirectional!r}"
+        )
+
+    def _slope_set(self, name: str, values: Tensor) -> None:
+        """Fixed slopes as a (non-persistent) buffer, learnable ones as ``log_<name>``."""
+        if self.learnable_slopes:
+            setattr(self, f"log_{name}", nn.Parameter(values.log()))
+        else:
+            self.register_buffer(f"_{name}", values, persistent=False)
+
+    def _get(self, name: str) -> Tensor:
+        if self.learnable_slopes:
+            return getattr(self, f"log_{name}").exp()
+        return getattr(self, f"_{name}")
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether the bias is meant for non-causal attention (any form but ``"causal"``)."""
+        return self.form != "causal"
+
+    @property
+    def slopes(self) -> Tensor:
+        """``(H,)`` slopes ``m_h`` (of past keys, for the asymmetric form)."""
+        return self._get("slopes")
+
+    @property
+    def future_slopes(self) -> Tensor:
+        """``(H,)`` slopes of future keys: ``m'`` for the asymmetric form, ``m`` otherwise."""
+        return self._get("future_slopes") if self.form == "asymmetric" else self.slopes
 
     def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
-        d = distance.to(self.slopes.dtype)
-        if self.bidirectional:
-            d = d.abs()
-        return -self.slopes[h] * d
+        m = self.slopes
+        d = distance.to(m.dtype)
+        if self.form == "causal":
+            return -m[h] * d
+        if self.form == "symmetric":
+            return -m[h] * d.abs()
+        if self.form == "shifted":
+            return -m[h] * (d.abs() - 0.5 * (d > 0).to(d.dtype))
+        return -torch.where(d >= 0, m[h] * d, self.future_slopes[h] * -d)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, bidirectional={self.bidirectional}"
+        out = f"{super().extra_repr()}, bidirectional={self.form!r}"
+        if self.learnable_slopes:
+            out += ", learnable_slopes=True"
+        if self.total_heads != self.num_heads:
+            out += f", head_offset={self.head_offset}, total_heads={self.total_heads}"
+        return out
 
 
 @register("t5")
