@@ -245,6 +245,9 @@ def prepare_call(
         elif encoding.has_rotary and not rotated:
             q, k = encoding.rotate_qk(q, k, qp, kp)
             v = encoding.rotate(v, kp, "v")
+        if k.shape[1] != v.shape[1]:
+            # per-head rotations expand grouped keys to the query heads: values follow
+            v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
         if encoding.needs_context:
             ctx = encoding.prepare(q, k, qp, kp, inputs)
             ctx.scale = float(scale)

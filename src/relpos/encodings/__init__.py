@@ -1,6 +1,19 @@
 """Encoding families; importing this package registers every encoding."""
 
-from . import absolute, bias, bias_extra, contextual, disentangled, document, rotary, rotary_schedules, spatial  # noqa: F401  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+    absolute,
+    bias,
+    bias_extra,
+    contextual,
+    disentangled,
+    document,
+    rotary,
+    rotary_nd,
+    rotary_lie,
+    rotary_schedules,
+    rotary_variants,
+    spatial,
+)
 from .base import BiasContext, Encoding
 
 __all__ = ["Encoding", "BiasContext"]
