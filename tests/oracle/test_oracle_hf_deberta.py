@@ -88,9 +88,10 @@ MODULE_CASES = [
 ]
 
 
-def make_pair(buckets, max_rel, pos_att_type, share, seed=0):
+def make_pair(buckets, max_rel, pos_att_type, share, seed=0, clamp_buckets=True):
     """The transformers module (with its encoder's LayerNorm) and a relpos encoding holding
-    copies of its position weights."""
+    copies of its position weights. The default (clamped) buckets equal transformers' for
+    distances below ``max_rel``; ``clamp_buckets=False`` equals them everywhere."""
     torch.manual_seed(seed)
     config = DebertaV2Config(
         hidden_size=HIDDEN,
@@ -120,7 +121,8 @@ def make_pair(buckets, max_rel, pos_att_type, share, seed=0):
         max_relative_positions=max_rel,
         pos_att_type=pos_att_type,
         share_att_key=share,
-    ).eval()  # default (clamped) buckets: equal to transformers' below max_position
+        clamp_buckets=clamp_buckets,
+    ).eval()
     norm = torch.nn.LayerNorm(HIDDEN, eps=1e-7)
     with torch.no_grad():
         enc.rel_embeddings.normal_(0, 1.0)
@@ -152,7 +154,10 @@ def relpos_forward(hf, enc, x, key_mask, backend):
 def test_disentangled_self_attention_equals_transformers(
     buckets, max_rel, length, pos_att_type, share, backend
 ) -> None:
-    hf, enc, norm = make_pair(buckets, max_rel, pos_att_type, share)
+    # sequences longer than max_rel reach distances where only the unclamped buckets agree
+    hf, enc, norm = make_pair(
+        buckets, max_rel, pos_att_type, share, clamp_buckets=length <= max_rel
+    )
     gen = torch.Generator().manual_seed(1)
     B = 2
     x = torch.randn(B, length, HIDDEN, generator=gen, requires_grad=True)
@@ -196,3 +201,21 @@ def test_tied_projections_share_the_module_and_train_it() -> None:
         make_pair(256, 512, ["c2p"], False)[1].tie_projections(key_proj=hf.key_proj)
     with pytest.raises(ValueError, match="query_proj"):
         enc.tie_projections(query_proj=torch.nn.Linear(HIDDEN, 2 * HIDDEN))
+
+
+def test_default_buckets_differ_from_transformers_only_past_max_position() -> None:
+    """Past ``max_relative_positions`` the official clamp (relpos' default) and transformers
+    pick different rows for far keys after the query (documented in ``deberta_log_bucket``)."""
+    hf, enc, norm = make_pair(16, 64, ["c2p", "p2c"], False)
+    x = torch.randn(1, 100, HIDDEN, generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(1, 100, dtype=torch.bool)
+    with torch.no_grad():
+        want, _ = hf(
+            x,
+            mask[:, None, None, :].expand(1, 1, 100, 100),
+            rel_embeddings=norm(enc.rel_embeddings),
+        )
+        got = relpos_forward(hf, enc, x, mask, "eager")
+    diff = (got - want).abs().amax(-1)[0]  # per query
+    assert diff[36:].max() < 1e-5  # queries 36..99 have no key at distance i - j <= -64
+    assert diff[:36].min() > 1e-4
