@@ -3,6 +3,7 @@
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 from .llama import LlamaConfig, LlamaLM
+from .memory import SegmentRecurrence
 from .transformer import TransformerLM
 
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     "LlamaConfig",
     "KVCache",
     "LayerCache",
+    "SegmentRecurrence",
 ]
