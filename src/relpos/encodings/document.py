@@ -156,6 +156,7 @@ def page_distance_edges(num_buckets: int, page_size: float = 1000.0) -> Tensor:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if _square_distance_cdf(mid) < target else (lo, mid)
         edges.append(0.0 if k == 0 else hi * page_size)
+    edges[-1] = math.sqrt(2) * page_size  # the CDF is flat at its end: bisection stops short
     return torch.tensor(edges, dtype=torch.float32)
 
 
