@@ -176,6 +176,9 @@ class DynamicPositionBias(TabulatedDistanceBias):
     x-transformers': ``depth = 2``, ``width = num_heads * head_dim // 4`` (its ``dim // 4``),
     no norm, no log. PyTorch's default Linear init. Integer positions only (as both sources);
     each call evaluates the MLP once per distinct distance (``TabulatedDistanceBias``), O(L).
+    Positions so sparse that a call spans more than ``table_limit`` distances are evaluated
+    pair by pair instead: eager, sdpa and chunked handle that, FlexAttention cannot compile
+    an MLP inside its ``score_mod`` (use ``chunked`` for such calls).
     """
 
     paper = "Wang et al. 2021 (CrossFormer dynamic position bias)"
