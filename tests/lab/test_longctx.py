@@ -147,6 +147,16 @@ def test_each_method_builds_its_encoding_on_the_models_rope():
     assert math.isclose(encs["yarn"].attention_factor, 0.1 * math.log(2.0) + 1)
 
 
+def test_profiles_run_the_rope_scalings_and_all_adds_the_slower_schedules():
+    assert longctx.plan_longctx(out_dir="unused-folder").methods == list(longctx.ROPE_SCALINGS)
+    assert longctx.parse_methods("all") == list(METHODS)
+    assert longctx.parse_methods("yarn,all")[0] == "yarn"
+    assert longctx.method_cost("yarn") == 1.0 and longctx.method_cost("dca") > 1.0
+    full = longctx.plan_longctx(profile="full", out_dir="unused-folder")
+    assert full.lengths == [2048, 4096, 8192, 12288, 16384]
+    assert 0 < longctx.plan_longctx(out_dir="unused-folder").estimate_seconds() < 600
+
+
 def test_adding_a_method_is_one_registry_entry(monkeypatch):
     monkeypatch.setitem(
         METHODS, "ntk-x4", Method("rope", {"scaling": {"rope_type": "ntk", "factor": 4.0}})

@@ -31,7 +31,8 @@ them, see ``LlamaLM.encoding_defaults``):
   neighbour window of 1024.
 
 The last three are piecewise RoPE schedules: they run on the ``chunked`` backend (O(L x block)
-memory) and are slower than the rotary-only methods, which use SDPA.
+memory), about 5x slower than the rotary-only methods on SDPA, so the profiles run the first
+five and the schedules are opt-in (``--methods all`` or by name).
 
 Formulas: ../shared/spec/formulas-rotary.md §3-6. What the full profile should show (measured
 with ``transformers`` on the same file, greedy): the baseline finds the key at 4K and 8K and
@@ -111,11 +112,21 @@ def available_methods() -> list[str]:
     return [name for name, m in METHODS.items() if m.encoding in names]
 
 
+def method_cost(name: str) -> float:
+    """Relative forward time of a method: ``PIECEWISE_COST`` for encodings that change the
+    attention weights beyond a score term (piecewise schedules: chunked backend), else 1."""
+    cls = registry.encoding_class(METHODS[name].encoding)
+    slow = cls.piecewise or cls.has_value_term or cls.multiplies_probs
+    return PIECEWISE_COST if slow else 1.0
+
+
 def parse_methods(value: str | Sequence[str]) -> list[str]:
-    """Method names from ``"baseline,yarn"`` or a list; unknown names raise ``ValueError``."""
+    """Method names from ``"baseline,yarn"`` (``"all"``: every available method) or a list;
+    unknown names raise ``ValueError``."""
     names = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
-    names = list(dict.fromkeys(n for n in names if n))
     known = available_methods()
+    names = [m for n in names for m in (known if n == "all" else [n])]
+    names = list(dict.fromkeys(n for n in names if n))
     if not names:
         raise ValueError(f"--methods is empty; known methods: {', '.join(known)}")
     unknown = [n for n in names if n not in known]
@@ -178,9 +189,16 @@ def parse_depths(value: str | Sequence[float]) -> list[float]:
 # ------------------------------------------------------------------------------ profiles
 
 
+# The rotary-only methods (SDPA, minutes per length); the piecewise schedules are opt-in.
+ROPE_SCALINGS = ("baseline", "pi", "ntk", "dynamic-ntk", "yarn")
+# Forward time of the piecewise schedules (chunked backend) relative to the rotary-only
+# methods (SDPA); measured: Self-Extend at 2K tokens 79 s CPU vs 16 s for RoPE.
+PIECEWISE_COST = 5.0
+
+
 @dataclass(frozen=True)
 class LongctxProfile:
-    """A preset of ``relpos longctx``: lengths, passkey trials, perplexity budget."""
+    """A preset of ``relpos longctx``: methods, lengths, passkey trials, perplexity budget."""
 
     name: str
     description: str
@@ -188,9 +206,11 @@ class LongctxProfile:
     depths: tuple[float, ...]
     seeds: int
     ppl_tokens: int
-    # forward time on a quiet 2-core CPU, seconds = a * L + b * L^2 (measured, SmolLM2-135M)
-    seconds_per_token: float = 2.0e-3
-    seconds_per_token2: float = 2.2e-7
+    methods: tuple[str, ...] = ROPE_SCALINGS
+    # SmolLM2-135M forward on a quiet 2-core CPU, seconds = a * L + b * L^2 (fit to 6-8 s at
+    # 2K tokens and about 90-100 s at 16K with SDPA)
+    seconds_per_token: float = 3.0e-3
+    seconds_per_token2: float = 2.0e-7
 
 
 PROFILES: dict[str, LongctxProfile] = {
@@ -204,9 +224,9 @@ PROFILES: dict[str, LongctxProfile] = {
     ),
     "full": LongctxProfile(
         name="full",
-        description="2K..16K tokens (past the trained 8K), 5 depths: hours on 2 cores",
+        description="2K..16K tokens (past the trained 8K), 3 depths: about 1.5 h on 2 cores",
         lengths=(2048, 4096, 8192, 12288, 16384),
-        depths=(0.1, 0.3, 0.5, 0.7, 0.9),
+        depths=(0.1, 0.5, 0.9),
         seeds=1,
         ppl_tokens=1024,
     ),
@@ -265,7 +285,9 @@ class LongctxPlan:
         per_method = sum(
             p.seconds_per_token * n + p.seconds_per_token2 * n * n for n in self.lengths
         )
-        return 10.0 + len(self.methods) * (1 + self.trials) * per_method
+        passes = (1 if self.ppl_tokens else 0) + self.trials
+        cost = sum(method_cost(name) for name in self.methods)
+        return 10.0 + cost * passes * per_method
 
 
 def _is_run_folder(path: Path) -> bool:
@@ -316,7 +338,7 @@ def plan_longctx(
 ) -> LongctxPlan:
     """Resolve and validate a run (raises ``ValueError``); writes nothing."""
     prof = profile if isinstance(profile, LongctxProfile) else get_profile(profile)
-    names = parse_methods(methods if methods is not None else available_methods())
+    names = parse_methods(methods if methods is not None else prof.methods)
     lens = parse_lengths(lengths) if lengths is not None else list(prof.lengths)
     deps = parse_depths(depths) if depths is not None else list(prof.depths)
     n_seeds = prof.seeds if seeds is None else seeds
@@ -845,8 +867,12 @@ def load_model(name: str) -> tuple[Any, Any, float]:
 def add_arguments(parser: Any) -> None:
     """The options of ``relpos longctx`` (numbers are parsed by ``run_command``)."""
     add = parser.add_argument
-    add("--methods", help=f"comma-separated methods (default all: {', '.join(METHODS)})")
-    add("--profile", default="quick", help="quick (default, minutes) or full (2K..16K, hours)")
+    add(
+        "--methods",
+        help=f"comma-separated methods or all (default: {','.join(ROPE_SCALINGS)}; known: "
+        f"{', '.join(METHODS)})",
+    )
+    add("--profile", default="quick", help="quick (default, minutes) or full (2K..16K, ~1.5 h)")
     add("--lengths", help="prompt lengths in tokens, e.g. 2048,4k,16k (default: the profile's)")
     add("--depths", help="passkey depths in [0, 1], e.g. 0.1,0.5,0.9 (default: the profile's)")
     add("--seeds", help="passkey keys per depth (default: the profile's; 0 = no passkey)")
@@ -976,6 +1002,8 @@ def run_command(args: Any) -> int:
 __all__ = [
     "METHODS",
     "Method",
+    "ROPE_SCALINGS",
+    "method_cost",
     "PROFILES",
     "LongctxPlan",
     "LongctxProfile",
