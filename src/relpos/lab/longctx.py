@@ -642,29 +642,32 @@ def print_table(rows: Sequence[dict[str, Any]], trained: int | None = None, file
         print(markdown_tables(rows, trained), file=file)
         return
     console = Console(file=file) if file is not None else Console()
-    for key, title, field_name in (
-        ("passkey", "passkey retrieval (correct / trials)", "passkey_trials"),
-        ("ppl", "perplexity (same final tokens, longer context)", "ppl"),
-    ):
-        grid = _grid(rows, field_name)
-        if not grid:
-            continue
-        suffix = f", trained context {trained}" if trained else ""
-        table = Table(title=f"{title}{suffix}")
-        table.add_column("method", no_wrap=True)
+    passkey, ppl = _grid(rows, "passkey_trials"), _grid(rows, "ppl")
+    parts = [p for p, grid in (("passkey", passkey), ("ppl", ppl)) if grid]
+    table = Table(
+        title=" and ".join(
+            {"passkey": "passkey (correct/trials)", "ppl": "perplexity"}[p] for p in parts
+        ),
+        caption=f"trained context {trained} tokens" if trained else None,
+    )
+    table.add_column("method", no_wrap=True)
+    for n in lengths:
+        table.add_column(_length_label(n, trained, "\n"), justify="right")
+    for name in dict.fromkeys(r["method"] for r in rows):
+        out = []
         for n in lengths:
-            table.add_column(_length_label(n, trained, "\n"), justify="right")
-        for name, cells in grid.items():
-            out = []
-            for n in lengths:
-                r = cells.get(n)
-                text = _cell(r, key)
-                if r is not None and key == "passkey":
-                    style = "green" if r["passkey_accuracy"] >= 0.5 else "red"
-                    text = f"[{style}]{text}[/]"
-                out.append(text)
-            table.add_row(name, *out)
-        console.print(table)
+            cells = []
+            r = passkey.get(name, {}).get(n)
+            if "passkey" in parts:
+                text = _cell(r, "passkey")
+                if r is not None:
+                    text = f"[{'green' if r['passkey_accuracy'] >= 0.5 else 'red'}]{text}[/]"
+                cells.append(text)
+            if "ppl" in parts:
+                cells.append(_cell(ppl.get(name, {}).get(n), "ppl"))
+            out.append("  ".join(cells))
+        table.add_row(name, *out)
+    console.print(table)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
