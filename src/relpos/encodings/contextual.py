@@ -30,6 +30,7 @@ keys in the past. Every term that reads q or k is multiplied by the call's logit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "skew_unmasked",
     "trilinear_scores",
     "RelativeEmbeddingTable",
+    "TableContext",
     "ShawRelative",
     "MusicTransformerRelative",
     "NezhaRelative",
@@ -140,6 +142,37 @@ def trilinear_scores(q: Tensor, k: Tensor, table: Tensor, rows: Tensor) -> Tenso
 
 
 # ------------------------------------------------------------------------------ base class
+@dataclass
+class TableContext(BiasContext):
+    """``BiasContext`` plus ``row0``, the first table row the call reads (its products in
+    ``extra`` cover rows ``row0 .. row0 + R - 1``)."""
+
+    row0: int = 0
+
+
+def _lookup(t: Tensor, b: Tensor, h: Tensor, x: Tensor, rows: Tensor) -> Tensor:
+    """``t[b, h, x, rows]`` for a per-call product ``t (B, H', L, R)`` (``q @ a^T`` with ``x``
+    the query grid, ``k @ a^T`` with ``x`` the key grid).
+
+    On the backends' ``(B, H, T, S)`` grids this is one ``gather`` along R (plain advanced
+    indexing would first build a ``(B, H, T, S)`` linear index from all four); other index
+    shapes (0-d FlexAttention indices) use advanced indexing.
+    """
+    if rows.dim() != 4:
+        return t[b, h, x, rows]
+    grid = torch.broadcast_shapes(b.shape, h.shape, x.shape)
+    shape = torch.broadcast_shapes(grid, rows.shape)
+    sel = t[b, h, x]  # grid + (R,)
+    n = sel.shape[-1]
+    if grid[-1] == 1:  # x runs over queries: sel (B, H, T, 1, R)
+        return torch.gather(sel[..., 0, :].expand(*shape[:-1], n), -1, rows.expand(shape))
+    if grid[-2] == 1:  # x runs over keys: sel (B, H, 1, S, R); gather key-major, transpose
+        per_key = sel[..., 0, :, :].expand(*shape[:-2], shape[-1], n)
+        index = rows.expand(shape).transpose(-1, -2)
+        return torch.gather(per_key, -1, index).transpose(-1, -2)
+    return t[b, h, x, rows]
+
+
 def _window(value: object, name: str) -> tuple[int, int]:
     """A clipping distance ``k`` (window ``[-k, k]``) or a ``(left, right)`` pair."""
     if isinstance(value, tuple) and len(value) == 2:
@@ -224,10 +257,6 @@ class RelativeEmbeddingTable(Encoding):
         clipped = rel.clamp(-self.left, self.right)
         return clipped + self.left if self.ascending else self.right - clipped
 
-    def inside(self, rel: Tensor) -> Tensor:
-        """Whether ``rel`` lies inside the window (only read when ``beyond == "zero"``)."""
-        return (rel >= -self.left) & (rel <= self.right)
-
     def index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Row of every (query, key) pair: ``(..., Lq, Lk)`` from positions ``(..., L)``
         (pairs outside the window of a ``beyond = "zero"`` table read zeros instead)."""
@@ -256,12 +285,12 @@ class RelativeEmbeddingTable(Encoding):
 
         ``extra``: ``qr = q @ a^T (B, H, Lq, R)`` ("query"), ``kr = k @ a^T (B, Hkv, Lk, R)``
         ("key"), ``q``, ``k`` and ``a - 1`` ("trilinear"), the value rows ``av (R, Dv)`` or
-        ``(H, R, Dv)``, and ``row0 = r0``.
+        ``(H, R, Dv)``; ``TableContext.row0 = r0``.
         """
-        ctx = super().prepare(q, k, q_pos, k_pos, inputs)
-        r0, r1 = self._span(ctx.q_pos, ctx.k_pos)
+        base = super().prepare(q, k, q_pos, k_pos, inputs)
+        r0, r1 = self._span(base.q_pos, base.k_pos)
         table = self.relation_table("key")[..., r0 : r1 + 1, :].to(q.dtype)
-        extra = {"row0": torch.tensor(r0, device=q.device)}
+        extra: dict[str, Tensor] = {}
         if "query" in self.terms:
             extra["qr"] = torch.matmul(q, table.transpose(-1, -2))
         if "key" in self.terms:
@@ -272,21 +301,30 @@ class RelativeEmbeddingTable(Encoding):
             extra.update(q=q, k=k, a=table - 1)
         if self.has_value_term:
             extra["av"] = self.relation_table("value")[..., r0 : r1 + 1, :].to(q.dtype)
-        ctx.extra = extra
-        return ctx
+        return TableContext(q_pos=base.q_pos, k_pos=base.k_pos, extra=extra, row0=r0)
 
-    def _rows(self, ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor) -> tuple[Tensor, Tensor]:
-        rel = ctx.k_pos[b, j] - ctx.q_pos[b, i]
-        return rel, self.row(rel) - ctx.extra["row0"]
+    def _rows(
+        self, ctx: TableContext, b: Tensor, i: Tensor, j: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """Rows ``row(j - i) - row0`` of the call's products at the index grids, and (for
+        ``beyond = "zero"``) whether each pair lies inside the window (else None)."""
+        first, last = -ctx.row0, self.num_rows - 1 - ctx.row0
+        if self.ascending:  # clip(rel) + left - row0
+            shifted = (ctx.k_pos[b, j] + (self.left - ctx.row0)) - ctx.q_pos[b, i]
+        else:  # right - clip(rel) - row0
+            shifted = (ctx.q_pos[b, i] + (self.right - ctx.row0)) - ctx.k_pos[b, j]
+        inside = (shifted >= first) & (shifted <= last) if self.beyond == "zero" else None
+        return shifted.clamp(first, last), inside
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        rel, rows = self._rows(ctx, b, i, j)
+        assert isinstance(ctx, TableContext)
+        rows, inside = self._rows(ctx, b, i, j)
         out: Tensor | None = None
         if "query" in self.terms:
-            out = ctx.extra["qr"][b, h, i, rows]
+            out = _lookup(ctx.extra["qr"], b, h, i, rows)
         if "key" in self.terms:
             kr = ctx.extra["kr"]
-            term = kr[b, h // (self.num_heads // kr.shape[1]), j, rows]
+            term = _lookup(kr, b, h // (self.num_heads // kr.shape[1]), j, rows)
             out = term if out is None else out + term
         if "trilinear" in self.terms:
             q, k = ctx.extra["q"], ctx.extra["k"]
@@ -294,8 +332,8 @@ class RelativeEmbeddingTable(Encoding):
             term = trilinear_scores(q[b, h, i], k[b, hk, j], ctx.extra["a"], rows)
             out = term if out is None else out + term
         assert out is not None
-        if self.beyond == "zero":
-            out = torch.where(self.inside(rel), out, 0.0)
+        if inside is not None:
+            out = torch.where(inside, out, 0.0)
         return out * ctx.scale
 
     def value_term(
@@ -303,9 +341,10 @@ class RelativeEmbeddingTable(Encoding):
     ) -> Tensor:
         """``sum_j p_ij a^V[row(i, j)]``: ``p`` scatter-added into row buckets ``(B, H, T, R)``,
         then one matmul with the value rows ``(R, Dv)``."""
-        rel, rows = self._rows(ctx, b, i, j)
-        if self.beyond == "zero":
-            p = p * self.inside(rel)
+        assert isinstance(ctx, TableContext)
+        rows, inside = self._rows(ctx, b, i, j)
+        if inside is not None:
+            p = p * inside
         av = ctx.extra["av"]
         buckets = p.new_zeros(*p.shape[:-1], av.shape[-2])
         buckets.scatter_add_(-1, rows.expand(p.shape), p)
