@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 import relpos
+from relpos.registry import encoding_class
 
 ENCODINGS = relpos.available()
 
@@ -48,10 +49,20 @@ def _adapt(enc, q, k, kw: dict) -> dict:
     for n in ("q_pos", "k_pos"):
         if kw.get(n) is not None:
             kw[n] = lift_positions(enc, kw[n])
-    if enc.required_inputs and "inputs" not in kw and isinstance(q, torch.Tensor):
+    needs = enc.required_inputs or enc.needs_inputs
+    if needs and "inputs" not in kw and isinstance(q, torch.Tensor):
         gen = torch.Generator().manual_seed(0)
         kw["inputs"] = enc.example_inputs(q.shape[0], q.shape[-2], k.shape[-2], gen)
     return kw
+
+
+def model_inputs(name: str, batch: int, length: int) -> dict:
+    """Keyword ``inputs`` for a ``TransformerLM`` forward with this encoding ({} if none)."""
+    enc = encoding_class(name)
+    if not (enc.required_inputs or enc.needs_inputs):
+        return {}
+    gen = torch.Generator().manual_seed(0)
+    return {"inputs": enc.example_inputs(batch, length, length, gen)}
 
 
 def attention(q, k, v, enc=None, **kw):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import relpos
 
-from .common import Case, attention, build_inputs, encoding_params, make_encoding
+from .common import Case, attention, build_inputs, encoding_params, make_encoding, model_inputs
 
 
 def assert_gradients_reach(named_params, what: str) -> None:
@@ -74,7 +74,7 @@ def test_gradients_reach_parameters_through_model(name, share):
     if not any(e.learnable for e in encodings):
         pytest.skip("no learnable parameters")
     toks = torch.randint(0, 50, (2, 48), generator=torch.Generator().manual_seed(0))
-    logits = model(toks)
+    logits = model(toks, **model_inputs(name, 2, 48))
     F.cross_entropy(logits[:, :-1].reshape(-1, 50), toks[:, 1:].reshape(-1)).backward()
     for i, enc in enumerate(encodings):
         assert_gradients_reach(encoding_params(enc), f"{name} model encoding #{i}")

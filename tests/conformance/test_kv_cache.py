@@ -60,7 +60,7 @@ def decode(model, toks: torch.Tensor, prefill: int, step: int) -> torch.Tensor:
 )
 @torch.no_grad()
 def test_kv_cache_decoding_equals_full_forward(name, prefill, step, options):
-    if make_encoding(name).required_inputs:
+    if make_encoding(name).required_inputs or make_encoding(name).needs_inputs:
         pytest.skip("per-call inputs (graphs, boxes): not a decoder-LM encoding")
     if options.get("backend") not in (None, *supported_backends(make_encoding(name))):
         pytest.skip("backend cannot run this encoding")
@@ -109,7 +109,7 @@ def test_single_query_equals_row_of_full_causal_attention(name, backend, kind):
 
 @torch.no_grad()
 def test_generate_runs_and_is_greedy(name):
-    if make_encoding(name).required_inputs:
+    if make_encoding(name).required_inputs or make_encoding(name).needs_inputs:
         pytest.skip("per-call inputs (graphs, boxes): not a decoder-LM encoding")
     model = make_lm(name)
     prompt = tokens(6, seed=1)

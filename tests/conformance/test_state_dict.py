@@ -8,7 +8,7 @@ import torch
 
 import relpos
 
-from .common import B, D, H, attention, make_encoding, scores
+from .common import B, D, H, attention, make_encoding, model_inputs, scores
 
 
 def _outputs(enc) -> list[torch.Tensor]:
@@ -58,4 +58,5 @@ def test_model_state_dict_round_trip(name):
     dst = relpos.nn.TransformerLM(50, dim=32, depth=2, num_heads=4, encoding=name).eval()
     dst.load_state_dict(_round_trip(src.state_dict()))
     toks = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(src(toks), dst(toks))
+    kw = model_inputs(name, 2, 20)
+    assert torch.equal(src(toks, **kw), dst(toks, **kw))

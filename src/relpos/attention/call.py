@@ -162,6 +162,12 @@ def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor
             raise ValueError("inputs are read by an encoding; got inputs but encoding=None")
         return inputs
     known = {**encoding.required_inputs, **encoding.optional_inputs}
+    if encoding.needs_inputs and not inputs:
+        expected = ", ".join(f"{n!r}: {f}" for n, f in known.items())
+        raise ValueError(
+            f"encoding {encoding.name!r} needs per-call inputs: pass "
+            f"relpos.attention(..., inputs={{...}}) with one of {expected}"
+        )
     for name, form in encoding.required_inputs.items():
         if name not in inputs:
             raise ValueError(
@@ -223,7 +229,6 @@ def prepare_call(
     common = dict(batch=B, dims=dims, continuous=continuous, device=q.device)
     qp = normalize_positions(q_pos, name="q_pos", length=Lq, offset=Lk - Lq, **common)
     kp = normalize_positions(k_pos, name="k_pos", length=Lk, **common)
-    inputs = _check_inputs(encoding, inputs)
     ctx = None
     pieces = None
     if encoding is not None:
@@ -239,6 +244,8 @@ def prepare_call(
             )
         encoding.check_positions(qp, "q_pos")
         encoding.check_positions(kp, "k_pos")
+    inputs = _check_inputs(encoding, inputs)
+    if encoding is not None:
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp, kp)
             q, k = pieces[0]

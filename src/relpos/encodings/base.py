@@ -89,6 +89,9 @@ class Encoding(nn.Module):
     piecewise: ClassVar[bool] = False
     required_inputs: ClassVar[dict[str, str]] = {}
     optional_inputs: ClassVar[dict[str, str]] = {}
+    #: True when the encoding cannot run without per-call inputs even though each of them is
+    #: optional (graphs: an adjacency *or* precomputed distances)
+    needs_inputs: ClassVar[bool] = False
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()

@@ -36,8 +36,14 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, mlp_ratio)
 
-    def forward(self, x: Tensor, pos: Tensor | None, cache: LayerCache | None) -> Tensor:
-        x = x + self.attn(self.norm1(x), pos=pos, cache=cache)
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None,
+        cache: LayerCache | None,
+        inputs: dict[str, Tensor] | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.norm1(x), pos=pos, cache=cache, inputs=inputs)
         return x + self.mlp(self.norm2(x))
 
 
@@ -53,8 +59,10 @@ class TransformerLM(nn.Module):
         num_kv_heads: grouped-query attention.
         backend: attention backend ("auto" picks per call).
 
-    ``forward(tokens (B, L), pos=None, cache=None) -> logits (B, L, vocab)``. Absolute
-    encodings (``adds_to_input``) are added to the token embeddings; the rest act in attention.
+    ``forward(tokens (B, L), pos=None, cache=None, inputs=None) -> logits (B, L, vocab)``.
+    Absolute encodings (``adds_to_input``) are added to the token embeddings; the rest act in
+    attention. ``inputs`` (per-call encoding inputs such as a graph's adjacency) reach every
+    layer's attention.
     """
 
     def __init__(
@@ -121,7 +129,11 @@ class TransformerLM(nn.Module):
         return KVCache.empty(self.depth)
 
     def forward(
-        self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
+        self,
+        tokens: Tensor,
+        pos: Tensor | None = None,
+        cache: KVCache | None = None,
+        inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(
@@ -136,7 +148,7 @@ class TransformerLM(nn.Module):
                 pos = torch.arange(start, start + L, device=tokens.device)[None]
             x = x + self.input_encoding.embed(pos, self.dim).to(x.dtype)
         for index, block in enumerate(self.blocks):
-            x = block(x, pos, cache.layers[index] if cache is not None else None)
+            x = block(x, pos, cache.layers[index] if cache is not None else None, inputs)
         return self.norm(x) @ self.embed.weight.t()
 
     @torch.no_grad()
