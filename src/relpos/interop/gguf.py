@@ -114,8 +114,17 @@ def read_metadata(reader: Any) -> dict[str, Any]:
     return meta
 
 
-def llama_config(meta: dict[str, Any], *, layout: str = "interleaved") -> LlamaConfig:
-    """A ``LlamaConfig`` from GGUF metadata (``general.architecture`` must be ``llama``)."""
+def llama_config(
+    meta: dict[str, Any],
+    *,
+    layout: str = "interleaved",
+    vocab_size: int | None = None,
+    tie_embeddings: bool = True,
+) -> LlamaConfig:
+    """A ``LlamaConfig`` from GGUF metadata (``general.architecture`` must be ``llama``).
+
+    ``vocab_size`` (the rows of ``token_embd``) wins over ``llama.vocab_size``, which some
+    files omit."""
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise ValueError(
@@ -140,9 +149,11 @@ def llama_config(meta: dict[str, Any], *, layout: str = "interleaved") -> LlamaC
             f"the file asks for RoPE scaling {meta['llama.rope.scaling.type']!r}; load it "
             "without and pass the scaling to model.set_encoding"
         )
-    vocab = meta.get("llama.vocab_size")
+    vocab = vocab_size if vocab_size is not None else meta.get("llama.vocab_size")
+    if vocab is None:
+        raise ValueError("GGUF metadata lacks 'llama.vocab_size' and no vocab_size was given")
     return LlamaConfig(
-        vocab_size=int(vocab) if vocab is not None else 0,
+        vocab_size=int(vocab),
         dim=dim,
         depth=int(need("block_count")),
         num_heads=heads,
@@ -152,7 +163,7 @@ def llama_config(meta: dict[str, Any], *, layout: str = "interleaved") -> LlamaC
         rope_base=float(meta.get("llama.rope.freq_base", 10000.0)),
         rope_layout=layout,
         max_position_embeddings=int(need("context_length")),
-        tie_embeddings=True,
+        tie_embeddings=tie_embeddings,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         name=str(meta.get("general.name", "")),
@@ -285,16 +296,14 @@ def load_gguf(
     path = smollm2_path() if path is None else Path(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
-    config = llama_config(meta, layout=layout)
-    arrays = _dequantize(reader)
-    embed = arrays.get("token_embd.weight")
-    if embed is None:
-        raise ValueError("the GGUF file lacks the tensor 'token_embd.weight'")
-    tied = "output.weight" not in arrays
-    config = LlamaConfig(
-        **{**config.to_dict(), "vocab_size": int(embed.shape[0]), "tie_embeddings": tied}
+    shapes = {t.name: [int(n) for n in t.shape.tolist()] for t in reader.tensors}
+    config = llama_config(
+        meta,
+        layout=layout,
+        vocab_size=shapes.get("token_embd.weight", [None])[-1],  # GGUF lists (in, out)
+        tie_embeddings="output.weight" not in shapes,
     )
-    state = _state_dict(arrays, config, dtype)
+    state = _state_dict(_dequantize(reader), config, dtype)
     with torch.device("meta"):
         model = LlamaLM(config, "nope", backend=backend)
     model.load_state_dict(state, assign=True, strict=True)

@@ -191,8 +191,9 @@ class LlamaLM(nn.Module):
         self.lm_head = None
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+        for name, module in self.named_modules():
+            # encodings with their own layers (FIRE's MLP) keep their own init
+            if isinstance(module, (nn.Linear, nn.Embedding)) and ".encoding" not in name:
                 nn.init.normal_(module.weight, std=0.02)
 
     # ------------------------------------------------------------------ the encoding
@@ -273,7 +274,9 @@ class LlamaLM(nn.Module):
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor (int64/int32), got {tokens.dtype}")
 
-    def hidden(self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None):
+    def hidden(
+        self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
         """Final-norm hidden states ``(B, L, dim)`` (the LM head's input)."""
         self._check_tokens(tokens)
         if cache is not None and len(cache.layers) != len(self.blocks):
