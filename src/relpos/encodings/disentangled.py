@@ -35,6 +35,8 @@ __all__ = [
     "DeBERTa",
     "deberta_log_bucket",
     "deberta_relative_index",
+    "gather_rows",
+    "scaled_sum",
 ]
 
 
@@ -114,6 +116,68 @@ def deberta_relative_index(
     )
 
 
+def _is_grid(b: Tensor, h: Tensor, n: Tensor, axis: int) -> bool:
+    """``b (Bb,1,1,1)``, ``h (1,Hh,1,1)`` and ``n`` a query (axis 2) or key (axis 3) index grid."""
+    if b.dim() != 4 or h.dim() != 4 or n.dim() != 4:
+        return False
+    other = 5 - axis  # the grid axis of the other index
+    return (
+        b.shape[1:] == (1, 1, 1)
+        and h.shape[0] == 1
+        and h.shape[2:] == (1, 1)
+        and n.shape[:2] == (1, 1)
+        and n.shape[other] == 1
+    )
+
+
+def _select(table: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``table.index_select(dim, index)``; a view when ``index`` is ``start, start + 1, ...``
+    (the usual grid), so neither a copy nor an ``index_add`` in backward is needed."""
+    flat = index.reshape(-1)
+    if flat.numel() == 0:
+        return table.index_select(dim, flat)
+    start = int(flat[0])
+    span = torch.arange(start, start + flat.numel(), device=flat.device, dtype=flat.dtype)
+    if torch.equal(flat, span):
+        if start == 0 and flat.numel() == table.shape[dim]:
+            return table  # the whole axis (all keys, all heads): no view, no backward copy
+        return table.narrow(dim, start, flat.numel())
+    return table.index_select(dim, flat)
+
+
+def gather_rows(table: Tensor, b: Tensor, h: Tensor, n: Tensor, row: Tensor, axis: int) -> Tensor:
+    """``table[b, h, n, row]`` for a per-call product ``table (B, H, N, R)``, where ``n`` is the
+    query (``axis=2``) or key (``axis=3``) index and ``row (Bb|1, 1, T, S)`` the table row.
+
+    Over index grids (eager, dense, chunked tiles) the batch rows, heads and rows ``n`` are
+    selected first (views for the usual consecutive indices) and then gathered along ``R``:
+    the backward is a ``scatter_add`` of ``T x S`` values into that selection, much cheaper
+    than the accumulating ``index_put`` of advanced indexing. 0-d indices (FlexAttention) use
+    plain indexing.
+    """
+    if row.dim() != 4 or not _is_grid(b, h, n, axis):
+        return table[b, h, n, row]
+    sel = _select(_select(_select(table, 2, n), 0, b), 1, h)
+    rows = row.expand(sel.shape[0], sel.shape[1], row.shape[2], row.shape[3])
+    if axis == 2:
+        return sel.gather(-1, rows)
+    return sel.gather(-1, rows.transpose(-1, -2)).transpose(-1, -2)
+
+
+def scaled_sum(terms: list[Tensor], scale: float) -> Tensor:
+    """``sum(terms) * scale``. The first term is a fresh gather result: over index grids, when
+    it already has the full shape, the rest are added to it in place (one (B, H, T, S) tensor
+    per tile instead of three); 0-d terms (FlexAttention) stay out of place."""
+    out = terms[0]
+    if out.dim() == 0 or torch.broadcast_shapes(*(t.shape for t in terms)) != out.shape:
+        for t in terms[1:]:
+            out = out + t
+        return out * scale
+    for t in terms[1:]:
+        out.add_(t)
+    return out.mul_(scale)
+
+
 class RelativeTableAttention(Encoding):
     """Base of encodings whose logits pair q or k with per-head projections of a relative table.
 
@@ -146,19 +210,32 @@ class RelativeTableAttention(Encoding):
                 f"head_dim={self.head_dim}"
             )
 
-    def key_range(
-        self, q_pos: Tensor, k_pos: Tensor, *, both_signs: bool = False
+    def prepare_rows(
+        self, ctx: BiasContext, q_pos: Tensor, k_pos: Tensor, *, both_signs: bool = False
     ) -> tuple[int, int]:
-        """First and last table row reached by ``q_pos - k_pos`` (and by ``k_pos - q_pos`` too
-        with ``both_signs``). ``q_pos (B|1, Lq)``, ``k_pos (B|1, Lk)``."""
+        """Find the table rows the call reaches and store the distance -> row lookup in
+        ``ctx.extra`` (``row_of`` over distances ``dmin .. dmax``, rows counted from the first
+        one reached), so ``bias`` never recomputes ``table_key`` (DeBERTa's log buckets) per
+        pair. ``both_signs`` also covers ``k_pos - q_pos``. Returns the first and last row.
+        ``q_pos (B|1, Lq)``, ``k_pos (B|1, Lk)``."""
+        dev = q_pos.device
         if q_pos.numel() == 0 or k_pos.numel() == 0:
-            return 0, 0
-        # per batch row (positions of different rows never meet), then over the batch
-        low = (q_pos.amin(1) - k_pos.amax(1)).min()
-        high = (q_pos.amax(1) - k_pos.amin(1)).max()
-        ends = [low, high] + ([-high, -low] if both_signs else [])
-        keys = self.table_key(torch.stack(ends))
-        return int(keys.min()), int(keys.max())
+            dmin = dmax = 0
+        else:
+            # per batch row (positions of different rows never meet), then over the batch
+            dmin = int((q_pos.amin(1) - k_pos.amax(1)).min())
+            dmax = int((q_pos.amax(1) - k_pos.amin(1)).max())
+            if both_signs:
+                dmin, dmax = min(dmin, -dmax), max(dmax, -dmin)
+        keys = self.table_key(torch.arange(dmin, dmax + 1, device=dev))
+        lo, hi = int(keys.min()), int(keys.max())
+        ctx.extra["row_of"] = keys - lo
+        ctx.extra["dmin"] = torch.tensor(dmin, dtype=torch.int64, device=dev)
+        return lo, hi
+
+    def row(self, ctx: BiasContext, distance: Tensor) -> Tensor:
+        """Row (from the first row of the call) that ``distance`` selects."""
+        return ctx.extra["row_of"][distance - ctx.extra["dmin"]]
 
     def head_table(self, rows: Tensor, proj: nn.Linear, dtype: torch.dtype) -> Tensor:
         """``proj(rows)`` split into heads: ``(R, width) -> (H, R, D)`` in ``dtype``."""
@@ -172,11 +249,6 @@ class RelativeTableAttention(Encoding):
         H, R = table.shape[:2]
         grouped = table.reshape(Hkv, H // Hkv, R, D).transpose(-1, -2)  # (Hkv, g, D, R)
         return torch.matmul(k[:, :, None], grouped).reshape(B, H, Lk, R)
-
-    @staticmethod
-    def offset(lo: int, device: torch.device) -> Tensor:
-        """The first row as a 0-d tensor (``bias`` subtracts it; FlexAttention captures it)."""
-        return torch.tensor(lo, dtype=torch.int64, device=device)
 
     def distance(self, ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
         return ctx.q_pos[b, i] - ctx.k_pos[b, j]
@@ -259,7 +331,7 @@ class TransformerXL(RelativeTableAttention):
         self.check_head_dim(q, "q")
         self.check_head_dim(k, "k")
         ctx = super().prepare(q, k, q_pos, k_pos, inputs)
-        lo, hi = self.key_range(q_pos, k_pos)
+        lo, hi = self.prepare_rows(ctx, ctx.q_pos, ctx.k_pos)
         rows = self.table_rows(lo, hi, q.device).to(self.r_net.weight.dtype)
         rows = F.dropout(rows, self.dropout, self.training)
         table = self.head_table(rows, self.r_net, q.dtype)  # (H, R, D)
@@ -267,12 +339,12 @@ class TransformerXL(RelativeTableAttention):
         ctx.extra["qr"] = torch.matmul(q + v_bias, table.transpose(-1, -2))  # (B, H, Lq, R)
         u = self.r_w_bias.to(q.dtype)[:, None, :]  # (H, 1, D)
         ctx.extra["uk"] = self.against_keys(k, u)[..., 0]  # (B, H, Lk)
-        ctx.extra["lo"] = self.offset(lo, q.device)
         return ctx
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        row = self.table_key(self.distance(ctx, b, i, j)) - ctx.extra["lo"]
-        return (ctx.extra["qr"][b, h, i, row] + ctx.extra["uk"][b, h, j]) * ctx.scale
+        row = self.row(ctx, self.distance(ctx, b, i, j))
+        qr = gather_rows(ctx.extra["qr"], b, h, i, row, axis=2)
+        return scaled_sum([qr, ctx.extra["uk"][b, h, j]], ctx.scale)
 
     def extra_repr(self) -> str:
         return (
@@ -484,7 +556,7 @@ class DeBERTa(RelativeTableAttention):
         self.check_head_dim(k, "k")
         ctx = super().prepare(q, k, q_pos, k_pos, inputs)
         both = self.paper_p2c and "p2c" in self.pos_att_type
-        lo, hi = self.key_range(q_pos, k_pos, both_signs=both)
+        lo, hi = self.prepare_rows(ctx, ctx.q_pos, ctx.k_pos, both_signs=both)
         rows = F.dropout(self.table_rows(lo, hi, q.device), self.dropout, self.training)
         if "c2p" in self.pos_att_type:
             table = self.head_table(rows, self.projection("c2p"), q.dtype)
@@ -492,22 +564,18 @@ class DeBERTa(RelativeTableAttention):
         if "p2c" in self.pos_att_type:
             table = self.head_table(rows, self.projection("p2c"), q.dtype)
             ctx.extra["kr"] = self.against_keys(k, table)  # (B, H, Lk, R)
-        ctx.extra["lo"] = self.offset(lo, q.device)
         return ctx
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         delta = self.distance(ctx, b, i, j)
-        lo = ctx.extra["lo"]
-        row = self.table_key(delta) - lo
-        out = None
+        row = self.row(ctx, delta)
+        terms = []
         if "c2p" in self.pos_att_type:
-            out = ctx.extra["qr"][b, h, i, row]
+            terms.append(gather_rows(ctx.extra["qr"], b, h, i, row, axis=2))
         if "p2c" in self.pos_att_type:
-            p2c_row = self.table_key(-delta) - lo if self.paper_p2c else row
-            term = ctx.extra["kr"][b, h, j, p2c_row]
-            out = term if out is None else out + term
-        assert out is not None
-        return out * ctx.scale
+            p2c_row = self.row(ctx, -delta) if self.paper_p2c else row
+            terms.append(gather_rows(ctx.extra["kr"], b, h, j, p2c_row, axis=3))
+        return scaled_sum(terms, ctx.scale)
 
     def extra_repr(self) -> str:
         return (
