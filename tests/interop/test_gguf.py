@@ -8,6 +8,7 @@ oracle tests) ``transformers`` is missing.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import os
@@ -138,6 +139,41 @@ def test_logits_match_transformers_loading_the_same_file(smollm2, hf):
     assert ours.shape == ref.shape == (1, x.shape[1], 49152)
     assert (ours - ref).abs().max().item() < 1e-3
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@needs_model
+@pytest.mark.parametrize("method", ["pi", "yarn", "dynamic-ntk"])
+def test_context_extension_methods_match_transformers_rope_scaling(smollm2, hf, method):
+    """The longctx methods applied to the loaded model equal HF's ``rope_parameters`` on the
+    same weights. Dynamic NTK only acts past the trained length: both sides are told a
+    trained length of 16 tokens so that a short text triggers it."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from relpos.lab.longctx import METHODS
+
+    model, tokenizer, _ = smollm2
+    hf_model, _ = hf
+    scaling = dict(METHODS[method].options["scaling"])
+    short = {"max_position_embeddings": 16} if method == "dynamic-ntk" else {}
+    config = copy.deepcopy(hf_model.config)
+    config.rope_parameters = {**scaling, "rope_theta": config.rope_parameters["rope_theta"]}
+    if scaling["rope_type"] == "yarn":
+        config.rope_parameters["original_max_position_embeddings"] = 8192
+    config.max_position_embeddings = short.get("max_position_embeddings", 8192)
+    original = hf_model.model.rotary_emb
+    x = _ids(tokenizer, HAMLET)[:, :48]
+    try:
+        hf_model.model.rotary_emb = LlamaRotaryEmbedding(config)
+        model.set_encoding("rope", scaling=scaling, **short)
+        with torch.no_grad():
+            ours, ref = model(x), hf_model(x).logits
+            model.set_encoding("rope")
+            plain = model(x)
+    finally:
+        hf_model.model.rotary_emb = original
+        model.set_encoding("rope")
+    assert (ours - ref).abs().max().item() < 1e-3
+    assert (plain - ref).abs().max().item() > 1e-2  # the scaling changed the logits
 
 
 @needs_model
