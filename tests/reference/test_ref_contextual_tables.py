@@ -244,9 +244,11 @@ def dense_reference(enc, q, k, v, q_pos, k_pos, causal: bool):
         logits = (content + torch.einsum("bhid,bhijd->bhij", q, _per_head(aK))) * scale
     elif enc.name == "music-transformer":
         n = enc.max_relative_position
-        E = enc.key_table  # (H, N, D) or (N, D): rows for relative positions -(N-1) .. 0
-        ok = (rel <= 0) & (rel > -n)  # zero rows before -(N-1); no embedding after the query
-        rows = (rel + n - 1).clamp(0, n - 1)
+        E = enc.key_table  # (H, N or 2N-1, D) or (N or 2N-1, D): from relative position -(N-1)
+        # zero rows before -(N-1); causal: no embedding after the query, bidirectional: rows
+        # for relative positions -(N-1) .. N-1 and zero beyond
+        ok = (rel > -n) & ((rel < n) if enc.bidirectional else (rel <= 0))
+        rows = (rel + n - 1).clamp(0, E.shape[-2] - 1)
         keep = ok[..., None].to(q.dtype)
         aK = _lookup(E, rows) * (keep[:, None] if E.dim() == 3 else keep)
         if enc.has_value_term:
@@ -285,6 +287,7 @@ ENCODINGS = [
     ("shaw", {"max_relative_position": 4, "heads_share": False}),
     ("music-transformer", {"max_relative_position": 16}),
     ("music-transformer", {"max_relative_position": 12, "values": True, "heads_share": True}),
+    ("music-transformer", {"max_relative_position": 10, "bidirectional": True, "values": True}),
     ("nezha", {"max_relative_position": 6}),
     ("huang2020-m4", {"max_position_embeddings": 10}),
     ("huang2020-m3", {"max_position_embeddings": 10}),

@@ -2,8 +2,8 @@
 NEZHA, Huang et al. 2020.
 
 One idea behind all of them: a table of relative embeddings ``a[r]`` indexed by a clipped
-relative position ``r = row(j - i)`` (key minus query), read by the query (the "key term"
-``q_i . a_ij``), optionally by the key (``k_j . a_ij``, Huang et al. method 4) or jointly
+relative position ``r = row(j - i)`` (key minus query), read by the query (Shaw's relative
+keys, ``q_i . a_ij``), optionally by the key (``k_j . a_ij``, Huang et al. method 4) or jointly
 by both (``sum_l q_il k_jl a_ijl``, method 3), and optionally by the attention weights (the
 "value term" ``sum_j p_ij a^V_ij``, Shaw and NEZHA). The encodings differ in where the table
 comes from (learned, fixed sinusoid), how the relative position is windowed (clipped at the
