@@ -207,14 +207,19 @@ def test_liere_with_block_diagonal_2x2_generators_is_interleaved_rope():
     )
 
 
-def test_liere_rotation_is_the_matrix_exponential():
+@pytest.mark.parametrize(
+    "pos",
+    [[[-3, 0, 2, 50, 513]], [[-5, -4, -3, -2, -1, 0, 1, 2, 3, 7]], [[4, 5, 6], [2, 3, 9]]],
+    ids=["sparse: binary powering", "range: table of powers", "batch rows"],
+)
+def test_liere_rotation_is_the_matrix_exponential(pos):
     enc = relpos.create("liere", num_heads=1, head_dim=8, expected_steps=16.0)
-    pos = torch.tensor([[-3, 0, 2, 50, 513]])
+    pos = torch.tensor(pos)
     s = enc.generators().double()[0, 0] / 16.0
-    ref = torch.stack([torch.linalg.matrix_exp(int(p) * s) for p in pos[0]])
-    got = enc.rotations(pos)[0, :, 0]  # integer positions: binary powering of expm(S)
+    ref = torch.linalg.matrix_exp(pos.double()[..., None, None] * s)
+    got = enc.rotations(pos)[:, :, 0]  # integer positions: powers of expm(S)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-9)
-    got_float = enc.rotations(pos.double())[0, :, 0]  # fractional path: matrix_exp per token
+    got_float = enc.rotations(pos.double())[:, :, 0]  # fractional path: matrix_exp per token
     torch.testing.assert_close(got_float, ref, rtol=0, atol=1e-9)
 
 

@@ -45,8 +45,9 @@ def apply_blocks(x: Tensor, mats: Tensor) -> Tensor:
     Runs in ``x.dtype``."""
     B, H, L, D = x.shape
     n, g = mats.shape[-3], mats.shape[-1]
-    blocks = x.reshape(B, H, L, n, g, 1)
-    return (mats[:, None].to(x.dtype) @ blocks).reshape(B, H, L, D)
+    mats = mats.to(x.dtype).expand(B, *mats.shape[1:])
+    out = torch.einsum("blnij,bhlnj->bhlni", mats, x.reshape(B, H, L, n, g))
+    return out.reshape(B, H, L, D)
 
 
 def orthogonal_power(base: Tensor, exponent: Tensor) -> Tensor:
@@ -64,6 +65,26 @@ def orthogonal_power(base: Tensor, exponent: Tensor) -> Tensor:
         out = torch.where(((mag >> bit) & 1).bool()[lead], out @ power, out)
         power = power @ power
     return torch.where((exponent < 0)[lead], out.mT, out)
+
+
+def orthogonal_powers(base: Tensor, exponent: Tensor) -> Tensor:
+    """``orthogonal_power(base, exponent)``, computed as a table of every power from
+    ``min(exponent)`` to ``max(exponent)`` (doubling: ``log2`` batched products, one matrix
+    product per table row) gathered per token, when that range is at most twice the number
+    of tokens (the usual case: one range of positions, batch rows overlapping); otherwise
+    binary powering per token."""
+    if exponent.numel() == 0:
+        return orthogonal_power(base, exponent)
+    lo, hi = int(exponent.min()), int(exponent.max())
+    size = hi - lo + 1
+    if size > 2 * exponent.numel():
+        return orthogonal_power(base, exponent)
+    table = orthogonal_power(base, torch.tensor([[lo]], device=exponent.device))[0]  # base^lo
+    step = base
+    while table.shape[0] < size:
+        table = torch.cat((table, table @ step), dim=0)  # rows lo .. lo + 2 len - 1
+        step = step @ step
+    return table[exponent - lo]
 
 
 def _as_coordinates(pos: Tensor) -> Tensor:
@@ -159,7 +180,7 @@ class LieRE(Encoding):
         gens = self.generators().double() / self.expected_steps
         if self.dims == 1 and not pos.is_floating_point():
             # integer 1-D positions: R(p) = expm(S)^p, one matrix_exp per block
-            return orthogonal_power(torch.linalg.matrix_exp(gens[0]), pos.reshape(pos.shape[:2]))
+            return orthogonal_powers(torch.linalg.matrix_exp(gens[0]), pos.reshape(pos.shape[:2]))
         algebra = torch.einsum("bla,ankm->blnkm", _as_coordinates(pos), gens)
         return torch.linalg.matrix_exp(algebra)
 
