@@ -291,6 +291,21 @@ def _longctx(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+# ------------------------------------------------------------------------------ analyze
+
+
+def _analyze_args(parser: argparse.ArgumentParser) -> None:
+    from .analysis.cli import add_args
+
+    add_args(parser)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .analysis.cli import run
+
+    return run(args)
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -317,6 +332,11 @@ COMMANDS: dict[str, Command] = {
         "length per RoPE scaling method",
         _longctx_args,
         _longctx,
+    ),
+    "analyze": Command(
+        "diagnostics: RoPE decay bound, base lower bound, attention resolution, wavelengths",
+        _analyze_args,
+        _analyze,
     ),
 }
 

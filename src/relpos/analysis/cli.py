@@ -1,0 +1,379 @@
+"""``relpos analyze MODE``: diagnostics of positional encodings, as a PNG, a JSON and a table.
+
+Modes:
+
+* ``decay``: RoFormer's long-term-decay bound and expected scores vs distance, any encoding;
+* ``base-bound``: the smallest RoPE base for a context length (Men et al. 2024);
+* ``resolution``: attention resolution (Sun et al. 2022) of encodings at several lengths;
+* ``frequencies``: RoPE wavelengths per pair under frequency scalings.
+
+Every argument is parsed and checked (encodings created, scaling dicts validated) before
+anything is computed or written; numbers are parsed here, not by argparse, so a bad value is
+one ``relpos: error: ...`` line (exit 2). Files are written atomically into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_args", "run"]
+
+MODES = ("decay", "base-bound", "resolution", "frequencies")
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def _int(value: str, flag: str, *, minimum: int = 1) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}")
+    return number
+
+
+def _float(value: str, flag: str, *, low: float, high: float = float("inf")) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} must be a number, got {value!r}") from None
+    if not low <= number <= high:
+        raise ValueError(f"{flag} must be in [{low:g}, {high:g}], got {value!r}")
+    return number
+
+
+def _int_list(value: str, flag: str, *, minimum: int = 1) -> list[int]:
+    items = [v.strip() for v in value.split(",")]
+    if not value.strip() or any(not v for v in items):
+        raise ValueError(f"{flag} must be comma-separated integers, got {value!r}")
+    return [_int(v, flag, minimum=minimum) for v in items]
+
+
+def _encodings(value: str, num_heads: int, head_dim: int) -> list[Any]:
+    import relpos
+
+    names = [v.strip() for v in value.split(",")]
+    if not value.strip() or any(not n for n in names):
+        raise ValueError(f"--encodings must be comma-separated encoding names, got {value!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--encodings lists a name twice: {value!r}")
+    out = []
+    for name in names:
+        relpos.registry.encoding_class(name)  # unknown name -> ValueError listing the known ones
+        out.append(relpos.create(name, num_heads=num_heads, head_dim=head_dim))
+    return out
+
+
+def _scaling(value: str) -> dict[str, Any]:
+    try:
+        scaling = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--scaling must be a JSON object, got {value!r} ({err.msg})") from None
+    if not isinstance(scaling, dict):
+        raise ValueError(
+            f"--scaling must be a JSON object (an HF rope_scaling dict), got {value!r}"
+        )
+    return scaling
+
+
+def _out_dir(value: str) -> Path:
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {value}: exists and is not a folder")
+    return out
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title)
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        for r in rows:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+        return
+    table = Table(title=title)
+    for n, c in enumerate(columns):
+        table.add_column(c, justify="left" if n == 0 else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)
+
+
+def _write(out: Path, stem: str, args: argparse.Namespace, payload: dict[str, Any], plot) -> None:
+    from .. import __version__
+    from .output import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    argv = getattr(args, "argv", None)
+    meta = {
+        "command": "relpos " + (shlex.join(argv) if argv else f"analyze {args.mode}"),
+        "relpos_version": __version__,
+    }
+    plot(out / f"{stem}.png")
+    write_json(out / f"{stem}.json", {"meta": meta, **payload})
+    print(f"wrote {out / (stem + '.png')} and {out / (stem + '.json')}")
+
+
+def _g(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+# ------------------------------------------------------------------------------ modes
+
+
+def _decay(args: argparse.Namespace) -> int:
+    from .decay import decay_curves, plot_decay
+
+    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
+    num_heads = _int(args.num_heads, "--num-heads")
+    max_distance = _int(args.max_distance, "--max-distance")
+    samples = _int(args.samples, "--samples")
+    rho = _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0)
+    seed = _int(args.seed, "--seed", minimum=0)
+    out = _out_dir(args.out)
+    encodings = _encodings(args.encodings, num_heads, head_dim)
+
+    curves = [
+        decay_curves(enc, max_distance, samples=samples, key_correlation=rho, seed=seed)
+        for enc in encodings
+    ]
+    _write(
+        out,
+        "decay",
+        args,
+        {"curves": [c.to_dict() for c in curves]},
+        lambda path: plot_decay(curves, path),
+    )
+    quarter = max(1, (max_distance + 1) // 4)
+    rows = []
+    for c in curves:
+        tail = None if c.bound is None else sum(c.bound[-quarter:]) / quarter
+        e0 = c.expected_score[0] or 1.0
+        rows.append(
+            [
+                c.encoding,
+                str(c.rotated_pairs),
+                _g(c.bound[0] if c.bound else None),
+                _g(c.bound[min(64, max_distance)] if c.bound else None),
+                _g(tail),
+                _g(c.expected_score[-1] / e0, 3),
+            ]
+        )
+    _print_table(
+        f"long-term decay, head_dim {head_dim}, distances 0..{max_distance}",
+        [
+            "encoding",
+            "rotated pairs",
+            "bound @0",
+            f"bound @{min(64, max_distance)}",
+            "bound, last quarter",
+            f"E[score] @{max_distance} / @0",
+        ],
+        rows,
+    )
+    for c in curves:
+        if c.note:
+            print(f"{c.encoding}: {c.note}")
+    return 0
+
+
+def _base_bound(args: argparse.Namespace) -> int:
+    from .base_bound import plot_base_bound, rope_base_lower_bound
+
+    contexts = _int_list(args.context, "--context")
+    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
+    if head_dim % 2:
+        raise ValueError(f"--head-dim must be even, got {head_dim}")
+    grid_points = _int(args.grid_points, "--grid-points", minimum=2)
+    out = _out_dir(args.out)
+
+    bounds = [
+        rope_base_lower_bound(c, head_dim, grid_points=grid_points) for c in sorted(set(contexts))
+    ]
+    _write(
+        out,
+        "base_bound",
+        args,
+        {"bounds": [b.to_dict() for b in bounds]},
+        lambda path: plot_base_bound(bounds, path),
+    )
+    _print_table(
+        f"RoPE base lower bound (Men et al. 2024), head_dim {head_dim}",
+        ["context", "lower bound", "fit 0.0424 L^1.628", "bound / fit", "min B_m at bound"],
+        [
+            [
+                f"{b.context:,}",
+                f"{b.base:,.1f}",
+                f"{b.fit:,.1f}",
+                f"{b.base / b.fit:.3f}",
+                f"{b.min_advantage:.3g}",
+            ]  # fmt: skip
+            for b in bounds
+        ],
+    )
+    return 0
+
+
+def _resolution(args: argparse.Namespace) -> int:
+    from .resolution import encoding_resolution, plot_resolution
+
+    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
+    num_heads = _int(args.num_heads, "--num-heads")
+    lengths = sorted(set(_int_list(args.lengths, "--lengths", minimum=2)))
+    samples = _int(args.samples, "--samples")
+    rho = _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0)
+    seed = _int(args.seed, "--seed", minimum=0)
+    out = _out_dir(args.out)
+    encodings = _encodings(args.encodings, num_heads, head_dim)
+
+    results = [
+        encoding_resolution(enc, lengths, samples=samples, key_correlation=rho, seed=seed)
+        for enc in encodings
+    ]
+    _write(
+        out,
+        "resolution",
+        args,
+        {"results": [r.to_dict() for r in results]},
+        lambda path: plot_resolution(results, path),
+    )
+    _print_table(
+        f"attention resolution R(s) (Sun et al. 2022), head_dim {head_dim}",
+        ["encoding", *(f"L={n}" for n in lengths)],
+        [[r.encoding, *(f"{v:.4g}" for v in r.resolution)] for r in results],
+    )
+    return 0
+
+
+def _frequencies(args: argparse.Namespace) -> int:
+    from .frequencies import frequency_profile, plot_wavelengths, scaling_presets
+
+    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
+    base = _float(args.base, "--base", low=1.0 + 1e-12)
+    factor = _float(args.factor, "--factor", low=1.0)
+    original = _int(args.original, "--original")
+    out = _out_dir(args.out)
+    if args.scaling:
+        scalings = [_scaling(s) for s in args.scaling]
+    else:
+        scalings = list(scaling_presets(head_dim, factor, original).values())
+
+    profiles = [frequency_profile(head_dim, base, None)]
+    targets = []
+    for s in scalings:
+        # Length-dependent types are read at the extended length factor * original.
+        orig = s.get("original_max_position_embeddings", original)
+        fac = s.get("factor", factor)
+        orig = orig if isinstance(orig, int) and not isinstance(orig, bool) and orig > 0 else None
+        fac = fac if isinstance(fac, (int, float)) and not isinstance(fac, bool) else None
+        target = int(round(fac * orig)) if orig and fac and fac >= 1 else None
+        targets.append(target)
+        profiles.append(
+            frequency_profile(head_dim, base, s, seq_len=target, max_position_embeddings=orig)
+        )
+    target = max((t for t in targets if t), default=None)
+    _write(
+        out,
+        "frequencies",
+        args,
+        {"profiles": [p.to_dict() for p in profiles]},
+        lambda path: plot_wavelengths(profiles, path, original=original, target=target),
+    )
+    rows = []
+    for p in profiles:
+        finite = [w for w in p.wavelength if w != float("inf")]
+        rows.append(
+            [
+                p.label,
+                f"{p.attention_factor:.4g}",
+                _g(min(finite) if finite else None),
+                _g(max(finite) if finite else None),
+                str(len(p.wavelength) - len(finite)),
+                str(sum(w > original for w in p.wavelength)),
+            ]
+        )
+    _print_table(
+        f"RoPE wavelengths (tokens), head_dim {head_dim}, base {base:g}",
+        [
+            "scaling",
+            "attention factor",
+            "shortest",
+            "longest",
+            "zero freq.",
+            f"pairs longer than {original}",
+        ],  # fmt: skip
+        rows,
+    )
+    return 0
+
+
+_RUN: dict[str, Callable[[argparse.Namespace], int]] = {
+    "decay": _decay,
+    "base-bound": _base_bound,
+    "resolution": _resolution,
+    "frequencies": _frequencies,
+}
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The ``analyze`` sub-modes and their options (numbers stay strings: see module doc)."""
+    sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+
+    def mode(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--out", default="runs/analyze", help="folder (default runs/analyze)")
+        return p
+
+    def model_args(p: argparse.ArgumentParser, encodings: str) -> None:
+        p.add_argument("--encodings", default=encodings, help=f"registry names ({encodings})")
+        p.add_argument("--head-dim", default="128", help="channels per head (128)")
+        p.add_argument("--num-heads", default="1", help="heads; curves average them (1)")
+        p.add_argument("--samples", default="256", help="random (q, k) draws (256)")
+        p.add_argument("--key-correlation", default="1.0",
+                       help="rho of k = rho q + sqrt(1 - rho^2) w (1: similar key)")  # fmt: skip
+        p.add_argument("--seed", default="0", help="seed of the random draws (0)")
+
+    p = mode("decay", "RoFormer long-term-decay bound and expected scores vs distance")
+    model_args(p, "rope,xpos")
+    p.add_argument("--max-distance", default="4096", help="largest distance (4096)")
+
+    p = mode("base-bound", "smallest RoPE base for a context length (Men et al. 2024)")
+    p.add_argument("--context", default="1024,4096,32768", help="context lengths, comma-separated")
+    p.add_argument("--head-dim", default="128", help="rotary dimension d (128)")
+    p.add_argument("--grid-points", default="1500", help="log-grid points over 0.2..3 x fit")
+
+    p = mode("resolution", "attention resolution (xPos paper) vs length")
+    model_args(p, "rope,xpos,alibi,nope")
+    p.add_argument("--lengths", default="512,1024,2048,4096", help="lengths, comma-separated")
+
+    p = mode("frequencies", "RoPE wavelength per pair under frequency scalings")
+    p.add_argument(
+        "--scaling",
+        action="append",
+        help="an HF rope_scaling dict as JSON (repeatable; default: one per type)",
+    )
+    p.add_argument("--head-dim", default="128", help="channels per head (128)")
+    p.add_argument("--base", default="10000", help="rope_theta (10000)")
+    p.add_argument("--factor", default="4", help="factor of the default presets (4)")
+    p.add_argument("--original", default="2048", help="original context length (2048)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``relpos analyze MODE``; returns the exit code."""
+    return _RUN[args.mode](args)
