@@ -8,12 +8,16 @@ depends on the distance ``q_pos[i] - k_pos[j]`` only:
     DeBERTa:         + q_i . K^r[r(i, j)]  +  k_j . Q^r[r(i, j)]
 
 Nothing of shape ``(L, L, D)`` is ever built. ``prepare`` evaluates the table rows the call can
-reach (``R`` rows: the distinct rows between the smallest and the largest distance of the call)
-and multiplies them once with the queries and keys, ``(B, H, Lq, R)`` and ``(B, H, Lk, R)``:
-O(L * R) memory. ``bias`` then *gathers* per (i, j) from those products, one element-wise
-formula for every backend (a full grid for eager / dense SDPA, a tile for chunked, the
-FlexAttention ``score_mod`` as is). Terms that read q or k are multiplied by the call's scale
-(``ctx.scale``), as the backends scale ``q . k``.
+reach (``R`` rows: those selected by the distances between the smallest and the largest
+distance of the call), multiplies them once with the queries and keys, ``(B, H, Lq, R)`` and
+``(B, H, Lk, R)`` (O(L * R) memory), and tabulates distance -> row once (a lookup of
+``dmax - dmin + 1`` entries, so DeBERTa's log buckets are not recomputed per pair). ``bias``
+then *gathers* per (i, j) from those products, one element-wise formula for every backend (a
+full grid for eager / dense SDPA, a tile for chunked, the FlexAttention ``score_mod`` as is).
+Terms that read q or k are multiplied by the call's scale (``ctx.scale``), as the backends
+scale ``q . k``. Positions far apart with gaps (a sparse stream) make the lookup as long as
+their distance range: bound it with ``clamp_len`` (Transformer-XL); DeBERTa's rows are bounded
+by ``2 span`` anyway.
 """
 
 from __future__ import annotations
@@ -181,9 +185,10 @@ def scaled_sum(terms: list[Tensor], scale: float) -> Tensor:
 class RelativeTableAttention(Encoding):
     """Base of encodings whose logits pair q or k with per-head projections of a relative table.
 
-    A subclass says which table row a distance selects (``table_key``, non-decreasing in the
-    distance) and what the rows are (``table_rows``); this class finds the rows a call reaches,
-    and provides the products with queries and keys and the gathers ``bias`` needs.
+    A subclass says which table row a distance selects (``table_key``) and what the rows are
+    (``table_rows``); this class finds the rows a call reaches (``prepare_rows``), and provides
+    the products with queries and keys and the gathers ``bias`` needs (``row``,
+    ``gather_rows``, ``scaled_sum``).
 
     Shapes: ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``; per-head tables ``(H, R, D)``; products
     ``(B, H, Lq, R)`` and ``(B, H, Lk, R)`` (grouped-query keys serve every query head of their
@@ -195,7 +200,7 @@ class RelativeTableAttention(Encoding):
     relative = True
 
     def table_key(self, distance: Tensor) -> Tensor:
-        """Table row (int64) selected by ``distance = q_pos - k_pos``; non-decreasing."""
+        """Table row (int64) selected by ``distance = q_pos - k_pos`` (element-wise)."""
         raise NotImplementedError
 
     def table_rows(self, lo: int, hi: int, device: torch.device) -> Tensor:
