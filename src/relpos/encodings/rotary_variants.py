@@ -289,32 +289,36 @@ class RoVE(RoPE):
 class HeadwiseRoPE(RoPE):
     """RoPE after a per-head transform of q and k whose key side is shared by GQA groups.
 
-    Subclasses implement ``transform(x, role, kv_heads)``; queries and keys are transformed
-    with parameters averaged over the ``H / kv_heads`` query heads of each key head
-    (``group_mean``), then rotated as RoPE. ``rotate`` alone assumes ``kv_heads = H``.
+    Subclasses implement ``head_params(kv_heads)`` (the per-key-head parameters of a call,
+    averaged over the ``H / kv_heads`` query heads of each key head with ``group_mean``;
+    computed once per call) and ``transform(x, role, params)``; q and k are transformed,
+    then rotated as RoPE. ``rotate`` alone assumes ``kv_heads = H``.
     """
 
     cache_rotated_keys = False  # the key transform depends on the call's key head count
 
-    def transform(self, x: Tensor, role: str, kv_heads: int) -> Tensor:
+    def head_params(self, kv_heads: int) -> tuple[Tensor, ...]:
+        raise NotImplementedError
+
+    def transform(self, x: Tensor, role: str, params: tuple[Tensor, ...]) -> Tensor:
         raise NotImplementedError
 
     def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
         if role not in ("q", "k"):
             return x
         self._check_head_dim(x, role)
-        kv_heads = x.shape[1] if role == "k" else self.num_heads
-        return super().rotate(self.transform(x, role, kv_heads), pos, role)
+        params = self.head_params(x.shape[1] if role == "k" else self.num_heads)
+        return super().rotate(self.transform(x, role, params), pos, role)
 
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> tuple[Tensor, Tensor]:
         self._check_head_dim(q, "q")
         self._check_head_dim(k, "k")
-        kv_heads = k.shape[1]
+        params = self.head_params(k.shape[1])
         return (
-            super().rotate(self.transform(q, "q", kv_heads), q_pos, "q"),
-            super().rotate(self.transform(k, "k", kv_heads), k_pos, "k"),
+            super().rotate(self.transform(q, "q", params), q_pos, "q"),
+            super().rotate(self.transform(k, "k", params), k_pos, "k"),
         )
 
 
@@ -355,11 +359,14 @@ class ComplexFormer(HeadwiseRoPE):
         self.delta = nn.Parameter(torch.randn(num_heads, half) * half**-0.5)
         self.beta = nn.Parameter(torch.zeros(num_heads, half))
 
-    def transform(self, x: Tensor, role: str, kv_heads: int) -> Tensor:
+    def head_params(self, kv_heads: int) -> tuple[Tensor, ...]:
+        return (group_mean(self.delta, kv_heads),)
+
+    def transform(self, x: Tensor, role: str, params: tuple[Tensor, ...]) -> Tensor:
         half = self.head_dim // 2
         re, im = x[..., :half], x[..., half:]
         radius = torch.sqrt(re * re + im * im + 1e-9)
-        delta = repeat_heads(group_mean(self.delta, kv_heads)[None], x.shape[1])
+        delta = repeat_heads(params[0][None], x.shape[1])
         phase = delta[:, :, None, :].to(x.dtype) * safe_atan2(im, re)
         if role == "q":
             phase = phase + self.beta[None, :, None, :].to(x.dtype)
@@ -402,7 +409,7 @@ class HARoPE(HeadwiseRoPE):
         self.a_v = nn.Parameter(torch.zeros(num_heads, d, d))
         self.sigma = nn.Parameter(torch.full((num_heads, d), math.log(math.e - 1)))
 
-    def maps(self, kv_heads: int | None = None) -> tuple[Tensor, Tensor]:
+    def maps(self, kv_heads: int | None = None) -> tuple[Tensor, ...]:
         """``(M, M^{-T})`` per key head, ``(kv_heads, D, D)`` each (default: per head)."""
         kv_heads = self.num_heads if kv_heads is None else kv_heads
         u = torch.linalg.matrix_exp(skew_part(group_mean(self.a_u, kv_heads)))
@@ -410,8 +417,10 @@ class HARoPE(HeadwiseRoPE):
         s = F.softplus(group_mean(self.sigma, kv_heads)) + 1e-6
         return (u * s[:, None, :]) @ v.mT, (u / s[:, None, :]) @ v.mT
 
-    def transform(self, x: Tensor, role: str, kv_heads: int) -> Tensor:
-        m, m_inv_t = self.maps(kv_heads)
+    head_params = maps
+
+    def transform(self, x: Tensor, role: str, params: tuple[Tensor, ...]) -> Tensor:
+        m, m_inv_t = params
         mat = repeat_heads((m if role == "q" else m_inv_t)[None], x.shape[1])[0]
         return torch.einsum("hij,bhlj->bhli", mat.to(x.dtype), x)
 
