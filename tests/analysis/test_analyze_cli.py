@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -142,3 +143,16 @@ def test_unknown_mode_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["analyze", "nosuch"])
     assert exc.value.code == 2
+
+
+def test_table_without_rich_is_plain_text(capsys, tmp_path, monkeypatch):
+    for name in ("rich", "rich.console", "rich.table"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import rich...` raises ImportError
+    code, stdout, err = run(
+        capsys, "analyze", "base-bound", "--context", "1024", "--out", str(tmp_path)
+    )
+    assert code == 0, err
+    lines = stdout.splitlines()
+    assert lines[1].startswith("RoPE base lower bound")
+    assert lines[2].split()[:2] == ["context", "lower"]
+    assert lines[3].split()[:2] == ["1,024", "4,299.0"]

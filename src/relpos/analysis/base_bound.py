@@ -221,13 +221,28 @@ def plot_base_bound(bounds: list[BaseBound], path: str | Path) -> None:
     contexts = [b.context for b in bounds]
     lo, hi = min(contexts), max(contexts)
     xs = torch.logspace(math.log10(lo / 1.5), math.log10(hi * 1.5), 100).tolist()
-    ax.plot(xs, [FIT_COEFFICIENT * x**FIT_EXPONENT for x in xs], color="0.5", linestyle="--",
-            label=f"fit {FIT_COEFFICIENT} L^{FIT_EXPONENT}")  # fmt: skip
-    ax.plot(contexts, [b.base for b in bounds], "o", color="tab:blue",
-            label=f"lower bound (d={bounds[0].head_dim})")  # fmt: skip
+    ax.plot(
+        xs,
+        [FIT_COEFFICIENT * x**FIT_EXPONENT for x in xs],
+        color="0.5",
+        linestyle="--",
+        label=f"fit {FIT_COEFFICIENT} L^{FIT_EXPONENT}",
+    )
+    ax.plot(
+        contexts,
+        [b.base for b in bounds],
+        "o",
+        color="tab:blue",
+        label=f"lower bound (d={bounds[0].head_dim})",
+    )
     for b in bounds:
-        ax.annotate(f"{b.base:.4g}", (b.context, b.base), textcoords="offset points",
-                    xytext=(4, -10), fontsize=8)  # fmt: skip
+        ax.annotate(
+            f"{b.base:.4g}",
+            (b.context, b.base),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=8,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context length L")

@@ -93,7 +93,9 @@ def _out_dir(value: str) -> Path:
 # ------------------------------------------------------------------------------ output
 
 
-def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+def _print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str = ""
+) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
@@ -103,8 +105,10 @@ def _print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
         for r in rows:
             print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+        if caption:
+            print(caption)
         return
-    table = Table(title=title)
+    table = Table(title=title, caption=caption or None)
     for n, c in enumerate(columns):
         table.add_column(c, justify="left" if n == 0 else "right", no_wrap=True)
     for r in rows:
@@ -174,15 +178,12 @@ def _decay(args: argparse.Namespace) -> int:
         )
     _print_table(
         f"long-term decay, head_dim {head_dim}, distances 0..{max_distance}",
-        [
-            "encoding",
-            "rotated pairs",
-            "bound @0",
-            f"bound @{min(64, max_distance)}",
-            "bound, last quarter",
-            f"E[score] @{max_distance} / @0",
-        ],
+        ["encoding", "pairs", "bound@0", f"bound@{min(64, max_distance)}", "tail", "E ratio"],
         rows,
+        caption=(
+            "pairs: rotated channel pairs; tail: mean bound over the last quarter; "
+            f"E ratio: expected score at {max_distance} / at 0"
+        ),
     )
     for c in curves:
         if c.note:
@@ -220,7 +221,7 @@ def _base_bound(args: argparse.Namespace) -> int:
                 f"{b.fit:,.1f}",
                 f"{b.base / b.fit:.3f}",
                 f"{b.min_advantage:.3g}",
-            ]  # fmt: skip
+            ]
             for b in bounds
         ],
     )
@@ -259,32 +260,17 @@ def _resolution(args: argparse.Namespace) -> int:
 
 
 def _frequencies(args: argparse.Namespace) -> int:
-    from .frequencies import frequency_profile, plot_wavelengths, scaling_presets
+    from .frequencies import default_profiles, plot_wavelengths
 
     head_dim = _int(args.head_dim, "--head-dim", minimum=2)
     base = _float(args.base, "--base", low=1.0 + 1e-12)
     factor = _float(args.factor, "--factor", low=1.0)
     original = _int(args.original, "--original")
     out = _out_dir(args.out)
-    if args.scaling:
-        scalings = [_scaling(s) for s in args.scaling]
-    else:
-        scalings = list(scaling_presets(head_dim, factor, original).values())
+    scalings = [_scaling(s) for s in args.scaling] if args.scaling else None
 
-    profiles = [frequency_profile(head_dim, base, None)]
-    targets = []
-    for s in scalings:
-        # Length-dependent types are read at the extended length factor * original.
-        orig = s.get("original_max_position_embeddings", original)
-        fac = s.get("factor", factor)
-        orig = orig if isinstance(orig, int) and not isinstance(orig, bool) and orig > 0 else None
-        fac = fac if isinstance(fac, (int, float)) and not isinstance(fac, bool) else None
-        target = int(round(fac * orig)) if orig and fac and fac >= 1 else None
-        targets.append(target)
-        profiles.append(
-            frequency_profile(head_dim, base, s, seq_len=target, max_position_embeddings=orig)
-        )
-    target = max((t for t in targets if t), default=None)
+    profiles = default_profiles(head_dim, base, factor, original, scalings)
+    target = max((p.seq_len for p in profiles if p.seq_len), default=None)
     _write(
         out,
         "frequencies",
@@ -314,7 +300,7 @@ def _frequencies(args: argparse.Namespace) -> int:
             "longest",
             "zero freq.",
             f"pairs longer than {original}",
-        ],  # fmt: skip
+        ],
         rows,
     )
     return 0
@@ -345,8 +331,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--head-dim", default="128", help="channels per head (128)")
         p.add_argument("--num-heads", default="1", help="heads; curves average them (1)")
         p.add_argument("--samples", default="256", help="random (q, k) draws (256)")
-        p.add_argument("--key-correlation", default="1.0",
-                       help="rho of k = rho q + sqrt(1 - rho^2) w (1: similar key)")  # fmt: skip
+        p.add_argument(
+            "--key-correlation",
+            default="1.0",
+            help="rho of k = rho q + sqrt(1 - rho^2) w (1: similar key)",
+        )
         p.add_argument("--seed", default="0", help="seed of the random draws (0)")
 
     p = mode("decay", "RoFormer long-term-decay bound and expected scores vs distance")

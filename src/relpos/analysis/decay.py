@@ -386,7 +386,8 @@ def plot_decay(curves: Sequence[DecayCurves], path: str | Path) -> None:
     ax_b.set_title("RoFormer relative upper bound (1/(d/2)) sum_j |S_j|", fontsize=10)
     ax_b.set_ylabel("bound")
     rho = curves[0].key_correlation
-    ax_e.set_title(f"expected <R q, R k> / value at 0 (k = {rho:g} q + noise)", fontsize=10)
+    keys = "k = q, a similar key" if rho == 1.0 else f"k = {rho:g} q + noise"
+    ax_e.set_title(f"expected <R q, R k> / value at 0 ({keys})", fontsize=10)
     ax_e.axhline(0.0, color="0.5", linewidth=0.6)
     for ax in (ax_b, ax_e):
         ax.set_xlabel("relative distance")

@@ -132,6 +132,11 @@ def scaling_presets(
     }
 
 
+def _number(value: object) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
+
+
 def default_profiles(
     head_dim: int = 128,
     base: float = 10000.0,
@@ -139,16 +144,26 @@ def default_profiles(
     original: int = 2048,
     scalings: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[FrequencyProfile]:
-    """Default RoPE plus each scaling (``scaling_presets`` when ``scalings`` is None), taken
-    at the extended length ``factor * original`` (what dynamic NTK and LongRoPE read)."""
-    target = int(round(check_float(factor, "factor", low=1.0) * check_int(original, "original")))
-    chosen = list(scalings) if scalings is not None else None
-    if chosen is None:
-        chosen = list(scaling_presets(head_dim, factor, original).values())
+    """Default RoPE plus each scaling (``scaling_presets`` when ``scalings`` is None).
+
+    Each scaling is read at its extended length ``factor * original`` (what dynamic NTK and
+    LongRoPE depend on), taking ``factor`` and ``original_max_position_embeddings`` from the
+    dict when it has them; ``original`` is also passed as ``max_position_embeddings``.
+    """
+    factor = check_float(factor, "factor", low=1.0)
+    original = check_int(original, "original")
+    if scalings is None:
+        scalings = list(scaling_presets(head_dim, factor, original).values())
     profiles = [frequency_profile(head_dim, base, None)]
-    for s in chosen:
+    for s in scalings:
+        if not isinstance(s, Mapping):
+            raise TypeError(f"each scaling must be a dict, got {type(s).__name__}")
+        own_original = _number(s.get("original_max_position_embeddings"))
+        length = int(own_original) if own_original else original
+        own_factor = _number(s.get("factor")) or factor
+        target = max(int(round(max(own_factor, 1.0) * length)), 1)
         profiles.append(
-            frequency_profile(head_dim, base, s, seq_len=target, max_position_embeddings=original)
+            frequency_profile(head_dim, base, s, seq_len=target, max_position_embeddings=length)
         )
     return profiles
 
@@ -174,8 +189,14 @@ def plot_wavelengths(
     for n, p in enumerate(profiles):
         ys = [w if math.isfinite(w) else float("nan") for w in p.wavelength]
         style = "-" if p.label == "default" else "--"
-        ax.plot(range(len(ys)), ys, style, color=colors(n % 10), linewidth=1.3,
-                label=f"{p.label} (attention x{p.attention_factor:.3g})")  # fmt: skip
+        ax.plot(
+            range(len(ys)),
+            ys,
+            style,
+            color=colors(n % 10),
+            linewidth=1.3,
+            label=f"{p.label} (attention x{p.attention_factor:.3g})",
+        )
     for value, name in ((original, "original context"), (target, "target context")):
         if value is not None:
             ax.axhline(value, color="0.4", linestyle=":", linewidth=1.0)

@@ -116,8 +116,13 @@ def plot_resolution(results: Sequence[Resolution], path: str | Path) -> None:
     colors = plt.get_cmap("tab10")
     for n, r in enumerate(results):
         color = colors(n % 10)
-        ax_s.plot(range(len(r.expected_logit)), r.expected_logit, color=color, linewidth=0.8,
-                  label=r.encoding)  # fmt: skip
+        ax_s.plot(
+            range(len(r.expected_logit)),
+            r.expected_logit,
+            color=color,
+            linewidth=0.8,
+            label=r.encoding,
+        )
         ax_r.plot(r.lengths, r.resolution, "o-", color=color, markersize=3.5, label=r.encoding)
     ax_s.set_xlabel("distance")
     ax_s.set_ylabel("expected logit (similar key)")
