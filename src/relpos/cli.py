@@ -32,8 +32,12 @@ def encoding_rows(family: str | None = None) -> list[dict[str, str]]:
             hook
             for hook, active in (
                 ("rotate", cls.has_rotary),
+                ("pieces", cls.piecewise),
                 ("bias", cls.has_bias),
+                ("value", cls.has_value_term),
+                ("weights", cls.multiplies_probs),
                 ("embed", cls.adds_to_input),
+                ("inputs", bool(cls.required_inputs or cls.needs_inputs)),
             )
             if active
         ]
