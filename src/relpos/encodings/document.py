@@ -82,10 +82,12 @@ def polar_angle_bucket(
     a = torch.remainder(360 - torch.atan2(dy, dx) * 180 / math.pi, 360)
     general = torch.div(a, 360 / num_bins, rounding_mode="floor").long() + 5
     out = general.clamp(max=num_bins + 4)
-    out = torch.where(overlap_y & ((a < 90) | (a > 270)), 1, out)
-    out = torch.where(overlap_y & (a > 90) & (a < 270), 3, out)
-    out = torch.where(overlap_x & (a < 180), 2, out)
-    return torch.where(overlap_x & (a > 180), 4, out)
+    # nested selects, no boolean & / | (they do not lower inside a CPU FlexAttention score_mod)
+    left = torch.where(a > 90, torch.where(a < 270, 3, out), out)
+    line = torch.where(a < 90, 1, torch.where(a > 270, 1, left))
+    out = torch.where(overlap_y, line, out)
+    column = torch.where(a < 180, 2, torch.where(a > 180, 4, out))
+    return torch.where(overlap_x, column, out)
 
 
 def distance_bucket(dist: Tensor, edges: Tensor) -> Tensor:
@@ -223,7 +225,7 @@ class BoxEncoding(Encoding):
                 f"more queries ({lq}) than keys ({lk}): pass inputs['query_boxes'] "
                 f"{_QUERY_BOX_FORM}"
             )
-        return queries.to(q.device), keys.to(q.device)
+        return queries.to(q.device).contiguous(), keys.to(q.device).contiguous()
 
 
 @register("layoutlmv2")
@@ -310,7 +312,13 @@ class LayoutLMv2Bias(BoxEncoding):
         ctx = super().prepare(q, k, q_pos, k_pos, inputs)
         if self.has_spatial_attention_bias:
             qb, kb = self.query_key_boxes(q, k, inputs)
-            ctx.extra.update(q_x=qb[..., 0], q_y=qb[..., 3], k_x=kb[..., 0], k_y=kb[..., 3])
+            x, y = (0, 3)  # the official x0 and y1
+            ctx.extra.update(
+                q_x=qb[..., x].contiguous(),
+                q_y=qb[..., y].contiguous(),
+                k_x=kb[..., x].contiguous(),
+                k_y=kb[..., y].contiguous(),
+            )
         return ctx
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
@@ -465,7 +473,8 @@ class DocPolarBERT(BoxEncoding):
             return ctx
         qb, kb = self.query_key_boxes(q, k, inputs)
         ex.update(q_boxes=qb, k_boxes=kb, q_centre=box_centres(qb), k_centre=box_centres(kb))
-        ex.update(q_pad=padding_boxes(qb), k_pad=padding_boxes(kb))
+        # 0/1 integers, not bool: boolean logic does not lower in a CPU FlexAttention score_mod
+        ex.update(q_pad=padding_boxes(qb).long(), k_pad=padding_boxes(kb).long())
         if self.has_spatial_attention_bias:
             ex["q_dist"] = torch.matmul(q, self.rel_pos_2D_embedding.weight.t().to(q.dtype))
             if self.edges_mode == "call":
@@ -485,22 +494,23 @@ class DocPolarBERT(BoxEncoding):
             bucket = t5_bucket(rel, num_buckets=self.rel_pos_bins, max_distance=self.max_rel_pos)
             terms.append(ex["q_1d"][b, h, i, bucket])
         if self.has_spatial_attention_bias or self.has_angle_attention_bias:
-            qc, kc = ex["q_centre"][b, i], ex["k_centre"][b, j]
-            dx, dy = kc[..., 0] - qc[..., 0], kc[..., 1] - qc[..., 1]
-            pad = ex["q_pad"][b, i] | ex["k_pad"][b, j]
+            qc, kc = ex["q_centre"], ex["k_centre"]  # scalar gathers per coordinate
+            dx, dy = kc[b, j, 0] - qc[b, i, 0], kc[b, j, 1] - qc[b, i, 1]
+            pad = (ex["q_pad"][b, i] + ex["k_pad"][b, j]) > 0
             if self.has_spatial_attention_bias:
                 dist = torch.sqrt(dx * dx + dy * dy)
                 term = ex["q_dist"][b, h, i, distance_bucket(dist, ex["edges"])]
                 terms.append(torch.where(pad, torch.zeros_like(term), term))
             if self.has_angle_attention_bias:
-                qb, kb = ex["q_boxes"][b, i], ex["k_boxes"][b, j]
-                overlap_x = (qb[..., 2] >= kb[..., 0]) & (kb[..., 2] >= qb[..., 0])
-                overlap_y = (qb[..., 3] >= kb[..., 1]) & (kb[..., 3] >= qb[..., 1])
+                qb, kb = ex["q_boxes"], ex["k_boxes"]
+                # intervals [x0, x1] overlap iff min(q.x1 - k.x0, k.x1 - q.x0) >= 0
+                overlap_x = torch.minimum(qb[b, i, 2] - kb[b, j, 0], kb[b, j, 2] - qb[b, i, 0]) >= 0
+                overlap_y = torch.minimum(qb[b, i, 3] - kb[b, j, 1], kb[b, j, 3] - qb[b, i, 1]) >= 0
                 angle = polar_angle_bucket(dx, dy, overlap_x, overlap_y, self.rel_2d_angle_bins)
                 itself = j == i + (ctx.k_pos.shape[1] - ctx.q_pos.shape[1])
-                angle = torch.where(itself, 0, angle)
-                term = ex["q_angle"][b, h, i, angle]
-                terms.append(torch.where(pad & ~itself, torch.zeros_like(term), term))
+                term = ex["q_angle"][b, h, i, torch.where(itself, 0, angle)]
+                masked = torch.where(pad, torch.zeros_like(term), term)
+                terms.append(torch.where(itself, term, masked))
         out = terms[0]
         for term in terms[1:]:
             out = out + term

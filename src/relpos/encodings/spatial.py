@@ -62,20 +62,21 @@ def swin_window_coordinates(window_size: Sequence[int]) -> Tensor:
     return torch.stack([a.reshape(-1) for a in axes], dim=-1)
 
 
-def swin_relative_index(delta: Tensor, window_size: Sequence[int]) -> Tensor:
-    """Row of the Swin table for relative coordinates ``delta = q - k`` of shape ``(..., m)``.
+def swin_relative_index(delta: Tensor | Sequence[Tensor], window_size: Sequence[int]) -> Tensor:
+    """Row of the Swin table for relative coordinates ``delta = q - k``: a tensor ``(..., m)``
+    or one tensor per axis.
 
     2-D: ``(dh + Wh - 1) (2 Ww - 1) + (dw + Ww - 1)``; 3-D (Video Swin):
     ``(dd + Wd - 1) (2 Wh - 1) (2 Ww - 1) + (dh + Wh - 1) (2 Ww - 1) + (dw + Ww - 1)``.
     """
-    if delta.shape[-1] != len(window_size):
+    axes = delta.unbind(-1) if isinstance(delta, Tensor) else list(delta)
+    if len(axes) != len(window_size):
         raise ValueError(
-            f"delta must have {len(window_size)} coordinates on its last axis, "
-            f"got shape {tuple(delta.shape)}"
+            f"delta must have {len(window_size)} coordinates (one per window axis), got {len(axes)}"
         )
-    index = delta[..., 0] + (window_size[0] - 1)
+    index = axes[0] + (window_size[0] - 1)
     for a in range(1, len(window_size)):
-        index = index * (2 * window_size[a] - 1) + (delta[..., a] + (window_size[a] - 1))
+        index = index * (2 * window_size[a] - 1) + (axes[a] + (window_size[a] - 1))
     return index
 
 
@@ -231,9 +232,12 @@ class GridEncoding(Encoding):
                     f"axis); coordinates are positions inside the window"
                 )
 
-    def _delta(self, ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        """``q_pos - k_pos`` per axis, ``(..., m)`` broadcast over the index tensors."""
-        return ctx.q_pos[b, i] - ctx.k_pos[b, j]
+    def table_row(self, ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        """Swin table row of each (query, key) pair. Positions are gathered one axis at a
+        time (``q_pos[b, i, a]``): FlexAttention's score_mod needs scalar gathers (an
+        ``(m,)`` gather per score compiles to wrong results in torch 2.13)."""
+        deltas = [ctx.q_pos[b, i, a] - ctx.k_pos[b, j, a] for a in range(self.dims)]
+        return swin_relative_index(deltas, self.q_size)
 
 
 class _SwinTable(GridEncoding):
@@ -279,7 +283,7 @@ class _SwinTable(GridEncoding):
         return swin_relative_position_index(self.window_size)
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        index = swin_relative_index(self._delta(ctx, b, i, j), self.window_size)
+        index = self.table_row(ctx, b, i, j)
         return self.relative_position_bias_table[index, h]
 
     def extra_repr(self) -> str:
@@ -376,8 +380,7 @@ class SwinV2Bias(GridEncoding):
         return ctx
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        index = swin_relative_index(self._delta(ctx, b, i, j), self.window_size)
-        return ctx.extra["table"][index, h]
+        return ctx.extra["table"][self.table_row(ctx, b, i, j), h]
 
     def extra_repr(self) -> str:
         return (
@@ -452,10 +455,10 @@ class _MViTv2(GridEncoding):
         return ctx
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
         out = None
         for a, name in enumerate(self.axis_names):
-            dist = getattr(self, f"dist_{name}")[qp[..., a], kp[..., a]]
+            # scalar gathers per axis (FlexAttention's score_mod)
+            dist = getattr(self, f"dist_{name}")[ctx.q_pos[b, i, a], ctx.k_pos[b, j, a]]
             term = ctx.extra[f"q_{name}"][b, h, i, dist]
             out = term if out is None else out + term
         assert out is not None
