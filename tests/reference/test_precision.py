@@ -15,13 +15,13 @@ Error model, per output channel of a pair ``(a, b)`` rotated by ``phi = p * thet
   ``2^-24 |phi|`` radians, hence the **float32-angle bound**
   ``(2 eps + 2^-21 + 2^-24 |phi|) (|a| + |b|)``.
 
-relpos meets the float32-angle bound everywhere and the dtype bound wherever its angles are
-exact enough: small positions, and above 2^24 where it forms angles in float64 and reduces
-them mod 2 pi. Between about 2^17 and 2^24 float32 angles cost more than the dtype's own
-rounding (e.g. 2.5 eps in bf16 and 16 eps in fp16 at p = 10^6, 48 eps / 386 eps at
-p = 2^24 - 1, where the angle is off by 0.44 rad); those cases are strict ``xfail``s,
-reported to the lead. Angles formed in bfloat16 (the pitfall of P2) break even the
-float32-angle bound, which shows the bounds can fail.
+relpos meets the dtype bound at every position: integer positions up to 2^16 get HF's
+float32 angles (exact enough there), everything else is formed in float64 and reduced mod
+2 pi before the cast (``functional.rope_angles``). Between 2^17 and 2^24 HF-style float32
+angles would cost more than the dtype's own rounding (2.5 eps in bf16 and 16 eps in fp16 at
+p = 10^6, 48 eps / 386 eps at p = 2^24 - 1, where the angle is off by 0.44 rad): those
+positions are tested explicitly. Angles formed in bfloat16 (the pitfall of P2) break even
+the float32-angle bound, which shows the bounds can fail.
 """
 
 from __future__ import annotations
@@ -45,15 +45,9 @@ ACCURATE = {
     torch.bfloat16: [0, 1, 257, 4095, 16383, 65535, 2**24, 2**24 + 1, 2**24 + 3, 2**25 + 1, 10**9],
     torch.float16: [0, 1, 257, 4095, 2**24, 2**24 + 1, 2**24 + 3, 2**25 + 1, 10**9],
 }
-# Float32 angles lose more than the dtype's rounding here (up to 2^-24 * p * theta rad).
+# HF-style float32 angles would lose more than the dtype's rounding here (2^-24 * p * theta).
 FLOAT32_ANGLE_LOSS = [999_999, 1_000_000, 2**24 - 1]
 ALL_POSITIONS = sorted(set(ACCURATE[torch.bfloat16]) | set(FLOAT32_ANGLE_LOSS) | {131_071})
-
-BUG = (
-    "precision bug reported to the lead: rope_angles forms p * theta in float32 for integer "
-    "positions <= 2^24, off by up to 2^-24 * p * theta rad (0.02 rad at 1e6, 0.44 rad at "
-    "2^24 - 1), more than bf16/fp16 rounding"
-)
 
 
 def hf_inv_freq() -> torch.Tensor:
@@ -154,7 +148,6 @@ def test_within_dtype_bound_where_angles_are_accurate(dtype, layout, path):
         check(PATHS[path](x, p, layout), x, p, layout, "dtype")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG)
 @pytest.mark.parametrize("p", FLOAT32_ANGLE_LOSS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -163,11 +156,10 @@ def test_within_dtype_bound_between_2_17_and_2_24(dtype, layout, p):
     check(rope_rotate(x, p, layout), x, p, layout, "dtype")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG + "; the float64 path is chosen per call")
 @pytest.mark.parametrize("p", [1_000_000, 2**24 - 1])
 def test_rotation_of_a_token_does_not_depend_on_the_other_positions_of_the_call(p):
-    # Alone, p is rotated with float32 angles; next to a position > 2^24 the whole call uses
-    # float64 angles, so the same token at the same position gets another rotation.
+    # The precision path is chosen per element: a position > 2^24 elsewhere in the call must
+    # not change how this token is rotated (the KV cache and the full forward agree).
     enc = relpos.create("rope", num_heads=1, head_dim=D)
     x = torch.randn(1, 1, 2, D, generator=torch.Generator().manual_seed(0))
     alone = enc.rotate(x[:, :, :1], torch.tensor([[p]]), "q")

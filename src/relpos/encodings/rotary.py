@@ -47,7 +47,7 @@ class RoPE(Encoding):
 
     Formula: for pair ``(a, b)`` at position p: ``(a cos(p theta_i) - b sin(p theta_i),
     a sin(p theta_i) + b cos(p theta_i))``. Angles are formed in float32 (float64 for
-    fractional positions or positions > 2^24). Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
+    then reduced modulo 2 pi, for fractional positions or positions > 2^16). Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
     """
 
     family = "rotary"

@@ -17,9 +17,10 @@ Two ways to give sections their frequencies (``spectrum``):
 * ``"shared"`` — one spectrum ``theta_i = base^(-2i / d)`` over all pairs, and the sections
   only choose which axis drives each pair (Qwen2-VL M-RoPE, hierarchical RoPE).
 
-Angles are formed in float32 for integer positions up to 2^24 (exact, as the reference code
-does with autocast off) and in float64 reduced modulo 2 pi otherwise (fractional positions,
-timestamps). Shapes: ``x (B, H, L, D)``, positions ``(B|1, L, m)`` (``(B|1, L)`` when m = 1).
+Angles are formed in float64; integer positions up to 2^16 are cast directly (float32 angles
+as the reference code forms them with autocast off), everything else (large positions,
+fractional positions, timestamps) is reduced modulo 2 pi first (``functional.rope_angles``).
+Shapes: ``x (B, H, L, D)``, positions ``(B|1, L, m)`` (``(B|1, L)`` when m = 1).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..functional import EXACT_ANGLE_LIMIT
 from ..registry import register
 from .base import Encoding
 from .rotary import rotate_pairs
@@ -71,14 +73,15 @@ def section_frequencies(
 
 def nd_angles(pos: Tensor, freq: Tensor) -> Tensor:
     """Angles ``sum_a pos[..., a] * freq[h, p, a]``: ``pos (B, L, m)``, ``freq (G, P, m)`` ->
-    ``(B, G, L, P)`` float32 (float32 product for integer positions <= 2^24, else float64
-    reduced modulo 2 pi)."""
-    exact32 = not pos.is_floating_point() and (pos.numel() == 0 or int(pos.abs().max()) <= 2**24)
-    dtype = torch.float32 if exact32 else torch.float64
-    ang = torch.einsum("blm,gpm->bglp", pos.to(dtype), freq.to(dtype))
-    if not exact32:
-        ang = torch.remainder(ang, 2 * math.pi)
-    return ang.to(torch.float32)
+    ``(B, G, L, P)`` float32, with the precision policy of ``functional.rope_angles``: formed
+    in float64, cast directly for integer positions up to 2^16 on every axis, reduced modulo
+    2 pi first otherwise (per token)."""
+    ang = torch.einsum("blm,gpm->bglp", pos.to(torch.float64), freq.to(torch.float64))
+    reduced = torch.remainder(ang, 2 * math.pi)
+    if pos.is_floating_point():
+        return reduced.to(torch.float32)
+    small = (pos.abs() <= EXACT_ANGLE_LIMIT).all(-1)[:, None, :, None]
+    return torch.where(small, ang, reduced).to(torch.float32)
 
 
 class SectionedRoPE(Encoding):
