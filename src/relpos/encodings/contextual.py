@@ -131,13 +131,8 @@ def trilinear_scores(q: Tensor, k: Tensor, table: Tensor, rows: Tensor) -> Tenso
     ``q``, ``k`` ``(..., D)`` and ``rows`` (long, indices into ``table (R, D)``) broadcast
     against each other (e.g. ``(B, H, T, 1, D)``, ``(B, H, 1, S, D)``, ``(B, 1, T, S)``). Loops
     over the D channels forward and backward (custom autograd), so memory stays at a few
-    tensors of the broadcast shape. 0-d ``rows`` (FlexAttention's ``score_mod``) use plain ops.
+    tensors of the broadcast shape.
     """
-    if rows.dim() == 0:
-        out = q[..., 0] * k[..., 0] * table[rows, 0]
-        for l in range(1, table.shape[1]):
-            out = out + q[..., l] * k[..., l] * table[rows, l]
-        return out
     return _Trilinear.apply(q, k, table, rows)
 
 
@@ -298,7 +293,8 @@ class RelativeEmbeddingTable(Encoding):
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             extra["kr"] = torch.matmul(k, table.transpose(-1, -2))
         if "trilinear" in self.terms:
-            extra.update(q=q, k=k, a=table - 1)
+            # copies: FlexAttention's CPU kernel cannot read its own q / k as score_mod buffers
+            extra.update(q=q.clone(), k=k.clone(), a=table - 1)
         if self.has_value_term:
             extra["av"] = self.relation_table("value")[..., r0 : r1 + 1, :].to(q.dtype)
         return TableContext(q_pos=base.q_pos, k_pos=base.k_pos, extra=extra, row0=r0)
@@ -328,8 +324,13 @@ class RelativeEmbeddingTable(Encoding):
             out = term if out is None else out + term
         if "trilinear" in self.terms:
             q, k = ctx.extra["q"], ctx.extra["k"]
-            hk = h // (self.num_heads // k.shape[1])
-            term = trilinear_scores(q[b, h, i], k[b, hk, j], ctx.extra["a"], rows)
+            hk, a = h // (self.num_heads // k.shape[1]), ctx.extra["a"]
+            if rows.dim() == 0:  # FlexAttention's score_mod: one score, channel by channel
+                term = q[b, h, i, 0] * k[b, hk, j, 0] * a[rows, 0]
+                for l in range(1, a.shape[1]):
+                    term = term + q[b, h, i, l] * k[b, hk, j, l] * a[rows, l]
+            else:
+                term = trilinear_scores(q[b, h, i], k[b, hk, j], a, rows)
             out = term if out is None else out + term
         assert out is not None
         if inside is not None:
