@@ -365,7 +365,7 @@ def test_attention_and_gradients_equal_dense_reference(
         close(g, r, msg=f"grad {n}")
 
 
-def test_value_term_changes_the_output_and_keys_only_shaw_runs_on_every_backend() -> None:
+def test_value_term_changes_the_output_and_keys_only_shaw_needs_no_probabilities() -> None:
     q, k, v, qp, kp = _problem(16, 16, "default")
     with_values = _make("shaw", {"max_relative_position": 3})
     keys_only = _make("shaw", {"max_relative_position": 3, "values": False})
@@ -380,7 +380,7 @@ def test_value_term_changes_the_output_and_keys_only_shaw_runs_on_every_backend(
 
 @pytest.mark.parametrize("name", ["shaw", "music-transformer", "huang2020-m4"])
 def test_prepare_reads_only_the_rows_the_positions_reach(name) -> None:
-    """O(L R) with R <= Lq + Lk - 1, whatever the table size (here 2047-4095 rows)."""
+    """O(L R) with R <= Lq + Lk - 1, whatever the table size (here 1023 to 4095 rows)."""
     big = {"shaw": {"max_relative_position": 2047}, "huang2020-m4": {}}.get(
         name, {"max_relative_position": 2048}
     )
