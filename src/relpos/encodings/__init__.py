@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (registration side effects)
     contextual,
     disentangled,
     document,
+    irpe,
     rotary,
     rotary_nd,
     rotary_lie,

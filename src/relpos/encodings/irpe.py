@@ -1,0 +1,496 @@
+"""iRPE, image relative position encoding (Wu, Peng, Chen, Fu, Chao 2021, "Rethinking and
+Improving Relative Position Encoding for Vision Transformer", ICCV 2021, arXiv 2107.14222;
+official code microsoft/Cream ``iRPE/DeiT-with-iRPE/irpe.py``). Spec:
+``../shared/spec/formulas-bias.md`` section 14 (Authority A).
+
+A 2-D relative position ``(dr, dc) = p_i - p_j`` (query minus key, row and column) falls into
+a bucket through the piecewise index function ``g`` (Eq. 18, ``piecewise_index``): exact for
+``|x| <= alpha``, logarithmic up to ``gamma``, saturated at ``beta`` beyond. The methods
+(official ``METHOD``):
+
+* ``euc``: ``g(round(sqrt(dr^2 + dc^2)))``;
+* ``quant``: ``g(dr^2 + dc^2)``;
+* ``cross``: two tables, ``g(dr)`` and ``g(dc)``; their terms are summed;
+* ``product``: ``(g(dr) + b)(2b + 1) + (g(dc) + b)``, ``b = int(beta)``;
+
+non-product ids are shifted by ``+b``; ``alpha, beta, gamma = ratio, 2 ratio, 8 ratio``.
+
+Each bucket holds a learned encoding, used in one of two modes and on queries, keys and/or
+values (``rpe_on``, the official option):
+
+* ``bias``: ``b_ij = T[h, bucket(i, j)]`` added to the scaled logits (``T (H|1, nb)``);
+* ``contextual`` on keys: ``scale * q_i . W_k[h, :, bucket(i, j)]`` (``W (H|1, D, nb)``);
+  on queries: ``scale * k_j . W_q[h, :, bucket(j, i)]`` (the official code transposes the
+  query term: its bucket is that of ``p_j - p_i``); on values:
+  ``out_i += sum_j p_ij W_v[h, bucket(i, j), :]`` (``W_v (H|1, nb, D)``).
+
+Memory: ``prepare`` computes ``q @ W_k`` ``(B, H, Lq, nb)`` (and ``k @ W_q``), ``bias``
+gathers at the pair's bucket: O(L nb) as in the official code, never ``(L, L, D)``. The
+value term scatter-adds the softmax weights of a query block into buckets ``(B, H, T, nb)``
+and multiplies by ``W_v``: O(T S + T nb D).
+
+Extra tokens (CLS, distillation: the official ``skip``): the first ``skip`` tokens of the
+sequence have no position; every pair that involves one reads one extra bucket ``nb`` of
+each table. Query ``i`` is token ``i + Lk - Lq`` of the sequence (queries are the last ``Lq``
+tokens, as for causal masks and KV-cache decoding); key ``j`` is token ``j``. The positions
+given for those tokens are ignored (``irpe_positions`` builds a DeiT token layout).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..registry import register
+from .base import BiasContext, Encoding
+from .contextual import _lookup
+from .spatial import swin_window_coordinates
+
+__all__ = [
+    "METHODS",
+    "MODES",
+    "piecewise_index",
+    "irpe_coefficients",
+    "irpe_num_buckets",
+    "irpe_bucket",
+    "irpe_bucket_ids_2d",
+    "irpe_positions",
+    "IRPE",
+    "IRPEBias",
+    "IRPEQKV",
+]
+
+#: the official method names (``get_rpe_config``'s aliases of ``METHOD``)
+METHODS = ("euc", "quant", "cross", "product")
+#: the official modes (``"ctx"`` is accepted for ``"contextual"``, as in ``get_rpe_config``)
+MODES = ("bias", "contextual")
+# the bucket function of one table: cross has a table for rows and one for columns
+_TABLE_METHODS = ("euc", "quant", "product", "cross_rows", "cross_cols")
+
+
+# ------------------------------------------------------------------------------ pure functions
+def piecewise_index(relative_position: Tensor, alpha: float, beta: float, gamma: float) -> Tensor:
+    """The piecewise index function ``g`` (Eq. 18; official ``piecewise_index``), int64.
+
+    ``|x| <= alpha``: ``round(x)``; otherwise
+    ``sign(x) trunc(min(beta, round(alpha + ln(|x| / alpha) / ln(gamma / alpha) (beta - alpha))))``,
+    in ``[-int(beta), int(beta)]``. The arithmetic is the official one: float32 for integer
+    inputs (the input's float dtype otherwise), rounding half to even, and the clipped
+    magnitude truncated to an integer, so ``beta = 3.8`` saturates at 3.
+    """
+    if not isinstance(relative_position, Tensor):
+        raise TypeError(
+            f"relative_position must be a torch.Tensor, got {type(relative_position).__name__}"
+        )
+    x = relative_position if relative_position.is_floating_point() else relative_position.float()
+    magnitude = x.abs()
+    far = alpha + torch.log(magnitude / alpha) / math.log(gamma / alpha) * (beta - alpha)
+    far = torch.sign(x) * far.round().clip(max=beta)
+    return torch.where(magnitude <= alpha, x.round(), far).long()
+
+
+def irpe_coefficients(ratio: float) -> tuple[float, float, float]:
+    """``(alpha, beta, gamma) = (ratio, 2 ratio, 8 ratio)`` (official ``get_single_rpe_config``)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        raise ValueError(f"ratio must be a positive number, got {ratio!r}")
+    return 1 * ratio, 2 * ratio, 8 * ratio
+
+
+def _table_method(method: str) -> str:
+    if method not in _TABLE_METHODS:
+        raise ValueError(
+            f"method must be one of {', '.join(map(repr, _TABLE_METHODS))} for one table "
+            f"('cross' has two: 'cross_rows' and 'cross_cols'), got {method!r}"
+        )
+    return method
+
+
+def irpe_num_buckets(method: str, ratio: float, skip: int = 0) -> int:
+    """Buckets of one table (official ``get_num_buckets``): ``(2 b + 1)^2`` for ``product``,
+    ``2 b + 1`` otherwise (each of the two ``cross`` tables), ``b = int(2 ratio)``; one more
+    when ``skip > 0`` (the extra tokens' bucket)."""
+    if method != "cross":
+        _table_method(method)
+    beta_int = int(irpe_coefficients(ratio)[1])
+    side = 2 * beta_int + 1
+    return (side * side if method == "product" else side) + (skip > 0)
+
+
+def _bucket(
+    dr: Tensor, dc: Tensor, method: str, beta_int: int, g: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """Bucket ids of integer row and column offsets ``dr``, ``dc`` for one table, with the
+    index function ``g``: the composition of the official ``_rp_2d_*`` functions and the
+    ``+ beta_int`` shift of ``get_bucket_ids_2d_without_skip``."""
+    if method == "product":
+        return (g(dr) + beta_int) * (2 * beta_int + 1) + (g(dc) + beta_int)
+    if method == "euc":  # the official float32 distance, rounded half to even
+        x = torch.sqrt((dr * dr + dc * dc).float()).round().long()
+    elif method == "quant":
+        x = dr * dr + dc * dc
+    else:
+        x = dr if method == "cross_rows" else dc
+    return g(x) + beta_int
+
+
+def irpe_bucket(delta: Tensor, method: str, ratio: float = 1.9) -> Tensor:
+    """Bucket ids ``(...)`` (int64) of the 2-D offsets ``delta = p_query - p_key`` ``(..., 2)``.
+
+    ``method``: ``euc``, ``quant``, ``product``, or one of the two tables of ``cross``
+    (``cross_rows``: ``g(dr)``, ``cross_cols``: ``g(dc)``). Ids lie in
+    ``[0, irpe_num_buckets(method, ratio))``.
+    """
+    if not isinstance(delta, Tensor) or delta.dim() < 1 or delta.shape[-1] != 2:
+        raise ValueError(
+            f"delta must be a (..., 2) tensor of (row, column) offsets, got {delta!r:.80}"
+        )
+    if delta.is_floating_point():
+        raise TypeError(f"delta must hold integer offsets, got dtype {delta.dtype}")
+    alpha, beta, gamma = irpe_coefficients(ratio)
+    g = partial(piecewise_index, alpha=alpha, beta=beta, gamma=gamma)
+    return _bucket(delta[..., 0], delta[..., 1], _table_method(method), int(beta), g)
+
+
+def irpe_bucket_ids_2d(
+    method: str, height: int, width: int, *, ratio: float = 1.9, skip: int = 0
+) -> tuple[Tensor, int]:
+    """The official ``get_bucket_ids_2d``: bucket ids ``(skip + L, skip + L)`` of every pair
+    of an ``height x width`` feature map in row-major order after ``skip`` extra tokens
+    (``L = height * width``), and the number of buckets (with the extra one when
+    ``skip > 0``). Rows and columns of the extra tokens hold the extra bucket id."""
+    for name, v in (("height", height), ("width", width)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise ValueError(f"skip must be a non-negative int, got {skip!r}")
+    pos = swin_window_coordinates((height, width))
+    ids = irpe_bucket(pos[:, None, :] - pos[None, :, :], method, ratio)
+    n = irpe_num_buckets(method, ratio)
+    if skip == 0:
+        return ids, n
+    out = torch.full((skip + ids.shape[0],) * 2, n, dtype=ids.dtype)
+    out[skip:, skip:] = ids
+    return out, n + 1
+
+
+def irpe_positions(height: int, width: int, skip: int = 0) -> Tensor:
+    """Positions ``(skip + height * width, 2)`` (int64) of a DeiT token sequence: ``skip``
+    extra tokens (position ``(0, 0)``, ignored by iRPE) then the patches in row-major order
+    (the official ``get_absolute_positions``)."""
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise ValueError(f"skip must be a non-negative int, got {skip!r}")
+    grid = swin_window_coordinates((height, width))
+    return torch.cat([grid.new_zeros(skip, 2), grid])
+
+
+# ------------------------------------------------------------------------------ tables
+class _LookupTable(nn.Module):
+    """One table of one official ``iRPE`` module (the parameter names are the official ones,
+    so ``rpe_k.lookup_table_weight`` etc. load from the released checkpoints' attention
+    blocks): ``lookup_table_bias (H|1, nb)`` (bias mode), ``lookup_table_weight
+    (H|1, D, nb)`` (contextual on queries / keys, "transposed") or ``(H|1, nb, D)`` (values)."""
+
+    def __init__(
+        self,
+        method: str,
+        heads: int,
+        head_dim: int,
+        buckets: int,
+        mode: str,
+        role: str,
+        init_std: float,
+    ) -> None:
+        super().__init__()
+        self.method = method
+        if mode == "bias":
+            shape: tuple[int, ...] = (heads, buckets)
+        elif role == "v":
+            shape = (heads, buckets, head_dim)
+        else:
+            shape = (heads, head_dim, buckets)
+        table = torch.zeros(shape)
+        if init_std > 0:
+            nn.init.normal_(table, std=init_std)
+        name = "lookup_table_bias" if mode == "bias" else "lookup_table_weight"
+        self.register_parameter(name, nn.Parameter(table))
+        self._name = name
+
+    @property
+    def table(self) -> Tensor:
+        return getattr(self, self._name)
+
+
+class _CrossTables(nn.Module):
+    """The official ``iRPE_Cross``: a rows table and a columns table, terms summed."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__()
+        self.rp_rows = _LookupTable("cross_rows", **kwargs)  # type: ignore[arg-type]
+        self.rp_cols = _LookupTable("cross_cols", **kwargs)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ encodings
+def _choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return str(value)
+
+
+@register("irpe")
+class IRPE(Encoding):
+    """iRPE (Wu et al. 2021, arXiv 2107.14222; microsoft/Cream ``iRPE``): bucketed 2-D
+    relative positions read by the queries, keys and/or values (module docstring).
+
+    Logits ``scale q_i . k_j + sum over rpe_on`` of
+
+    * ``"k"``: ``scale * q_i . W_k[h, :, bucket(p_i - p_j)]`` (contextual) or
+      ``T_k[h, bucket(p_i - p_j)]`` (bias);
+    * ``"q"``: ``scale * k_j . W_q[h, :, bucket(p_j - p_i)]`` or ``T_q[h, bucket(p_j - p_i)]``;
+
+    and output ``sum_j p_ij v_j + sum_j p_ij W_v[h, bucket(p_i - p_j), :]`` for ``"v"``
+    (contextual only; then only the ``eager`` and ``chunked`` backends run it). ``cross``
+    sums a rows table and a columns table in each place. Positions ``(B|1, L, 2)`` integer
+    ``(row, column)`` coordinates (any integers: ``g`` saturates, there is no window).
+
+    Args:
+        method: ``"euc"``, ``"quant"``, ``"cross"`` or ``"product"``.
+        mode: ``"contextual"`` (``"ctx"``) or ``"bias"``.
+        rpe_on: where the encodings attach, any of ``"q"``, ``"k"``, ``"v"`` (e.g. ``"qkv"``);
+            ``"v"`` needs the contextual mode (official: no bias on values).
+        ratio: the bucket ratio: ``alpha, beta, gamma = ratio, 2 ratio, 8 ratio``
+            (DeiT: 1.9 for product, 20 for euc and cross, 33 for quant).
+        shared_head: one table for all heads (``(1, ...)``) or one per head (``(H, ...)``).
+        skip: number of extra tokens (CLS) at the start of the sequence; pairs involving one
+            read one extra bucket per table (released DeiT models: 1).
+        init_std: 0 (the official zero initialisation) or the std of a normal init.
+
+    Parameters (official names): ``rpe_q``, ``rpe_k``, ``rpe_v`` modules holding
+    ``lookup_table_bias (H|1, nb)`` or ``lookup_table_weight`` ``(H|1, D, nb)`` (q, k) /
+    ``(H|1, nb, D)`` (v); with ``cross``, ``rpe_*.rp_rows.*`` and ``rpe_*.rp_cols.*``.
+    ``nb = irpe_num_buckets(method, ratio, skip)``.
+
+    Defaults here: the official ``get_rpe_config()`` (contextual product, ratio 1.9, shared,
+    on keys: 49 buckets; the released DeiT models add ``skip=1``: 50).
+
+    Beyond the official code (which runs one square ``L x L`` map): any integer positions,
+    per batch row, and ``Lq != Lk`` with the extra tokens aligned as in the module docstring
+    (queries are the last ``Lq`` tokens), so KV-cache decoding equals the full forward.
+    """
+
+    paper = "Wu et al. 2021 (iRPE)"
+    family = "bias"
+    dims = 2
+    relative = True
+    has_bias = True  # per instance: False when rpe_on is "v" alone
+    default_mode: ClassVar[str] = "contextual"
+    default_rpe_on: ClassVar[str] = "k"
+    default_shared_head: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        method: str = "product",
+        mode: str | None = None,
+        rpe_on: str | None = None,
+        ratio: float = 1.9,
+        shared_head: bool | None = None,
+        skip: int = 0,
+        init_std: float = 0.0,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        method = _choice(method, "method", METHODS)
+        mode = self.default_mode if mode is None else mode
+        mode = "contextual" if mode == "ctx" else _choice(mode, "mode", MODES)
+        rpe_on = self.default_rpe_on if rpe_on is None else rpe_on
+        if (
+            not isinstance(rpe_on, str)
+            or not rpe_on
+            or set(rpe_on) - set("qkv")
+            or len(set(rpe_on)) != len(rpe_on)
+        ):
+            raise ValueError(
+                f"rpe_on must be a non-empty string of distinct letters from 'q', 'k', 'v' "
+                f"(e.g. 'k', 'qk', 'qkv'), got {rpe_on!r}"
+            )
+        if mode == "bias" and "v" in rpe_on:
+            raise ValueError(
+                f"rpe_on={rpe_on!r}: the bias mode has no value term (official iRPE: 'Bias "
+                f"non-transposed RPE does not exist'); use mode='contextual' for 'v'"
+            )
+        shared_head = self.default_shared_head if shared_head is None else shared_head
+        if not isinstance(shared_head, bool):
+            raise TypeError(f"shared_head must be a bool, got {shared_head!r}")
+        if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+            raise ValueError(f"skip must be a non-negative int, got {skip!r}")
+        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or init_std < 0:
+            raise ValueError(f"init_std must be a non-negative number, got {init_std!r}")
+        alpha, beta, gamma = irpe_coefficients(ratio)
+        self.method, self.mode, self.rpe_on = method, mode, "".join(r for r in "qkv" if r in rpe_on)
+        self.ratio, self.shared_head, self.skip = ratio, shared_head, skip
+        self.beta_int = int(beta)
+        self.has_bias = "q" in rpe_on or "k" in rpe_on  # type: ignore[misc]
+        self.has_value_term = "v" in rpe_on  # type: ignore[misc]
+        # g tabulated on 0 .. ceil(gamma) + 1: beyond gamma it is int(beta) (checked here),
+        # so g(x) = sign(x) g_table[min(|x|, last)]: exact for integer x, identical on every
+        # backend (no transcendental functions inside FlexAttention's score_mod)
+        g = piecewise_index(torch.arange(math.ceil(gamma) + 2), alpha, beta, gamma)
+        assert int(g[-2]) == int(g[-1]) == self.beta_int, "g saturates from gamma on"
+        self.register_buffer("g_table", g, persistent=False)
+        self.num_buckets = irpe_num_buckets(method, ratio, skip)  # per table
+        heads = 1 if shared_head else num_heads
+        kwargs = dict(
+            heads=heads,
+            head_dim=head_dim,
+            buckets=self.num_buckets,
+            mode=mode,
+            init_std=float(init_std),
+        )
+        for role in "qkv":
+            module: nn.Module | None = None
+            if role in rpe_on:
+                if method == "cross":
+                    module = _CrossTables(role=role, **kwargs)
+                else:
+                    module = _LookupTable(method, role=role, **kwargs)  # type: ignore[arg-type]
+            setattr(self, f"rpe_{role}", module)
+
+    # ------------------------------------------------------------ indexing
+    def tables(self, role: str) -> list[_LookupTable]:
+        """The tables of ``role`` (``"q"``, ``"k"``, ``"v"``): one, or rows and columns
+        (``cross``); empty when iRPE is not on ``role``."""
+        module = getattr(self, f"rpe_{role}")
+        if module is None:
+            return []
+        return [module.rp_rows, module.rp_cols] if self.method == "cross" else [module]
+
+    def index(self, x: Tensor) -> Tensor:
+        """``g(x)`` for integer ``x`` (any shape), read from the tabulated ``g``."""
+        last = self.g_table.shape[0] - 1
+        return self.g_table[x.abs().clamp(max=last)] * x.sign()
+
+    @staticmethod
+    def offsets(ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor) -> tuple[Tensor, Tensor]:
+        """Row and column offsets ``p_i - p_j`` at the index grids. Each axis is read by one
+        indexing expression (``q_pos[b, i, a]``): indexing the last axis of ``q_pos[b, i]``
+        afterwards is miscompiled by inductor's CPU FlexAttention in torch 2.13."""
+        dr = ctx.q_pos[b, i, 0] - ctx.k_pos[b, j, 0]
+        dc = ctx.q_pos[b, i, 1] - ctx.k_pos[b, j, 1]
+        return dr, dc
+
+    def bucket(self, dr: Tensor, dc: Tensor, method: str, extra: Tensor | None = None) -> Tensor:
+        """Bucket ids of row and column offsets in a table of ``method``; pairs where
+        ``extra`` is True (an extra token) read the extra bucket."""
+        ids = _bucket(dr, dc, method, self.beta_int, self.index)
+        if extra is not None:
+            ids = torch.where(extra, self.num_buckets - 1, ids)
+        return ids
+
+    def _extra_pairs(self, ctx: BiasContext, i: Tensor, j: Tensor) -> Tensor | None:
+        """Pairs with an extra token: query token ``i + Lk - Lq`` or key ``j`` below ``skip``."""
+        if not self.skip:
+            return None
+        offset = ctx.k_pos.shape[1] - ctx.q_pos.shape[1]
+        # one comparison, no boolean | (it does not lower in a CPU FlexAttention score_mod)
+        return torch.minimum(i + offset, j) < self.skip
+
+    @staticmethod
+    def _head(h: Tensor, table: Tensor) -> Tensor:
+        """Head index into a table of ``H`` or 1 (shared) heads."""
+        return h if table.shape[0] > 1 else h * 0
+
+    # ------------------------------------------------------------ hooks
+    def prepare(
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        inputs: dict[str, Tensor] | None = None,
+    ) -> BiasContext:
+        """Contextual mode: ``extra["k<n>"] = q @ W_k (B, H, Lq, nb)`` and
+        ``extra["q<n>"] = k @ W_q (B, Hkv|H, Lk, nb)`` for each table ``n``."""
+        ctx = super().prepare(q, k, q_pos, k_pos, inputs)
+        if self.mode != "contextual":
+            return ctx
+        for n, t in enumerate(self.tables("k")):
+            ctx.extra[f"k{n}"] = torch.matmul(q, t.table.to(q.dtype))
+        for n, t in enumerate(self.tables("q")):
+            kk = k
+            if t.table.shape[0] > 1 and k.shape[1] != q.shape[1]:
+                kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            ctx.extra[f"q{n}"] = torch.matmul(kk, t.table.to(q.dtype))
+        return ctx
+
+    def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        dr, dc = self.offsets(ctx, b, i, j)
+        extra = self._extra_pairs(ctx, i, j)
+        out: Tensor | None = None
+        for role in ("k", "q"):
+            sign = 1 if role == "k" else -1  # the query term reads bucket(p_j - p_i)
+            for n, t in enumerate(self.tables(role)):
+                ids = self.bucket(sign * dr, sign * dc, t.method, extra)
+                if self.mode == "bias":
+                    term = t.table[self._head(h, t.table), ids]
+                elif role == "k":
+                    term = _lookup(ctx.extra[f"k{n}"], b, h, i, ids) * ctx.scale
+                else:
+                    kw = ctx.extra[f"q{n}"]
+                    hk = h // (self.num_heads // kw.shape[1])
+                    term = _lookup(kw, b, hk, j, ids) * ctx.scale
+                out = term if out is None else out + term
+        assert out is not None
+        return out
+
+    def value_term(
+        self, ctx: BiasContext, p: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor
+    ) -> Tensor:
+        """``sum_j p_ij W_v[h, bucket(i, j), :]``: ``p`` scatter-added into buckets
+        ``(B, H, T, nb)``, then one matmul with ``W_v (H|1, nb, D)``."""
+        dr, dc = self.offsets(ctx, b, i, j)
+        extra = self._extra_pairs(ctx, i, j)
+        out: Tensor | None = None
+        for t in self.tables("v"):
+            ids = self.bucket(dr, dc, t.method, extra)
+            counts = p.new_zeros(*p.shape[:-1], self.num_buckets)
+            counts.scatter_add_(-1, ids.expand(p.shape), p)
+            term = torch.matmul(counts, t.table.to(p.dtype))
+            out = term if out is None else out + term
+        assert out is not None
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, method={self.method!r}, mode={self.mode!r}, "
+            f"rpe_on={self.rpe_on!r}, ratio={self.ratio}, shared_head={self.shared_head}, "
+            f"skip={self.skip}, num_buckets={self.num_buckets}"
+        )
+
+
+@register("irpe-bias")
+class IRPEBias(IRPE):
+    __doc__ = IRPE.__doc__ + (
+        "\n    ``irpe-bias``: the bias mode, a learned scalar per bucket and head added to the"
+        "\n    logits (``T_k (H, nb)``; on keys by default). Heads have their own tables by"
+        "\n    default (``shared_head=False``); the official ``get_rpe_config`` defaults to a"
+        "\n    shared one: pass ``shared_head=True`` for that.\n"
+    )
+    default_mode = "bias"
+    default_shared_head = False
+
+
+@register("irpe-qkv")
+class IRPEQKV(IRPE):
+    __doc__ = IRPE.__doc__ + (
+        "\n    ``irpe-qkv``: contextual on queries, keys and values (the released"
+        "\n    ``deit_*_ctx_product_50_shared_qkv`` configuration, there with ``skip=1``); the"
+        "\n    value term makes it run on ``eager`` and ``chunked`` only.\n"
+    )
+    default_rpe_on = "qkv"
+    has_value_term = True
