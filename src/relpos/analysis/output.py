@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from ..io import atomic_write
 
 __all__ = ["atomic_write", "write_json", "save_figure", "check_int", "check_float"]
 
@@ -39,19 +38,6 @@ def check_float(
     ):
         raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
     return float(value)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then move ``tmp_path`` over ``path``; on any error the
-    temporary file is removed and ``path`` keeps its old content."""
-    path = Path(path)
-    tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"))
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:

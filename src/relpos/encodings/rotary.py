@@ -46,8 +46,9 @@ class RoPE(Encoding):
     mixes two bases (HF keeps stale rotations in its cache instead; spec P3).
 
     Formula: for pair ``(a, b)`` at position p: ``(a cos(p theta_i) - b sin(p theta_i),
-    a sin(p theta_i) + b cos(p theta_i))``. Angles are formed in float32 (float64 for
-    then reduced modulo 2 pi, for fractional positions or positions > 2^16). Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
+    a sin(p theta_i) + b cos(p theta_i))``. Angles are float32 (``functional.rope_angles``:
+    float64 products, reduced modulo 2 pi for fractional positions or positions > 2^16).
+    Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
     """
 
     family = "rotary"

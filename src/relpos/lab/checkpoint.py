@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,29 +27,12 @@ import torch
 from safetensors.torch import load_model, safe_open, save_model
 from torch import nn
 
+from ..io import atomic_write
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "state.json"
 FORMAT_VERSION = 1
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)``, then move ``tmp_path`` over ``path`` (same folder, fsynced).
-
-    If ``write`` raises (or is interrupted), the temporary file is removed and ``path`` keeps
-    its old content.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _write_json(data: dict[str, Any]) -> Callable[[str], None]:

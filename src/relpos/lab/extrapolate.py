@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
+from ..io import atomic_write
 from .perplexity import (  # noqa: F401  (re-exported: the public evaluation API)
     EVAL_BATCH_TOKENS,
     MODES,
@@ -326,9 +327,8 @@ def family(name: str) -> str:
 
 
 def _atomic_write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def start_run(plan: EvalPlan, meta: dict[str, Any]) -> None:

@@ -68,6 +68,7 @@ import torch
 from torch import Tensor
 
 from .. import registry
+from ..io import atomic_write
 from . import report
 from .passkey import MAX_NEW_TOKENS, PasskeyPrompt, passkey_prompt, random_key, run_passkey
 
@@ -749,7 +750,7 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], trained: int | None = None)
         fig.savefig(tmp, dpi=100, format="png")
 
     try:
-        report._atomic(path, write)
+        atomic_write(path, write)
     finally:
         plt.close(fig)
 

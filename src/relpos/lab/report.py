@@ -20,9 +20,11 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..io import atomic_write
 
 MODE_TITLES = {
     "nonoverlapping": "non-overlapping windows (every token scored)",
@@ -58,22 +60,12 @@ CSV_COLUMNS = (
 )
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _write_text(path: Path, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(text)
 
-    _atomic(path, write)
+    atomic_write(path, write)
 
 
 # ------------------------------------------------------------------------------ metadata
@@ -279,7 +271,7 @@ def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         fig.savefig(tmp, dpi=100, format="png")
 
     try:
-        _atomic(path, write)
+        atomic_write(path, write)
     finally:
         plt.close(fig)
 
