@@ -5,7 +5,8 @@ position axes, ``m = encoding.dims``):
 
 * ``(L,)`` — shared by the batch (1-D encodings);
 * ``(B, L)`` — one sequence of positions per batch element (1-D encodings);
-* ``(B, L, m)`` — m-D or continuous positions (``m == 1`` is accepted by 1-D encodings).
+* ``(B, L, m)`` — m-D or continuous positions (``m == 1`` is accepted by 1-D encodings);
+* ``(L, m)`` — m-D positions shared by the batch (m-D encodings only).
 
 Internally positions are normalised to ``(Bp, L)`` for 1-D encodings and ``(Bp, L, m)``
 otherwise, with ``Bp`` in ``{1, B}``. Integer dtypes are kept integer; floating positions
@@ -48,6 +49,8 @@ def normalize_positions(
         )
     if pos.dim() == 1:
         pos = pos[None]
+    if pos.dim() == 2 and dims != 1 and pos.shape[1] == dims and pos.shape[0] == length:
+        pos = pos[None]  # (L, m): shared by the batch
     if pos.dim() == 2 and dims != 1:
         raise ValueError(
             f"{name} must have shape (B, L, {dims}) for a {dims}-D encoding, got {tuple(pos.shape)}"
