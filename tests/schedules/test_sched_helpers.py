@@ -323,3 +323,17 @@ def test_cca_bad_input():
         S.cca_positions(-1, 4, 4)
     with pytest.raises(TypeError, match="positions"):
         S.cca_mask(torch.arange(4.0))
+
+
+def test_mask_mods_run_under_flex_attention_vmap():
+    """FlexAttention evaluates a mask_mod on 0-d index tensors under vmap (``create_mask``,
+    ``create_block_mask``): the closures must give the dense masks there too."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    packed = S.pack_with_anchor([torch.arange(10, 30), torch.arange(30, 45)], anchor_token=1)
+    L = packed.tokens.numel()
+    dense = flex.create_mask(S.anchor_mask_mod(packed.doc_ids), 1, 1, L, L, device="cpu")
+    assert torch.equal(dense, S.anchor_mask(packed.doc_ids))
+    pos = S.cca_positions(3, 5, 6, 4)
+    L = pos.numel()
+    dense = flex.create_mask(S.cca_mask_mod(pos), 1, 1, L, L, device="cpu")
+    assert torch.equal(dense, S.cca_mask(pos))

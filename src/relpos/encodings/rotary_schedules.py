@@ -429,9 +429,9 @@ class SelfExtend(PiecewiseRoPE):
 
 
 # ---------------------------------------------------------------------------- fast evaluation
-# query rows per block of piecewise_sdpa_attention: Lk / 16 (causal waste ~ 1/32), at least
-# PIECEWISE_MIN_ROWS (the per-block copies of the keys amortised), at most
-# PIECEWISE_BLOCK_ELEMENTS / Lk (the block's mask and scores)
+# query rows per block of piecewise_sdpa_attention: Lk / 4, at least PIECEWISE_MIN_ROWS (fewer,
+# larger kernel calls: per-call overhead dominated 256-row blocks on a busy 2-core machine), at
+# most PIECEWISE_BLOCK_ELEMENTS / Lk (the block's mask and scores)
 PIECEWISE_BLOCK_ELEMENTS = 1 << 24
 PIECEWISE_MIN_ROWS = 256
 
@@ -452,7 +452,9 @@ def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
     layout: the encoding's ``key_segments`` names, per block, the key ranges of each piece
     and the distance band in which a row sees them, so the copies are slices and the mask
     two comparisons (LM-Infinite then costs O(L * window), not O(L^2)). Anything else takes
-    the *per-pair* layout from ``piece_index`` over the block.
+    the *per-pair* layout from ``piece_index`` over the block. For CPU inference (no
+    gradients) the segment layout skips the slots: one flash-kernel call per key range and
+    piece, merged by log-sum-exp as the papers do (plain-attention multiply-adds).
 
     Cost: about ``R`` times the multiply-adds of plain attention over the visited keys,
     O(block x L) memory, differentiable (blocks run under activation checkpointing when
@@ -465,7 +467,7 @@ def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
         raise ValueError("piecewise_sdpa_attention takes piecewise logits only")
     B, _, Lq, _ = call.q.shape
     Lk = call.k.shape[2]
-    rows = max(PIECEWISE_MIN_ROWS, min(Lk // 16, PIECEWISE_BLOCK_ELEMENTS // max(Lk, 1)))
+    rows = max(PIECEWISE_MIN_ROWS, min(Lk // 4, PIECEWISE_BLOCK_ELEMENTS // max(Lk, 1)))
     q_span, k_span = as_span(call.ctx.q_pos), as_span(call.ctx.k_pos)
     segmented = (
         isinstance(enc, PiecewiseRoPE) and q_span is not None and k_span is not None
