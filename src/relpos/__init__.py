@@ -11,7 +11,7 @@ Public API (stable names; see docs/architecture.md)::
 """
 
 from . import encodings as _encodings  # noqa: F401  (registers the encodings)
-from . import functional, nn
+from . import functional, nn, schedules
 from .attention import attention, scores
 from .encodings.base import BiasContext, Encoding
 from .registry import available, create
@@ -25,6 +25,7 @@ __all__ = [
     "scores",
     "functional",
     "nn",
+    "schedules",
     "Encoding",
     "BiasContext",
     "__version__",

@@ -76,9 +76,20 @@ def scores(q, k, enc=None, **kw):
 
 
 def make_encoding(name: str, seed: int = 0, **options) -> relpos.Encoding:
-    """``relpos.create(name)`` with defaults, its random init drawn from ``seed``."""
+    """``relpos.create(name)`` with defaults, its random init drawn from ``seed``.
+
+    ``example_options`` of the encoding are applied (short-test sizes that exercise every
+    part). Parameters that are initialised to exactly zero (iRPE and tree tables, LeRoPE's log
+    scales, ...) get small random values: at zero their terms would vanish and every backend
+    would agree trivially."""
     torch.manual_seed(seed)
-    return relpos.create(name, num_heads=H, head_dim=D, **options)
+    options = {**encoding_class(name).example_options(), **options}
+    enc = relpos.create(name, num_heads=H, head_dim=D, **options)
+    with torch.no_grad():
+        for p in enc.parameters():
+            if p.requires_grad and p.is_floating_point() and bool((p == 0).all()):
+                p.copy_(0.1 * torch.randn_like(p))
+    return enc
 
 
 def assert_close_rel(actual, expected, rtol: float = RTOL, scale=None, msg: str = "") -> None:

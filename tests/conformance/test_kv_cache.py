@@ -12,6 +12,7 @@ import torch
 
 import relpos
 from relpos.attention import supported_backends
+from relpos.registry import encoding_class
 
 from .common import (
     B,
@@ -28,8 +29,9 @@ VOCAB, DIM, DEPTH, LENGTH = 50, 32, 2, 40
 
 def make_lm(name: str, **kw) -> relpos.nn.TransformerLM:
     torch.manual_seed(0)
+    options = encoding_class(name).example_options()  # short-test sizes (see common.py)
     return relpos.nn.TransformerLM(
-        VOCAB, dim=DIM, depth=DEPTH, num_heads=4, encoding=name, **kw
+        VOCAB, dim=DIM, depth=DEPTH, num_heads=4, encoding=name, encoding_options=options, **kw
     ).eval()
 
 

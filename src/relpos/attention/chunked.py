@@ -12,8 +12,10 @@ Two paths, chosen per call:
   sum of ``dS`` over anti-diagonals (a pad-and-reshape, no scatter), and autograd carries it
   into the encoding's parameters (T5 table, KERPLE r1/r2, ...).
 * **Probability path** (encodings that change the weights themselves: value terms, URPE's
-  multiplied weights, piecewise logits): each query block runs ``dense.block_attention``
-  (explicit logits and softmax over its keys) under activation checkpointing.
+  multiplied weights, piecewise logits): the encoding's ``fast_attention`` if it has one
+  (the RoPE schedules: pieces through the fused SDPA kernel), else each query block runs
+  ``dense.block_attention`` (explicit logits and softmax over its keys) under activation
+  checkpointing.
 * **Tile path** (any other bias, user masks, arbitrary positions): each query block computes
   its ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
@@ -211,7 +213,9 @@ def _probability_attention(call: AttentionCall) -> Tensor:
 def chunked_attention(call: AttentionCall) -> Tensor:
     """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
     if call.needs_probabilities:
-        return _probability_attention(call)
+        assert call.encoding is not None
+        fast = call.encoding.fast_attention(call)
+        return fast if fast is not None else _probability_attention(call)
     table = toeplitz_table(call)
     if table is not None:
         return _toeplitz_attention(call, table)

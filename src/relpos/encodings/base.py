@@ -126,6 +126,19 @@ class Encoding(nn.Module):
         return head_dim**-0.5
 
     @classmethod
+    def example_options(cls) -> dict:
+        """Options for short tests (L of a few dozen) that exercise every part of the
+        encoding; the defaults may be sized for real models (e.g. DCA's chunks) and reduce to
+        a simpler encoding at test lengths. The conformance suite uses them."""
+        return {}
+
+    def fast_attention(self, call) -> Tensor | None:
+        """An optional faster exact evaluation of this call for encodings with
+        ``needs_probabilities`` (``call``: an ``AttentionCall``), used by the chunked backend
+        instead of its generic probability path; None = use the generic path."""
+        return None
+
+    @classmethod
     def example_inputs(
         cls, batch: int, length_q: int, length_k: int, generator: torch.Generator
     ) -> dict[str, Tensor]:

@@ -115,8 +115,8 @@ class PiecewiseRoPE(RoPE):
 
     def fast_attention(self, call: AttentionCall) -> Tensor | None:
         """This call's attention through ``piecewise_sdpa_attention`` (the fused kernel) — the
-        same result as the engine's probability path, several times faster. Not yet called
-        by the backends: ``relpos.attention(..., backend="chunked")`` runs the generic path."""
+        same result as the engine's probability path, several times faster; the chunked
+        backend (and ``auto`` above the dense limit) calls it."""
         return piecewise_sdpa_attention(call)
 
     def pieces(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
