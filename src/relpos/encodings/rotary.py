@@ -125,28 +125,33 @@ class RoPE(Encoding):
             return super().rotate_qk(q, k, q_pos, k_pos)
         # One set of frequencies for queries and keys of the call: never mix bases.
         seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
-        self._check_head_dim(q, "q")
-        self._check_head_dim(k, "k")
-        q_cos, q_sin = self.cos_sin(q_pos, seq_len)
-        k_cos, k_sin = self.cos_sin(k_pos, seq_len)
-        return (
-            rotate_pairs(q, q_cos, q_sin, self.layout),
-            rotate_pairs(k, k_cos, k_sin, self.layout),
-        )
+        self._check_qk(q, k)
+        return self._rotate_at(q, q_pos, seq_len), self._rotate_at(k, k_pos, seq_len)
 
-    def _check_head_dim(self, x: Tensor, role: str) -> None:
+    def _check_head_dim(self, x: Tensor, role: str, what: str = "head_dim") -> None:
+        """``ValueError`` naming ``role`` unless the last dim of ``x`` is ``head_dim``."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(
-                f"{role} has head_dim {x.shape[-1]} but the encoding was created with "
+                f"{role} has {what} {x.shape[-1]} but the encoding was created with "
                 f"head_dim={self.head_dim}"
             )
+
+    def _check_qk(self, q: Tensor, k: Tensor) -> None:
+        self._check_head_dim(q, "q")
+        self._check_head_dim(k, "k")
+
+    def _rotate_at(
+        self, x: Tensor, pos: Tensor, seq_len: int | None = None, *, inverse: bool = False
+    ) -> Tensor:
+        """``x`` rotated by ``R(pos)`` (``R(pos)^T`` with ``inverse``), ``cos_sin``'s angles."""
+        cos, sin = self.cos_sin(pos, seq_len)
+        return rotate_pairs(x, cos, -sin if inverse else sin, self.layout)
 
     def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
         if role not in ("q", "k"):
             return x
         self._check_head_dim(x, role)
-        cos, sin = self.cos_sin(pos)
-        return rotate_pairs(x, cos, sin, self.layout)
+        return self._rotate_at(x, pos)
 
     def extra_repr(self) -> str:
         return (
@@ -190,17 +195,21 @@ class XPos(RoPE):
         zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
         self.register_buffer("zeta", zeta.float(), persistent=False)
 
+    def _envelope(self, pos: Tensor, center: Tensor, sign: float) -> Tensor:
+        """The per-pair factor ``zeta^(sign (pos - center) / B)``: ``(B|1, 1, L, r/2)``
+        float32 (``sign`` +1 for queries, -1 for keys)."""
+        rel = (pos.to(torch.float64) - center)[:, None, :, None] * (sign / self.scale_base)
+        return torch.pow(self.zeta.to(torch.float64), rel).to(torch.float32)
+
     def _scaled(self, x: Tensor, pos: Tensor, center: Tensor, sign: float) -> Tensor:
         cos, sin = self.cos_sin(pos)
-        rel = (pos.to(torch.float64) - center)[:, None, :, None] * (sign / self.scale_base)
-        scale = torch.pow(self.zeta.to(torch.float64), rel).to(torch.float32)
+        scale = self._envelope(pos, center, sign)
         return rotate_pairs(x, cos * scale, sin * scale, self.layout)
 
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> tuple[Tensor, Tensor]:
-        self._check_head_dim(q, "q")
-        self._check_head_dim(k, "k")
+        self._check_qk(q, k)
         center = (k_pos.min().to(torch.float64) + k_pos.max().to(torch.float64)) / 2
         center = torch.floor(center)
         return self._scaled(q, q_pos, center, 1.0), self._scaled(k, k_pos, center, -1.0)

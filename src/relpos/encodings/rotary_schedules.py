@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from ..positions import as_span
 from ..registry import register
 from .base import BiasContext
-from .rotary import RoPE, rotate_pairs
+from .rotary import RoPE
 
 if TYPE_CHECKING:
     from ..attention.call import AttentionCall
@@ -120,8 +120,7 @@ class PiecewiseRoPE(RoPE):
         return piecewise_sdpa_attention(call)
 
     def pieces(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
-        self._check_head_dim(q, "q")
-        self._check_head_dim(k, "k")
+        self._check_qk(q, k)
         q = self.scale_queries(q, q_pos)
         seq_len = None
         if self.length_dependent:
@@ -131,8 +130,7 @@ class PiecewiseRoPE(RoPE):
         def rot(x: Tensor, pos: Tensor) -> Tensor:
             key = (id(x), id(pos))
             if key not in rotated:
-                cos, sin = self.cos_sin(pos, seq_len)
-                rotated[key] = rotate_pairs(x, cos, sin, self.layout)
+                rotated[key] = self._rotate_at(x, pos, seq_len)
             return rotated[key]
 
         return [(rot(q, qp), rot(k, kp)) for qp, kp in self.piece_positions(q_pos, k_pos)]

@@ -65,13 +65,6 @@ def inverse_softplus(y: float) -> float:
     return y + math.log(-math.expm1(-y))
 
 
-def _check_dim(x: Tensor, expected: int, role: str, what: str = "head_dim") -> None:
-    if x.shape[-1] != expected:
-        raise ValueError(
-            f"{role} has {what} {x.shape[-1]} but the encoding was created with head_dim={expected}"
-        )
-
-
 # --------------------------------------------------------------------------- frequency variants
 
 
@@ -278,9 +271,8 @@ class RoVE(RoPE):
             return super().rotate(x, pos, role)
         if role not in ("v", "o"):
             return x
-        _check_dim(x, self.head_dim, "v" if role == "v" else "the output", "value head_dim")
-        cos, sin = self.cos_sin(pos)
-        return rotate_pairs(x, cos, sin if role == "v" else -sin, self.layout)
+        self._check_head_dim(x, "v" if role == "v" else "the output", "value head_dim")
+        return self._rotate_at(x, pos, inverse=role == "o")
 
 
 # --------------------------------------------------------------------------- head-wise variants
@@ -313,8 +305,7 @@ class HeadwiseRoPE(RoPE):
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> tuple[Tensor, Tensor]:
-        self._check_head_dim(q, "q")
-        self._check_head_dim(k, "k")
+        self._check_qk(q, k)
         params = self.head_params(k.shape[1])
         return (
             super().rotate(self.transform(q, "q", params), q_pos, "q"),
@@ -519,8 +510,7 @@ class CARoPE(RoPE):
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> tuple[Tensor, Tensor]:
-        self._check_head_dim(q, "q")
-        self._check_head_dim(k, "k")
+        self._check_qk(q, k)
         if q.shape[2] > k.shape[2]:
             raise ValueError(
                 f"carope gives each query the phase of its own token, the key at index "
@@ -596,11 +586,10 @@ class HyperbolicRoPE(XPos):
         """``kappa (r/2,)``: the decay rate of each pair's envelope per unit distance."""
         return self.log_rate.exp()
 
-    def _scaled(self, x: Tensor, pos: Tensor, center: Tensor, sign: float) -> Tensor:
-        cos, sin = self.cos_sin(pos)
+    def _envelope(self, pos: Tensor, center: Tensor, sign: float) -> Tensor:
+        """``e^(-sign kappa (pos - center))`` in place of xPos's ``zeta^(sign (pos - c) / B)``."""
         rel = (pos.to(torch.float64) - center)[:, None, :, None]
-        scale = torch.exp(-sign * rel * self.rates.to(torch.float64)).to(torch.float32)
-        return rotate_pairs(x, cos * scale, sin * scale, self.layout)
+        return torch.exp(-sign * rel * self.rates.to(torch.float64)).to(torch.float32)
 
     def extra_repr(self) -> str:
         return RoPE.extra_repr(self)
