@@ -45,6 +45,8 @@ __all__ = [
     "skew",
     "skew_unmasked",
     "trilinear_scores",
+    "gather_rows",
+    "weighted_rows",
     "RelativeEmbeddingTable",
     "TableContext",
     "ShawRelative",
@@ -145,9 +147,10 @@ class TableContext(BiasContext):
     row0: int = 0
 
 
-def _lookup(t: Tensor, b: Tensor, h: Tensor, x: Tensor, rows: Tensor) -> Tensor:
+def gather_rows(t: Tensor, b: Tensor, h: Tensor, x: Tensor, rows: Tensor) -> Tensor:
     """``t[b, h, x, rows]`` for a per-call product ``t (B, H', L, R)`` (``q @ a^T`` with ``x``
-    the query grid, ``k @ a^T`` with ``x`` the key grid).
+    the query grid, ``k @ a^T`` with ``x`` the key grid), at the index grids of ``bias``
+    (``b, h, x`` and ``rows`` broadcast to the output shape).
 
     On the backends' ``(B, H, T, S)`` grids this is one ``gather`` along R (plain advanced
     indexing would first build a ``(B, H, T, S)`` linear index from all four); other index
@@ -166,6 +169,18 @@ def _lookup(t: Tensor, b: Tensor, h: Tensor, x: Tensor, rows: Tensor) -> Tensor:
         index = rows.expand(shape).transpose(-1, -2)
         return torch.gather(per_key, -1, index).transpose(-1, -2)
     return t[b, h, x, rows]
+
+
+def weighted_rows(p: Tensor, rows: Tensor, table: Tensor) -> Tensor:
+    """``sum_j p_ij table[rows_ij]``: the value term of a relative-embedding table.
+
+    ``p (..., T, S)`` (attention weights of a query block), ``rows`` table rows broadcastable
+    to ``p``, ``table (..., R, Dv)``; ``p`` is scatter-added into ``R`` row buckets
+    ``(..., T, R)``, then one matmul: O(T S + T R Dv), never ``(T, S, Dv)``.
+    """
+    buckets = p.new_zeros(*p.shape[:-1], table.shape[-2])
+    buckets.scatter_add_(-1, rows.expand(p.shape), p)
+    return torch.matmul(buckets, table)
 
 
 def _window(value: object, name: str) -> tuple[int, int]:
@@ -317,10 +332,10 @@ class RelativeEmbeddingTable(Encoding):
         rows, inside = self._rows(ctx, b, i, j)
         out: Tensor | None = None
         if "query" in self.terms:
-            out = _lookup(ctx.extra["qr"], b, h, i, rows)
+            out = gather_rows(ctx.extra["qr"], b, h, i, rows)
         if "key" in self.terms:
             kr = ctx.extra["kr"]
-            term = _lookup(kr, b, h // (self.num_heads // kr.shape[1]), j, rows)
+            term = gather_rows(kr, b, h // (self.num_heads // kr.shape[1]), j, rows)
             out = term if out is None else out + term
         if "trilinear" in self.terms:
             q, k = ctx.extra["q"], ctx.extra["k"]
@@ -346,10 +361,7 @@ class RelativeEmbeddingTable(Encoding):
         rows, inside = self._rows(ctx, b, i, j)
         if inside is not None:
             p = p * inside
-        av = ctx.extra["av"]
-        buckets = p.new_zeros(*p.shape[:-1], av.shape[-2])
-        buckets.scatter_add_(-1, rows.expand(p.shape), p)
-        return torch.matmul(buckets, av)
+        return weighted_rows(p, rows, ctx.extra["av"])
 
     def extra_repr(self) -> str:
         return (

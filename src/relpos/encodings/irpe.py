@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from ..registry import register
 from .base import BiasContext, Encoding
-from .contextual import _lookup
+from .contextual import gather_rows, weighted_rows
 from .spatial import swin_window_coordinates
 
 __all__ = [
@@ -439,11 +439,11 @@ class IRPE(Encoding):
                 if self.mode == "bias":
                     term = t.table[self._head(h, t.table), ids]
                 elif role == "k":
-                    term = _lookup(ctx.extra[f"k{n}"], b, h, i, ids) * ctx.scale
+                    term = gather_rows(ctx.extra[f"k{n}"], b, h, i, ids) * ctx.scale
                 else:
                     kw = ctx.extra[f"q{n}"]
                     hk = h // (self.num_heads // kw.shape[1])
-                    term = _lookup(kw, b, hk, j, ids) * ctx.scale
+                    term = gather_rows(kw, b, hk, j, ids) * ctx.scale
                 out = term if out is None else out + term
         assert out is not None
         return out
@@ -458,9 +458,7 @@ class IRPE(Encoding):
         out: Tensor | None = None
         for t in self.tables("v"):
             ids = self.bucket(dr, dc, t.method, extra)
-            counts = p.new_zeros(*p.shape[:-1], self.num_buckets)
-            counts.scatter_add_(-1, ids.expand(p.shape), p)
-            term = torch.matmul(counts, t.table.to(p.dtype))
+            term = weighted_rows(p, ids, t.table.to(p.dtype))
             out = term if out is None else out + term
         assert out is not None
         return out
