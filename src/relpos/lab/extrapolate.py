@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
-from ..io import atomic_write
+from . import report
 from .perplexity import (  # noqa: F401  (re-exported: the public evaluation API)
     EVAL_BATCH_TOKENS,
     MODES,
@@ -167,34 +167,10 @@ def eval_budget(profile: Profile, n_tokens: int, lengths: Sequence[int], train_l
     return budgets, starts
 
 
-def _is_run_folder(path: Path) -> bool:
-    try:
-        data = json.loads((path / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == RUN_KIND
-
-
 def check_out_dir(out_dir: Path, *, resume: bool, force: bool) -> bool:
     """Validate the output folder; returns True when ``force`` will clear an old run."""
-    if resume and force:
-        raise ValueError("--resume and --force exclude each other (continue or start over?)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} exists and is not a folder")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return False
-    if not _is_run_folder(out_dir):
-        raise ValueError(
-            f"--out {out_dir} is not empty and holds no relpos run ({RUN_FILE} missing); "
-            "choose another --out (--force only replaces relpos runs)"
-        )
-    if force:
-        return True
-    if resume:
-        return False
-    raise ValueError(
-        f"--out {out_dir} already holds a run; pass --resume to continue it or --force to "
-        "replace it"
+    return report.check_run_folder(
+        out_dir, resume=resume, force=force, run_file=RUN_FILE, run_kind=RUN_KIND, what="relpos run"
     )
 
 
@@ -326,11 +302,6 @@ def family(name: str) -> str:
     return registry.encoding_class(name).family
 
 
-def _atomic_write_json(path: Path, data: Any) -> None:
-    text = json.dumps(data, indent=2) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-
-
 def start_run(plan: EvalPlan, meta: dict[str, Any]) -> None:
     """The first write of a run: clear an old run (``--force``), then write ``run.json``."""
     if plan.clear:
@@ -351,7 +322,7 @@ def start_run(plan: EvalPlan, meta: dict[str, Any]) -> None:
             record["encodings"] = list(dict.fromkeys(old.get("encodings", []) + plan.encodings))
         except (OSError, ValueError):
             pass
-    _atomic_write_json(path, record)
+    report.write_json_file(path, record)
 
 
 def corpus_key(corpus: Any) -> dict[str, Any]:
@@ -429,7 +400,7 @@ def run_plan(
             f"    loss {result.final_loss:.3f}, {result.tokens_per_second:,.0f} tok/s; "
             f"{plan.modes[0]} ppl {ppl}  (eval {time.perf_counter() - t0:.0f} s)"
         )
-        _atomic_write_json(folder / EVAL_FILE, {"key": key, "rows": enc_rows})
+        report.write_json_file(folder / EVAL_FILE, {"key": key, "rows": enc_rows})
         rows.extend(enc_rows)
         del model, result
     return rows

@@ -51,8 +51,6 @@ length), ``longctx.png`` (accuracy and perplexity vs length), ``report.md``.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -291,34 +289,15 @@ class LongctxPlan:
         return 10.0 + cost * passes * per_method
 
 
-def _is_run_folder(path: Path) -> bool:
-    try:
-        data = json.loads((path / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == RUN_KIND
-
-
 def check_out_dir(out_dir: Path, *, resume: bool, force: bool) -> bool:
     """Validate ``--out``; returns True when ``--force`` will clear an old run."""
-    if resume and force:
-        raise ValueError("--resume and --force exclude each other (continue or start over?)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} exists and is not a folder")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return False
-    if not _is_run_folder(out_dir):
-        raise ValueError(
-            f"--out {out_dir} is not empty and holds no relpos longctx run ({RUN_FILE} "
-            "missing); choose another --out (--force only replaces relpos longctx runs)"
-        )
-    if force:
-        return True
-    if resume:
-        return False
-    raise ValueError(
-        f"--out {out_dir} already holds a run; pass --resume to continue it or --force to "
-        "replace it"
+    return report.check_run_folder(
+        out_dir,
+        resume=resume,
+        force=force,
+        run_file=RUN_FILE,
+        run_kind=RUN_KIND,
+        what="relpos longctx run",
     )
 
 
@@ -555,7 +534,7 @@ def start_run(plan: LongctxPlan, meta: dict[str, Any]) -> RunState:
             pass
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     record = {"kind": RUN_KIND, "settings": plan.settings(), **meta}
-    report._write_text(plan.out_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
+    report.write_json_file(plan.out_dir / RUN_FILE, record)
     return state
 
 
@@ -672,13 +651,7 @@ def print_table(rows: Sequence[dict[str, Any]], trained: int | None = None, file
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    buf = io.StringIO()
-    columns = list(CSV_COLUMNS) + sorted({k for r in rows for k in r} - set(CSV_COLUMNS))
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: r.get(k, "") for k in columns})
-    report._write_text(path, buf.getvalue())
+    report.write_csv(path, rows, CSV_COLUMNS)
 
 
 def plot(path: Path, rows: Sequence[dict[str, Any]], trained: int | None = None) -> None:
@@ -808,7 +781,7 @@ def write_outputs(
         "md": out_dir / "report.md",
     }
     data = {"meta": meta, "rows": state.rows, "trials": state.trials}
-    report._write_text(paths["json"], json.dumps(data, indent=2) + "\n")
+    report.write_json_file(paths["json"], data)
     write_csv(paths["csv"], state.rows)
     if final:
         trained = meta.get("model", {}).get("max_position_embeddings")

@@ -68,6 +68,50 @@ def _write_text(path: Path, text: str) -> None:
     atomic_write(path, write)
 
 
+def write_json_file(path: Path, data: Any) -> None:
+    """``data`` as indented JSON (2 spaces, final newline), written atomically."""
+    _write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------ run folders
+
+
+def is_run_folder(path: Path, run_file: str, run_kind: str) -> bool:
+    """Whether ``path / run_file`` is a JSON object with ``"kind": run_kind``."""
+    try:
+        data = json.loads((path / run_file).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == run_kind
+
+
+def check_run_folder(
+    out_dir: Path, *, resume: bool, force: bool, run_file: str, run_kind: str, what: str
+) -> bool:
+    """Validate a run's ``--out`` folder (raises ``ValueError``); returns True when ``--force``
+    will clear an old run. ``run_file`` / ``run_kind`` mark a folder as a run of this kind,
+    ``what`` names it in messages ("relpos run")."""
+    if resume and force:
+        raise ValueError("--resume and --force exclude each other (continue or start over?)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return False
+    if not is_run_folder(out_dir, run_file, run_kind):
+        raise ValueError(
+            f"--out {out_dir} is not empty and holds no {what} ({run_file} missing); "
+            f"choose another --out (--force only replaces {what}s)"
+        )
+    if force:
+        return True
+    if resume:
+        return False
+    raise ValueError(
+        f"--out {out_dir} already holds a run; pass --resume to continue it or --force to "
+        "replace it"
+    )
+
+
 # ------------------------------------------------------------------------------ metadata
 
 
@@ -196,9 +240,13 @@ def print_table(rows: Sequence[dict[str, Any]], file: Any = None) -> None:
 # ------------------------------------------------------------------------------ files
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+def write_csv(
+    path: Path, rows: Sequence[dict[str, Any]], first_columns: Sequence[str] = CSV_COLUMNS
+) -> None:
+    """``rows`` as CSV: ``first_columns`` in order, then any other keys sorted; missing
+    cells empty."""
     buf = io.StringIO()
-    columns = list(CSV_COLUMNS) + sorted({k for r in rows for k in r} - set(CSV_COLUMNS))
+    columns = list(first_columns) + sorted({k for r in rows for k in r} - set(first_columns))
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in rows:
@@ -207,7 +255,7 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def write_json(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
-    _write_text(path, json.dumps({"meta": meta, "rows": list(rows)}, indent=2) + "\n")
+    write_json_file(path, {"meta": meta, "rows": list(rows)})
 
 
 def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
