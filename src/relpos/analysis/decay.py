@@ -52,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -208,6 +208,30 @@ def _random_qk(
             yield q, k - w
 
 
+class _Draws(NamedTuple):
+    enc: Encoding
+    max_distance: int
+    q_pos: Tensor
+    k_pos: Tensor
+    qk: Iterator[tuple[Tensor, Tensor]]  # lazy: ``_random_qk``
+    count: int  # draws x heads: the divisor of the summed scores
+
+
+def _draws(
+    encoding: Encoding, max_distance: int, samples: int, key_correlation: float, seed: int
+) -> _Draws:
+    """The checked arguments of the Monte-Carlo means, the query / key positions (query at
+    ``N``, keys at ``0..N``) and the random ``(q, k)`` batches."""
+    enc = _check_encoding(encoding)
+    max_distance = check_int(max_distance, "max_distance")
+    samples = check_int(samples, "samples")
+    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
+    h, d = enc.num_heads, enc.head_dim
+    q_pos, k_pos = _key_positions(max_distance)
+    qk = _random_qk(samples, h, d, max_distance + 1, rho, seed)
+    return _Draws(enc, max_distance, q_pos, k_pos, qk, sample_count(samples, d, rho) * h)
+
+
 def expected_scores(
     encoding: Encoding,
     max_distance: int,
@@ -218,17 +242,14 @@ def expected_scores(
 ) -> Tensor:
     """Monte-Carlo ``E <R(N) q, R(N - r) k>`` for ``r = 0..N = max_distance``, float64,
     averaged over heads (rotary part only, unscaled; see the module docstring)."""
-    enc = _check_encoding(encoding)
-    max_distance = check_int(max_distance, "max_distance")
-    samples = check_int(samples, "samples")
-    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
-    h, d = enc.num_heads, enc.head_dim
-    q_pos, k_pos = _key_positions(max_distance)
+    enc, max_distance, q_pos, k_pos, draws, count = _draws(
+        encoding, max_distance, samples, key_correlation, seed
+    )
     total = torch.zeros(max_distance + 1, dtype=torch.float64)
-    for q, k in _random_qk(samples, h, d, max_distance + 1, rho, seed):
+    for q, k in draws:
         qr, kr = _rotate(enc, q, k, q_pos, k_pos)
         total += (qr.double() * kr.double()).sum(-1).sum(dim=(0, 1))
-    return total.flip(0) / (sample_count(samples, d, rho) * h)
+    return total.flip(0) / count
 
 
 def expected_logits(
@@ -243,15 +264,12 @@ def expected_logits(
     (default scale and additive biases included), float64 ``(r,)``, averaged over heads."""
     from ..attention import scores
 
-    enc = _check_encoding(encoding)
-    max_distance = check_int(max_distance, "max_distance")
-    samples = check_int(samples, "samples")
-    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
-    h, d = enc.num_heads, enc.head_dim
-    q_pos, k_pos = _key_positions(max_distance)
+    enc, max_distance, q_pos, k_pos, draws, count = _draws(
+        encoding, max_distance, samples, key_correlation, seed
+    )
     total = torch.zeros(max_distance + 1, dtype=torch.float64)
     gen = torch.Generator().manual_seed(seed + 1)
-    for q, k in _random_qk(samples, h, d, max_distance + 1, rho, seed):
+    for q, k in draws:
         kw: dict[str, Any] = {}
         inputs = enc.example_inputs(q.shape[0], 1, max_distance + 1, gen)
         if inputs:  # encodings that read per-call inputs get valid random ones
@@ -261,7 +279,7 @@ def expected_logits(
                 q, k, enc, q_pos=_positions(enc, q_pos), k_pos=_positions(enc, k_pos), **kw
             )
         total += logits.double()[:, :, 0].sum(dim=(0, 1))
-    return total.flip(0) / (sample_count(samples, d, rho) * h)
+    return total.flip(0) / count
 
 
 @dataclass(frozen=True)
