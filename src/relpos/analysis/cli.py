@@ -71,6 +71,16 @@ def _encodings(value: str, num_heads: int, head_dim: int) -> list[Any]:
     return out
 
 
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """``--samples``, ``--key-correlation`` and ``--seed`` of the Monte-Carlo modes (checked in
+    that order), as the keyword arguments ``decay_curves`` and ``encoding_resolution`` take."""
+    return {
+        "samples": _int(args.samples, "--samples"),
+        "key_correlation": _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0),
+        "seed": _int(args.seed, "--seed", minimum=0),
+    }
+
+
 def _scaling(value: str) -> dict[str, Any]:
     try:
         scaling = json.loads(value)
@@ -144,16 +154,11 @@ def _decay(args: argparse.Namespace) -> int:
     head_dim = _int(args.head_dim, "--head-dim", minimum=2)
     num_heads = _int(args.num_heads, "--num-heads")
     max_distance = _int(args.max_distance, "--max-distance")
-    samples = _int(args.samples, "--samples")
-    rho = _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0)
-    seed = _int(args.seed, "--seed", minimum=0)
+    sampling = _sampling(args)
     out = _out_dir(args.out)
     encodings = _encodings(args.encodings, num_heads, head_dim)
 
-    curves = [
-        decay_curves(enc, max_distance, samples=samples, key_correlation=rho, seed=seed)
-        for enc in encodings
-    ]
+    curves = [decay_curves(enc, max_distance, **sampling) for enc in encodings]
     _write(
         out,
         "decay",
@@ -234,16 +239,11 @@ def _resolution(args: argparse.Namespace) -> int:
     head_dim = _int(args.head_dim, "--head-dim", minimum=2)
     num_heads = _int(args.num_heads, "--num-heads")
     lengths = sorted(set(_int_list(args.lengths, "--lengths", minimum=2)))
-    samples = _int(args.samples, "--samples")
-    rho = _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0)
-    seed = _int(args.seed, "--seed", minimum=0)
+    sampling = _sampling(args)
     out = _out_dir(args.out)
     encodings = _encodings(args.encodings, num_heads, head_dim)
 
-    results = [
-        encoding_resolution(enc, lengths, samples=samples, key_correlation=rho, seed=seed)
-        for enc in encodings
-    ]
+    results = [encoding_resolution(enc, lengths, **sampling) for enc in encodings]
     _write(
         out,
         "resolution",
