@@ -43,9 +43,32 @@ def lift_positions(enc: relpos.Encoding, pos):
     return out[None] if pos.dim() == 1 else out
 
 
+def in_table(enc: relpos.Encoding, pos):
+    """Integer test positions reduced into the encoding's learned table (``pos %
+    max_positions``; unchanged without a table or for float positions). Window encodings
+    (Swin, MViTv2: a table per window of a few positions per axis) get repeated coordinates,
+    which they accept; the test lengths stay the same for every encoding."""
+    if enc.max_positions is None or not isinstance(pos, torch.Tensor):
+        return pos
+    if pos.is_floating_point() or pos.dtype == torch.bool:
+        return pos
+    return pos % enc.max_positions
+
+
+def table_holds(enc: relpos.Encoding, length: int) -> bool:
+    """Whether the default positions ``0..length-1`` fit the encoding's learned table."""
+    return enc.max_positions is None or length <= enc.max_positions
+
+
 def _adapt(enc, q, k, kw: dict) -> dict:
     if not isinstance(enc, relpos.Encoding):
         return kw
+    lk = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() == 4 else None
+    if lk is not None and not table_holds(enc, lk) and kw.get("k_pos") is None:
+        # default positions would leave the table: the same ones, reduced into it
+        kw["k_pos"] = in_table(enc, torch.arange(lk))
+        if kw.get("q_pos") is None and isinstance(q, torch.Tensor) and q.dim() == 4:
+            kw["q_pos"] = kw["k_pos"][lk - q.shape[-2] :]
     for n in ("q_pos", "k_pos"):
         if kw.get(n) is not None:
             kw[n] = lift_positions(enc, kw[n])
@@ -158,6 +181,9 @@ def build_inputs(case: Case, enc: relpos.Encoding, seed: int = 0, dtype=torch.fl
         steps = 0.25 + torch.rand(B, case.lk, generator=gen, dtype=torch.float64)
         kp = steps.cumsum(1).to(dtype)
         kw["k_pos"], kw["q_pos"] = kp, kp[:, case.lk - case.lq :]
+    for n in ("q_pos", "k_pos"):
+        if n in kw:
+            kw[n] = in_table(enc, kw[n])
     if case.mask:
         m = torch.rand(B, 1, 1, case.lk, generator=gen) > 0.3
         m[..., 0] = True  # every query row keeps a key (no all-masked rows, even causal)

@@ -11,14 +11,13 @@ import torch
 from relpos.attention import api
 from relpos.attention.call import AttentionCall, prepare_call
 
-from .common import D, H, assert_close_rel, attention, make_encoding
+from .common import D, H, assert_close_rel, attention, in_table, lift_positions, make_encoding
 
 
 def large_shape(enc) -> tuple[int, int]:
-    """``(B, L)`` with ``B * H * L * L`` just above the limit, L inside any learned table."""
+    """``(B, L)`` with ``B * H * L * L`` just above the limit (positions are reduced into a
+    learned table shorter than L: ``common.in_table``)."""
     length = math.isqrt(api.DENSE_BIAS_LIMIT // H) + 8
-    if enc.max_positions is not None:
-        length = min(length, enc.max_positions)
     batch = api.DENSE_BIAS_LIMIT // (H * length * length) + 1
     assert batch * H * length * length > api.DENSE_BIAS_LIMIT
     return batch, length
@@ -27,8 +26,9 @@ def large_shape(enc) -> tuple[int, int]:
 def _call(enc, batch: int, length: int, causal: bool = True) -> AttentionCall:
     q = torch.randn(batch, H, length, D)
     inputs = enc.example_inputs(batch, length, length, torch.Generator().manual_seed(0))
+    pos = lift_positions(enc, in_table(enc, torch.arange(length)))
     return prepare_call(
-        q, q, q, enc, q_pos=None, k_pos=None, causal=causal, mask=None, scale=None, inputs=inputs
+        q, q, q, enc, q_pos=pos, k_pos=pos, causal=causal, mask=None, scale=None, inputs=inputs
     )
 
 

@@ -8,7 +8,7 @@ import torch
 
 import relpos
 
-from .common import ENCODINGS, B, D, H, attention, make_encoding, scores
+from .common import ENCODINGS, B, D, H, attention, lift_positions, make_encoding, scores
 
 L = 12
 CALLS = ["attention", "scores"]
@@ -215,4 +215,5 @@ def test_model_past_learned_table(name):
     model = relpos.nn.TransformerLM(50, dim=H * D, depth=1, num_heads=H, encoding=name)
     toks = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="max_positions"):
-        model(toks, pos=torch.arange(enc.max_positions - 2, enc.max_positions + 2)[None])
+        pos = torch.arange(enc.max_positions - 2, enc.max_positions + 2)[None]
+        model(toks, pos=lift_positions(enc, pos))

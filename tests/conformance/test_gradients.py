@@ -13,7 +13,15 @@ import torch.nn.functional as F
 
 import relpos
 
-from .common import Case, attention, build_inputs, encoding_params, make_encoding, model_inputs
+from .common import (
+    Case,
+    attention,
+    build_inputs,
+    encoding_params,
+    make_encoding,
+    model_inputs,
+    table_holds,
+)
 
 
 def assert_gradients_reach(named_params, what: str) -> None:
@@ -65,6 +73,8 @@ def test_gradients_reach_parameters_through_chunked(name, causal, pos):
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "per-layer"])
 def test_gradients_reach_parameters_through_model(name, share):
+    if not table_holds(make_encoding(name), 48):
+        pytest.skip("the learned table holds fewer positions than the test sequence")
     torch.manual_seed(0)
     model = relpos.nn.TransformerLM(
         50, dim=32, depth=2, num_heads=4, encoding=name, share_encoding=share

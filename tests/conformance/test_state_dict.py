@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 import relpos
 
-from .common import B, D, H, attention, make_encoding, model_inputs, scores
+from .common import B, D, H, attention, in_table, make_encoding, model_inputs, scores, table_holds
 
 
 def _outputs(enc) -> list[torch.Tensor]:
@@ -16,7 +17,7 @@ def _outputs(enc) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, 24, D, generator=gen)
     k = torch.randn(B, H, 24, D, generator=gen)
-    pos = torch.arange(24)
+    pos = in_table(enc, torch.arange(24))
     outs = [
         scores(q, k, enc, q_pos=pos, k_pos=pos),
         attention(q, k, k, enc, causal=True, backend="eager"),
@@ -52,6 +53,8 @@ def test_state_dict_round_trip(name):
 
 @torch.no_grad()
 def test_model_state_dict_round_trip(name):
+    if not table_holds(make_encoding(name), 20):
+        pytest.skip("the learned table holds fewer positions than the test sequence")
     torch.manual_seed(0)
     src = relpos.nn.TransformerLM(50, dim=32, depth=2, num_heads=4, encoding=name).eval()
     torch.manual_seed(1)
