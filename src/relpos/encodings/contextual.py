@@ -227,7 +227,7 @@ class RelativeEmbeddingTable(Encoding):
     ``(rows, D)`` shared by the heads, or ``(H, rows, D)`` per head.
     """
 
-    family = "bias"
+    family = "contextual"
     has_bias = True
     relative = True
     terms: ClassVar[tuple[str, ...]] = ("query",)

@@ -195,7 +195,7 @@ class RelativeTableAttention(Encoding):
     group).
     """
 
-    family = "bias"
+    family = "contextual"
     has_bias = True
     relative = True
 

@@ -385,6 +385,8 @@ class DocPolarBERT(BoxEncoding):
       arithmetic and is not part of the encoding.
     """
 
+    family = "contextual"
+
     paper = "Uthayasooriyar et al. 2025 (DocPolarBERT)"
 
     def __init__(

@@ -283,7 +283,7 @@ class IRPE(Encoding):
     """
 
     paper = "Wu et al. 2021 (iRPE)"
-    family = "bias"
+    family = "contextual"
     dims = 2
     relative = True
     has_bias = True  # per instance: False when rpe_on is "v" alone
@@ -479,6 +479,7 @@ class IRPEBias(IRPE):
         "\n    default (``shared_head=False``); the official ``get_rpe_config`` defaults to a"
         "\n    shared one: pass ``shared_head=True`` for that.\n"
     )
+    family = "bias"
     default_mode = "bias"
     default_shared_head = False
 

@@ -410,6 +410,8 @@ class _MViTv2(GridEncoding):
     interpolation of ``R_a`` for a new input size.
     """
 
+    family = "contextual"
+
     paper = "Li et al. 2022 (MViTv2)"
     default_size: ClassVar[tuple[int, ...]] = ()
     axis_names: ClassVar[tuple[str, ...]] = ()
