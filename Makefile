@@ -71,3 +71,5 @@ bench: venv
 	$(PY) benchmarks/bench_bias_forward.py --json runs/bench/bias_forward.json
 	$(PY) benchmarks/bench_bias_train.py --json runs/bench/bias_train.json
 	$(PY) benchmarks/bench_rope.py --json runs/bench/rope.json
+	$(PY) benchmarks/bench_shaw.py --json runs/bench/shaw.json
+	$(PY) benchmarks/bench_deberta.py --json runs/bench/deberta.json
