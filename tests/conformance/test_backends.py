@@ -19,6 +19,7 @@ from relpos.attention.call import prepare_call
 
 from .common import (
     ENCODINGS,
+    RTOL,
     Case,
     assert_close_rel,
     attention,
@@ -66,10 +67,11 @@ def compare(enc, out, grads, ref_out, ref_grads, what: str) -> None:
     names = [n for n, _ in encoding_params(enc)]
     if names:
         # one tolerance for the encoding's parameters, relative to their largest gradient:
-        # some are ~0 in exact arithmetic (a per-head constant under softmax)
+        # some are ~0 in exact arithmetic (a per-head constant under softmax). Table entries
+        # (buckets) sum dS over up to L^2 pairs, in another order per backend: 5 x RTOL.
         scale = max(float(g.abs().max()) for g in ref_grads[3:])
         for n, g, r in zip(names, grads[3:], ref_grads[3:], strict=True):
-            assert_close_rel(g, r, scale=scale, msg=f"{what}: grad of parameter {n}")
+            assert_close_rel(g, r, rtol=5 * RTOL, scale=scale, msg=f"{what}: grad of parameter {n}")
 
 
 # "chunked-small": the chunked backend with its block sizes shrunk (monkeypatched), so that
