@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from ..registry import register
 from .base import BiasContext, Encoding
-from .contextual import gather_rows, weighted_rows
+from .relative_table_ops import gather_rows, weighted_rows
 from .spatial import swin_window_coordinates
 
 __all__ = [

@@ -1,0 +1,83 @@
+"""Relative attention of the Music Transformer (Huang et al. 2018, arXiv 1809.04281).
+
+``music-transformer``: a learned table ``E_r`` of ``N`` relative positions read by the queries
+(zero beyond ``N``, causal by default). The paper's "skewing" is ``relative_table_ops.skew``;
+the class itself is a ``RelativeEmbeddingTable`` (``relative_table.py``).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..registry import register
+from .relative_table import RelativeEmbeddingTable, _positive_int
+
+__all__ = ["MusicTransformerRelative"]
+
+
+@register("music-transformer")
+class MusicTransformerRelative(RelativeEmbeddingTable):
+    """Relative attention of the Music Transformer (Huang et al. 2018, arXiv 1809.04281;
+    tensor2tensor ``dot_product_self_attention_relative_v2``).
+
+    ``logit_ij = (q_i . k_j + q_i . E_r[j - i + N - 1]) * scale`` for ``0 <= i - j < N``
+    (``N = max_relative_position`` rows ordered from relative position ``-(N - 1)`` to ``0``);
+    distances ``>= N`` read zero rows (t2t prepends zeros when ``L > N``: no clipping).
+    Causal: keys after the query have no embedding (their term is 0, and they are masked).
+    The paper computes ``S_rel`` by "skewing" ``Q E_r^T`` (``skew``), O(L D) memory instead of
+    Shaw's O(L^2 D). relpos's ``prepare`` computes the same ``Q E_r^T`` over the reachable rows
+    (``(B, H, Lq, R)``, ``R <= min(N, Lq + Lk - 1)``) and ``bias`` gathers
+    ``S_rel[i, j] = (Q E_r^T)[i, j - i + N - 1]``: the memory-efficient equivalent of skewing
+    (equal to it, tested), which also serves query tiles, KV-cache steps and arbitrary positions.
+
+    Args:
+        max_relative_position: ``N``, rows of ``E_r`` (t2t's name; the paper trains on 2048
+            tokens).
+        values: ``add_relative_to_values``: also ``z_i += sum_j p_ij E_v[j - i + N - 1]`` with
+            a second table (t2t default: off).
+        heads_share: t2t ``heads_share_relative_embedding`` (default False: ``(H, N, D)``).
+        bidirectional: the unmasked variant (``dot_product_unmasked_self_attention_relative_v2``):
+            ``2N - 1`` rows for relative positions ``-(N - 1) .. N - 1``, zero beyond; then not
+            causal-only.
+
+    Init ``N(0, D^-0.5)`` (t2t ``get_relative_embeddings_left``: stddev ``depth ** -0.5``).
+    """
+
+    paper = "Huang et al. 2018 (Music Transformer)"
+    causal_only = True
+    beyond = "zero"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_relative_position: int = 2048,
+        values: bool = False,
+        heads_share: bool = False,
+        bidirectional: bool = False,
+    ) -> None:
+        n = _positive_int(max_relative_position, "max_relative_position")
+        if not isinstance(bidirectional, bool):
+            raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
+        super().__init__(
+            num_heads, head_dim, left=n - 1, right=n - 1 if bidirectional else 0, values=values
+        )
+        self.max_relative_position = n
+        self.bidirectional = bidirectional
+        self.causal_only = not bidirectional  # type: ignore[misc]
+        self.heads_share = bool(heads_share)
+        std = head_dim**-0.5
+        self.key_table = self._new_table(not self.heads_share, "normal", std)
+        self.value_table = self._new_table(not self.heads_share, "normal", std) if values else None
+
+    def relation_table(self, role: str) -> Tensor:
+        table = self.key_table if role == "key" else self.value_table
+        assert table is not None
+        return table
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, heads_share={self.heads_share}, "
+            f"bidirectional={self.bidirectional}"
+        )

@@ -1,0 +1,111 @@
+"""Shaw's relation-aware self-attention and NEZHA's functional relative positions.
+
+* ``shaw``: Shaw, Uszkoreit, Vaswani 2018 (arXiv 1803.02155): learned relative key and value
+  embeddings ``w^K``, ``w^V`` indexed by ``clip(j - i, -k, k)``;
+* ``nezha``: Wei et al. 2019 (arXiv 1909.00204): the same keys and values read from a fixed
+  sinusoid table.
+
+Both are ``RelativeEmbeddingTable``s (``relative_table.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..functional import sinusoidal_table
+from ..registry import register
+from .relative_table import RelativeEmbeddingTable, _positive_int, _window
+
+__all__ = ["ShawRelative", "NezhaRelative"]
+
+
+@register("shaw")
+class ShawRelative(RelativeEmbeddingTable):
+    """Relation-aware self-attention (Shaw, Uszkoreit, Vaswani 2018, arXiv 1803.02155;
+    tensor2tensor ``dot_product_attention_relative``).
+
+    ``e_ij = q_i . (k_j + a^K_ij) * scale`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)`` with
+    ``a^K_ij = w^K[clip(j - i, -k, k) + k]``, ``a^V_ij = w^V[clip(j - i, -k, k) + k]``.
+
+    Args:
+        max_relative_position: the clipping distance ``k`` (paper: 16 for the main results;
+            t2t ``transformer_relative``: 20), or a ``(left, right)`` pair for an asymmetric
+            window (``clip(j - i, -left, right) + left``, Wav2Vec2-BERT's ``relative_key``).
+        values: add the relative value embeddings ``a^V`` (the paper's full method). ``False``
+            is keys only (HF ``relative_key``); it then runs on every backend.
+        heads_share: one table for all heads (the paper and t2t) or one per head.
+
+    Parameters ``key_table``, ``value_table``: ``(2k + 1, D)`` (``(H, 2k + 1, D)`` per head),
+    initialised ``U(-sqrt(3 / rows), sqrt(3 / rows))``: t2t's ``uniform_unit_scaling`` (gain 1)
+    of ``transformer_base`` for a ``[rows, D]`` variable.
+    """
+
+    paper = "Shaw et al. 2018 (relation-aware self-attention)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_relative_position: int | tuple[int, int] = 16,
+        values: bool = True,
+        heads_share: bool = True,
+    ) -> None:
+        left, right = _window(max_relative_position, "max_relative_position")
+        super().__init__(num_heads, head_dim, left=left, right=right, values=values)
+        self.heads_share = bool(heads_share)
+        bound = (3.0 / self.num_rows) ** 0.5
+        self.key_table = self._new_table(not self.heads_share, "uniform", bound)
+        self.value_table = (
+            self._new_table(not self.heads_share, "uniform", bound) if values else None
+        )
+
+    def relation_table(self, role: str) -> Tensor:
+        table = self.key_table if role == "key" else self.value_table
+        assert table is not None
+        return table
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, heads_share={self.heads_share}"
+
+
+@register("nezha")
+class NezhaRelative(RelativeEmbeddingTable):
+    """NEZHA functional relative positions (Wei et al. 2019, arXiv 1909.00204; huawei-noah
+    ``NEZHA-PyTorch/modeling_nezha.py``).
+
+    Shaw's keys and values with a fixed sinusoid table shared by keys, values and heads:
+    ``e_ij = (q_i . k_j + q_i . T[idx]) * scale``, ``z_i = sum_j p_ij (v_j + T[idx])``,
+    ``idx = clip(j - i, -K, K) + K`` and ``T[pos, 2m] = sin(pos / 10000^(2m / D))``,
+    ``T[pos, 2m + 1] = cos(...)``, evaluated at the shifted index ``pos = idx`` in ``0 .. 2K``
+    (the official code's choice, kept for checkpoint parity), not at the signed distance.
+    The official code tabulates 512 positions (so ``L <= 512``); relpos has no such limit.
+
+    Args:
+        max_relative_position: ``K`` (nezha-cn-base: 64).
+        values: add the value term (NEZHA does).
+
+    Buffer ``table (2K + 1, D)`` (not saved: it is a function of ``K`` and ``D``).
+    """
+
+    paper = "Wei et al. 2019 (NEZHA)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_relative_position: int = 64,
+        values: bool = True,
+    ) -> None:
+        k = _positive_int(max_relative_position, "max_relative_position")
+        super().__init__(num_heads, head_dim, left=k, right=k, values=values)
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even for NEZHA's sinusoid table, got {head_dim}")
+        self.max_relative_position = k
+        table = sinusoidal_table(torch.arange(self.num_rows), head_dim)
+        self.register_buffer("table", table, persistent=False)
+
+    def relation_table(self, role: str) -> Tensor:
+        return self.table
