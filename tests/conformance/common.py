@@ -20,6 +20,7 @@ import torch
 
 import relpos
 from relpos.registry import encoding_class
+from relpos.schedules import anchor_mask_mod
 
 ENCODINGS = relpos.available()
 
@@ -152,6 +153,7 @@ class Case:
     lk: int
     hkv: int = H
     mask: bool = False  # a random (B, 1, 1, Lk) bool padding mask
+    docs: bool = False  # a mask_mod: packed documents behind an anchor key (AnchorAttention)
     # "default" (None), "arange" (explicit), "offset" (arange from 400), "batch" (B, L),
     # "float" (B, L) floating-point
     pos: str = "default"
@@ -188,8 +190,18 @@ def build_inputs(case: Case, enc: relpos.Encoding, seed: int = 0, dtype=torch.fl
         m = torch.rand(B, 1, 1, case.lk, generator=gen) > 0.3
         m[..., 0] = True  # every query row keeps a key (no all-masked rows, even causal)
         kw["mask"] = m
+    if case.docs:
+        kw["mask_mod"] = anchor_mask_mod(random_documents(B, case.lk, gen), causal=False)
     kw = _adapt(enc, q, k, kw)
     return dict(q=q, k=k, v=v, **kw)
+
+
+def random_documents(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """Document ids ``(batch, length)``: key 0 is the anchor (id 0), then documents 1, 2, ...
+    of random lengths 1..12, different per batch row."""
+    starts = torch.rand(batch, length, generator=gen) < 0.15
+    starts[:, :2] = True
+    return (starts.long().cumsum(1) - 1).clamp(min=0)
 
 
 def encoding_params(enc: relpos.Encoding) -> list[tuple[str, torch.Tensor]]:

@@ -2,6 +2,7 @@
 
 Cases cover grouped-query attention, ``Lq != Lk`` (bottom-right causal alignment), a user
 bool padding mask, batch-specific positions, float positions (continuous encodings) and
+a ``mask_mod`` (packed documents behind an anchor key), and
 lengths above 256 so that the chunked backend runs more than one query block on both of its
 paths (Toeplitz for distance-only biases with arange positions, tiles for the rest). The
 ``chunked-small`` variant shrinks the chunked block sizes so the long cases run many blocks on
@@ -39,13 +40,15 @@ CASES = [
     Case("long-lq<lk", 270, 300, hkv=2, pos="offset"),  # explicit positions 400..699
     Case("long-batchpos-gqa", 300, 300, hkv=2, pos="batch"),  # tile path
     Case("long-mask-lq<lk", 280, 300, mask=True),  # tile path (user mask)
+    Case("docs-lq<lk", 20, 48, hkv=2, docs=True),  # mask_mod (packed documents)
+    Case("long-docs", 300, 300, pos="batch", docs=True),  # mask_mod per tile
 ]
 
 
 def run_backend(enc, inputs: dict, causal: bool, backend: str, need_grad: bool = True):
     """Output and gradients (q, k, v, encoding parameters) of a weighted-sum loss."""
     q, k, v = (inputs[n].detach().clone().requires_grad_(need_grad) for n in ("q", "k", "v"))
-    kw = {n: inputs[n] for n in ("q_pos", "k_pos", "mask", "inputs") if n in inputs}
+    kw = {n: inputs[n] for n in ("q_pos", "k_pos", "mask", "mask_mod", "inputs") if n in inputs}
     out = attention(q, k, v, enc, causal=causal, backend=backend, **kw)
     if not need_grad:
         return out.detach(), None

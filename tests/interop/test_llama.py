@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import relpos
 from relpos.nn import LlamaConfig, LlamaLM
@@ -97,29 +95,12 @@ def test_kv_cache_decoding_equals_the_full_forward_past_the_trained_length(scali
         torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
 
 
-class LargestAllocation(TorchDispatchMode):
-    """Records the largest storage (in elements) any aten op returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest, self.op = 0, ""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                size = t.untyped_storage().nbytes() // max(t.element_size(), 1)
-                if size > self.largest:
-                    self.largest, self.op = size, str(func)
-        return out
-
-
 @pytest.mark.parametrize(
     "scaling",
     [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}],
     ids=["plain", "linear", "dynamic"],
 )
-def test_no_length_squared_tensor_in_prefill_decoding_or_scoring(scaling):
+def test_no_length_squared_tensor_in_prefill_decoding_or_scoring(scaling, largest_allocation):
     """Rotary encodings go through SDPA's flash kernel, decoding computes the last logits
     only and ``token_nll`` chunks the LM head: nothing of L x L (or L x vocab) elements."""
     model = tiny(vocab_size=1024)
@@ -127,7 +108,7 @@ def test_no_length_squared_tensor_in_prefill_decoding_or_scoring(scaling):
         model.set_encoding("rope", scaling=scaling)
     L = 2048
     x = torch.randint(0, 1024, (1, L), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), LargestAllocation() as probe:
+    with torch.no_grad(), largest_allocation() as probe:
         model(x, last=1)
         model.generate(x, 2)
         model.token_nll(x, start=L - 300, chunk=64)

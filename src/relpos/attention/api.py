@@ -9,6 +9,8 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
   distance-only biases: 1.14-1.18x the no-bias SDPA time at L=4096, docs/benchmarks.md),
   ``flex`` on CUDA. It never builds an L x L bias above the limit.
+* a ``mask_mod`` (structured mask) follows the same size rule as a bias: evaluated densely
+  for ``sdpa`` when small, per query block (``chunked``) or as a block mask (``flex``) above.
 * encodings that change the weights themselves (``Encoding.needs_probabilities``: value
   terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from ..encodings.base import Encoding
-from .call import AttentionCall, prepare_call
+from .call import AttentionCall, MaskMod, prepare_call
 from .chunked import chunked_attention
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
@@ -50,7 +52,7 @@ def choose_backend(call: AttentionCall) -> str:
     small = B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT
     if call.needs_probabilities:
         return "eager" if small else "chunked"
-    if not call.has_bias:
+    if not call.has_bias and (call.mask_mod is None or small):
         return "sdpa"
     if small:
         return "sdpa"
@@ -72,6 +74,7 @@ def attention(
     scale: float | None = None,
     backend: str = "auto",
     inputs: dict[str, Tensor] | None = None,
+    mask_mod: MaskMod | None = None,
     _rotated: bool = False,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
@@ -85,6 +88,14 @@ def attention(
         causal: mask keys after each query, aligned bottom-right (query ``i`` sees keys
             ``j <= i + Lk - Lq``).
         mask: bool (True = attend) or additive float, broadcastable to ``(B, H, Lq, Lk)``.
+        mask_mod: a structured mask without an ``Lq x Lk`` tensor: ``mask_mod(b, h, q_idx,
+            kv_idx) -> bool`` (True = attend), element-wise on broadcasting index tensors
+            (FlexAttention's convention; ``relpos.schedules.anchor_mask_mod`` for packed
+            documents, ``cca_mask_mod``). ``q_idx`` is the query's index in the key
+            sequence (``i + Lk - Lq``, aligned bottom-right like ``causal``), so a mask_mod
+            over a whole sequence also serves decoding with a KV cache. The chunked backend
+            evaluates it per query block, flex builds a block mask from it, eager and sdpa
+            evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
         backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
@@ -115,6 +126,7 @@ def attention(
         scale=scale,
         rotated=_rotated,
         inputs=inputs,
+        mask_mod=mask_mod,
     )
     name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)

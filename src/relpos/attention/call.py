@@ -8,6 +8,7 @@ Backends then only read the ``AttentionCall``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,9 @@ from torch import Tensor
 
 from ..encodings.base import BiasContext, Encoding
 from ..positions import normalize_positions
+
+#: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), FlexAttention's convention
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass
@@ -33,6 +37,13 @@ class AttentionCall:
     scale: float
     # piecewise encodings: the rotated (q_r, k_r) of each piece (q/k above are piece 0)
     pieces: list[tuple[Tensor, Tensor]] | None = None
+    # element-wise mask over (batch, head, query index in key coordinates, key index)
+    mask_mod: MaskMod | None = None
+
+    @property
+    def has_user_mask(self) -> bool:
+        """A ``mask`` tensor or a ``mask_mod`` restricts this call beyond ``causal``."""
+        return self.mask is not None or self.mask_mod is not None
 
     @property
     def has_bias(self) -> bool:
@@ -79,9 +90,37 @@ class AttentionCall:
         assert self.encoding is not None and self.ctx is not None
         return self.encoding.bias(self.ctx, *self.index_grids(i, j))
 
+    def allowed_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        """``mask_mod`` over query rows ``q_start:q_end`` and keys ``0:k_end``: bool,
+        broadcastable to ``(B, H, T, S)``. Queries are passed in key coordinates
+        (``i + Lk - Lq``, aligned bottom-right like ``causal``)."""
+        assert self.mask_mod is not None
+        dev = self.q.device
+        B, H = self.q.shape[:2]
+        b = torch.arange(B, device=dev)[:, None, None, None]
+        h = torch.arange(H, device=dev)[None, :, None, None]
+        i = torch.arange(q_start, q_end, device=dev)[None, None, :, None] + self.causal_offset
+        j = torch.arange(k_end, device=dev)[None, None, None, :]
+        out = self.mask_mod(b, h, i, j)
+        if not isinstance(out, Tensor) or out.dtype != torch.bool:
+            raise TypeError(
+                "mask_mod(b, h, q_idx, kv_idx) must return a bool tensor (True = attend), got "
+                f"{out.dtype if isinstance(out, Tensor) else type(out).__name__}"
+            )
+        try:
+            torch.broadcast_shapes(out.shape, (B, H, q_end - q_start, k_end))
+        except RuntimeError:
+            raise ValueError(
+                f"mask_mod must return a mask broadcastable to (B, H, T, S) = "
+                f"{(B, H, q_end - q_start, k_end)} for index tensors of those shapes, got "
+                f"{tuple(out.shape)}"
+            ) from None
+        return out
+
     def mask_block(self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype) -> Tensor | None:
         """Additive float mask (0 / -inf) for the query rows ``q_start:q_end`` and keys
-        ``0:k_end``, combining ``causal`` and the user ``mask``; None when nothing is masked."""
+        ``0:k_end``, combining ``causal``, the user ``mask`` and ``mask_mod``; None when
+        nothing is masked."""
         out = None
         dev = self.q.device
         if self.causal:
@@ -94,6 +133,11 @@ class AttentionCall:
                 m = torch.zeros((), dtype=dtype, device=dev).masked_fill(~m, float("-inf"))
             else:
                 m = m.to(dtype)
+            out = m if out is None else out + m
+        if self.mask_mod is not None:
+            m = torch.zeros((), dtype=dtype, device=dev).masked_fill(
+                ~self.allowed_block(q_start, q_end, k_end), float("-inf")
+            )
             out = m if out is None else out + m
         return out
 
@@ -202,6 +246,7 @@ def prepare_call(
     rotated: bool = False,
     check_causal: bool = True,
     inputs: dict[str, Tensor] | None = None,
+    mask_mod: MaskMod | None = None,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked).
 
@@ -224,6 +269,11 @@ def prepare_call(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"scale must be a positive number or None, got {scale!r}")
     mask = _check_mask(mask, (B, H, Lq, Lk))
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(
+            f"mask_mod must be a callable mask_mod(b, h, q_idx, kv_idx) -> bool tensor or None, "
+            f"got {type(mask_mod).__name__}"
+        )
     dims = encoding.dims if encoding is not None else 1
     continuous = encoding.continuous if encoding is not None else True
     common = dict(batch=B, dims=dims, continuous=continuous, device=q.device)
@@ -258,4 +308,6 @@ def prepare_call(
         if encoding.needs_context:
             ctx = encoding.prepare(q, k, qp, kp, inputs)
             ctx.scale = float(scale)
-    return AttentionCall(q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale), pieces)
+    return AttentionCall(
+        q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale), pieces, mask_mod
+    )

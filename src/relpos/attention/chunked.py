@@ -156,7 +156,7 @@ def distance_table(call: AttentionCall, causal: bool) -> Tensor | None:
 def toeplitz_table(call: AttentionCall) -> Tensor | None:
     """The table the Toeplitz path uses for this call (causal ``-inf`` included), or None
     when the call takes the tile path (no table, or a user mask)."""
-    if call.mask is not None:
+    if call.has_user_mask:
         return None
     return distance_table(call, causal=call.causal)
 

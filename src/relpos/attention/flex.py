@@ -63,7 +63,7 @@ def _block_mask(call: AttentionCall):
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = call.causal_offset
-    user = call.mask
+    user, user_mod = call.mask, call.mask_mod
     causal = call.causal
     if user is not None and user.dtype != torch.bool:
         raise ValueError("the flex backend takes a bool mask (True = attend); got a float mask")
@@ -74,11 +74,13 @@ def _block_mask(call: AttentionCall):
             keep = keep & (j <= i + offset)
         if user is not None:
             keep = keep & user[b, h, i, j]
+        if user_mod is not None:  # queries in key coordinates, as on the other backends
+            keep = keep & user_mod(b, h, i + offset, j)
         return keep
 
     B, H, Lq = call.q.shape[:3]
     Lk = call.k.shape[2]
-    if user is None:
+    if not call.has_user_mask:
         return _causal_block_mask(Lq, Lk, str(call.q.device))
     return create_block_mask(mask_mod, B, H, Lq, Lk, device=call.q.device)
 
@@ -112,7 +114,7 @@ def flex_attention_backend(call: AttentionCall) -> Tensor:
             "training (or run the forward under torch.no_grad())"
         )
     score_mod = _score_mod(call) if call.has_bias else None
-    block_mask = _block_mask(call) if (call.causal or call.mask is not None) else None
+    block_mask = _block_mask(call) if (call.causal or call.has_user_mask) else None
     return compiled_flex_attention(call.q.device.type)(
         call.q,
         call.k,

@@ -32,14 +32,14 @@ def dense_bias(call: AttentionCall) -> Tensor:
 def sdpa_attention(call: AttentionCall) -> Tensor:
     """Returns ``(B, H, Lq, Dv)``."""
     Lq, Lk = call.q.shape[2], call.k.shape[2]
-    is_causal = call.causal and Lq == Lk and call.mask is None and not call.has_bias
+    is_causal = call.causal and Lq == Lk and not call.has_user_mask and not call.has_bias
     bias = None
     if call.has_bias:
         bias = dense_bias(call).to(call.q.dtype)
     if not is_causal:
         m = (
             call.mask_block(0, Lq, Lk, call.q.dtype)
-            if (call.causal and Lq > 1) or (call.mask is not None)
+            if (call.causal and Lq > 1) or call.has_user_mask
             else None
         )
         if m is not None:

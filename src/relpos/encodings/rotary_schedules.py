@@ -469,7 +469,7 @@ def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
     q_span, k_span = as_span(call.ctx.q_pos), as_span(call.ctx.k_pos)
     segmented = (
         isinstance(enc, PiecewiseRoPE) and q_span is not None and k_span is not None
-    ) and call.mask is None
+    ) and not call.has_user_mask
     batches = [slice(None)]
     if not segmented and call.ctx.q_pos.shape[0] > 1 and not _shared(call):
         batches = [slice(b, b + 1) for b in range(B)]

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import attention
+from ..attention.call import MaskMod
 from ..encodings.base import Encoding
 from ..registry import create
 from .cache import LayerCache
@@ -38,7 +39,9 @@ class MultiHeadAttention(nn.Module):
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
-    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes).
+    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
+    key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class MultiHeadAttention(nn.Module):
         cache: LayerCache | None = None,
         causal: bool = True,
         inputs: dict[str, Tensor] | None = None,
+        mask_mod: MaskMod | None = None,
     ) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
@@ -99,6 +103,7 @@ class MultiHeadAttention(nn.Module):
                 causal=causal,
                 backend=self.backend,
                 inputs=inputs,
+                mask_mod=mask_mod,
             )
         else:
             if pos is None:
@@ -124,6 +129,7 @@ class MultiHeadAttention(nn.Module):
                 causal=causal,
                 backend=self.backend,
                 inputs=inputs,
+                mask_mod=mask_mod,
                 _rotated=rotate_now,
             )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
