@@ -1,0 +1,264 @@
+"""What a ``relpos longctx`` run measures: option parsing, profiles and the validated plan.
+
+* ``parse_methods`` / ``parse_lengths`` / ``parse_depths``: the comma-separated options;
+* ``PROFILES`` (``quick``, ``full``): presets of methods, lengths, passkey trials and the
+  perplexity budget, with a wall-time model of a 2-core CPU;
+* ``plan_longctx`` -> ``LongctxPlan``: every option resolved and validated (``ValueError``)
+  before anything is loaded or written; ``check_out_dir`` checks ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..passkey import MAX_NEW_TOKENS
+from ..report import check_run_folder
+from .methods import ROPE_SCALINGS, available_methods, method_cost
+
+__all__ = [
+    "RUN_FILE",
+    "RUN_KIND",
+    "parse_methods",
+    "parse_lengths",
+    "parse_depths",
+    "LongctxProfile",
+    "PROFILES",
+    "get_profile",
+    "LongctxPlan",
+    "check_out_dir",
+    "plan_longctx",
+]
+
+RUN_FILE = "run.json"
+RUN_KIND = "relpos-longctx"
+
+
+# ------------------------------------------------------------------------------ parsing
+
+
+def parse_methods(value: str | Sequence[str]) -> list[str]:
+    """Method names from ``"baseline,yarn"`` (``"all"``: every available method) or a list;
+    unknown names raise ``ValueError``."""
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+    known = available_methods()
+    names = [m for n in names for m in (known if n == "all" else [n])]
+    names = list(dict.fromkeys(n for n in names if n))
+    if not names:
+        raise ValueError(f"--methods is empty; known methods: {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"known methods: {', '.join(known)}"
+        )
+    return names
+
+
+def _numbers(value: str | Sequence[Any], flag: str, kind: type) -> list[Any]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if not item:
+                continue
+        try:
+            number = kind(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"{flag} must be comma-separated numbers, got {value!r}") from None
+        out.append(number)
+    if not out:
+        raise ValueError(f"{flag} is empty")
+    return out
+
+
+def parse_lengths(value: str | Sequence[int]) -> list[int]:
+    """Prompt lengths in tokens (``"1024,2048"``; a ``k``/``K`` suffix means x1024), sorted."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    parsed: list[int] = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        mult = 1024 if text[-1] in "kK" else 1
+        number = _numbers(text[:-1] if mult > 1 else text, "--lengths", float)[0]
+        if number != int(number) and mult == 1:
+            raise ValueError(f"--lengths must be whole numbers of tokens, got {text!r}")
+        length = int(number * mult)
+        if length < 64:
+            raise ValueError(f"--lengths must be >= 64 tokens, got {text!r}")
+        parsed.append(length)
+    if not parsed:
+        raise ValueError("--lengths is empty")
+    return sorted(set(parsed))
+
+
+def parse_depths(value: str | Sequence[float]) -> list[float]:
+    """Key depths in [0, 1] (``"0.1,0.5,0.9"``)."""
+    depths = _numbers(value, "--depths", float)
+    bad = [d for d in depths if not 0 <= d <= 1]
+    if bad:
+        raise ValueError(f"--depths must lie in [0, 1], got {bad[0]!r}")
+    return list(dict.fromkeys(depths))
+
+
+# ------------------------------------------------------------------------------ profiles
+
+
+@dataclass(frozen=True)
+class LongctxProfile:
+    """A preset of ``relpos longctx``: methods, lengths, passkey trials, perplexity budget."""
+
+    name: str
+    description: str
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    seeds: int
+    ppl_tokens: int
+    methods: tuple[str, ...] = ROPE_SCALINGS
+    # SmolLM2-135M forward on a quiet 2-core CPU, seconds = a * L + b * L^2 (fit to 6-8 s at
+    # 2K tokens and about 90-100 s at 16K with SDPA)
+    seconds_per_token: float = 3.0e-3
+    seconds_per_token2: float = 2.0e-7
+
+
+PROFILES: dict[str, LongctxProfile] = {
+    "quick": LongctxProfile(
+        name="quick",
+        description="1K and 2K tokens, 2 passkey depths: a few minutes on 2 cores",
+        lengths=(1024, 2048),
+        depths=(0.25, 0.75),
+        seeds=1,
+        ppl_tokens=256,
+    ),
+    "full": LongctxProfile(
+        name="full",
+        description="2K..16K tokens (past the trained 8K), 3 depths: about 1.5 h on 2 cores",
+        lengths=(2048, 4096, 8192, 12288, 16384),
+        depths=(0.1, 0.5, 0.9),
+        seeds=1,
+        ppl_tokens=1024,
+    ),
+}
+
+
+def get_profile(name: str) -> LongctxProfile:
+    try:
+        return PROFILES[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown profile {name!r}; known profiles: {', '.join(PROFILES)}"
+        ) from None
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class LongctxPlan:
+    """A validated run: what to measure and where to write it."""
+
+    methods: list[str]
+    lengths: list[int]
+    depths: list[float]
+    seeds: int
+    ppl_tokens: int
+    out_dir: Path
+    profile: LongctxProfile
+    max_new_tokens: int = MAX_NEW_TOKENS
+    resume: bool = False
+    clear: bool = False
+    model: str = "smollm2"
+    data: str | None = None
+
+    @property
+    def trials(self) -> int:
+        return len(self.depths) * self.seeds
+
+    def settings(self) -> dict[str, Any]:
+        """What the measurements depend on (compared on ``--resume``)."""
+        return {
+            "depths": self.depths,
+            "seeds": self.seeds,
+            "ppl_tokens": self.ppl_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "model": self.model,
+            "data": self.data,
+            "max_length": max(self.lengths),
+        }
+
+    def estimate_seconds(self) -> float:
+        """Rough wall time on a quiet 2-core CPU: one perplexity forward and ``trials``
+        passkey prefills per method and length."""
+        p = self.profile
+        per_method = sum(
+            p.seconds_per_token * n + p.seconds_per_token2 * n * n for n in self.lengths
+        )
+        passes = (1 if self.ppl_tokens else 0) + self.trials
+        cost = sum(method_cost(name) for name in self.methods)
+        return 10.0 + cost * passes * per_method
+
+
+def check_out_dir(out_dir: Path, *, resume: bool, force: bool) -> bool:
+    """Validate ``--out``; returns True when ``--force`` will clear an old run."""
+    return check_run_folder(
+        out_dir,
+        resume=resume,
+        force=force,
+        run_file=RUN_FILE,
+        run_kind=RUN_KIND,
+        what="relpos longctx run",
+    )
+
+
+def plan_longctx(
+    *,
+    methods: str | Sequence[str] | None = None,
+    profile: str | LongctxProfile = "quick",
+    lengths: str | Sequence[int] | None = None,
+    depths: str | Sequence[float] | None = None,
+    seeds: int | None = None,
+    ppl_tokens: int | None = None,
+    out_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    force: bool = False,
+    model: str = "smollm2",
+    data: str | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> LongctxPlan:
+    """Resolve and validate a run (raises ``ValueError``); writes nothing."""
+    prof = profile if isinstance(profile, LongctxProfile) else get_profile(profile)
+    names = parse_methods(methods if methods is not None else prof.methods)
+    lens = parse_lengths(lengths) if lengths is not None else list(prof.lengths)
+    deps = parse_depths(depths) if depths is not None else list(prof.depths)
+    n_seeds = prof.seeds if seeds is None else seeds
+    n_ppl = prof.ppl_tokens if ppl_tokens is None else ppl_tokens
+    for flag, value, low in (("--seeds", n_seeds, 0), ("--ppl-tokens", n_ppl, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{flag} must be an integer >= {low}, got {value!r}")
+    if n_seeds == 0 and n_ppl == 0:
+        raise ValueError("--seeds 0 and --ppl-tokens 0 leave nothing to measure")
+    out = Path(out_dir or f"runs/longctx-{prof.name}")
+    clear = check_out_dir(out, resume=resume, force=force)
+    if data is not None and not Path(data).exists():
+        raise ValueError(f"--data {data}: no such file or folder")
+    if model not in ("smollm2", "random-tiny") and not Path(model).is_file():
+        raise ValueError(f"--model must be smollm2, random-tiny or a .gguf file, got {model!r}")
+    return LongctxPlan(
+        methods=names,
+        lengths=lens,
+        depths=deps,
+        seeds=n_seeds,
+        ppl_tokens=n_ppl,
+        out_dir=out,
+        profile=prof,
+        max_new_tokens=max_new_tokens,
+        resume=resume,
+        clear=clear,
+        model=model,
+        data=data,
+    )
