@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (registration side effects)
     absolute,
     bias,
     bias_extra,
+    bipe,
     disentangled,
     document,
     graph,

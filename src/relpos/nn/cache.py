@@ -42,9 +42,15 @@ class LayerCache:
 
 @dataclass
 class KVCache:
-    """One ``LayerCache`` per layer of a ``TransformerLM``."""
+    """One ``LayerCache`` per layer of a ``TransformerLM``.
+
+    ``position_state``: what an encoding that derives positions from token ids needs to
+    continue them on the next call (BiPE: the next token's intra offset and segment index);
+    None when nothing was derived.
+    """
 
     layers: list[LayerCache] = field(default_factory=list)
+    position_state: Tensor | None = None
 
     @classmethod
     def empty(cls, num_layers: int) -> KVCache:

@@ -61,8 +61,13 @@ class TransformerLM(nn.Module):
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None) -> logits (B, L, vocab)``.
     Absolute encodings (``adds_to_input``) are added to the token embeddings; the rest act in
-    attention. ``inputs`` (per-call encoding inputs such as a graph's adjacency) reach every
-    layer's attention.
+    attention. An encoding that does both (BiPE-RoPE: ``adds_to_input`` and ``has_rotary``)
+    gets input positions for ``embed`` and attention positions for its attention part: with
+    ``pos=None`` from ``encoding.positions_from_tokens(tokens, state)`` (continued from the
+    cached prefix when decoding with a ``KVCache``), else ``pos=(input_pos, attention_pos)``.
+    Such an encoding is one module (its input table exists once), so every layer uses it
+    whatever ``share_encoding`` says. ``inputs`` (per-call encoding inputs such as a graph's
+    adjacency) reach every layer's attention.
     """
 
     def __init__(
@@ -89,12 +94,15 @@ class TransformerLM(nn.Module):
         assert first is not None
         self.encoding_name = encoding
         self.input_encoding: Encoding | None = first if first.adds_to_input else None
-        attn_encoding = None if first.adds_to_input else first
+        in_attention = first.has_rotary or first.has_bias or first.needs_probabilities
+        attn_encoding = first if in_attention or not first.adds_to_input else None
+        #: the encoding acts on the input and in attention (BiPE): two position sets
+        self.two_position_sets = first.adds_to_input and attn_encoding is not None
 
         def layer_encoding(index: int) -> Encoding | None:
             if attn_encoding is None:
                 return None
-            if share_encoding or index == 0:
+            if share_encoding or index == 0 or self.two_position_sets:
                 return attn_encoding
             return build_encoding(encoding, num_heads, head_dim, options)
 
@@ -131,7 +139,7 @@ class TransformerLM(nn.Module):
     def forward(
         self,
         tokens: Tensor,
-        pos: Tensor | None = None,
+        pos: Tensor | tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
@@ -142,14 +150,51 @@ class TransformerLM(nn.Module):
             )
         B, L = tokens.shape
         x = self.embed(tokens)
+        input_pos, attn_pos = self._positions(tokens, pos, cache)
         if self.input_encoding is not None:
-            if pos is None:
+            if input_pos is None:
                 start = cache.length if cache is not None else 0
-                pos = torch.arange(start, start + L, device=tokens.device)[None]
-            x = x + self.input_encoding.embed(pos, self.dim).to(x.dtype)
+                input_pos = torch.arange(start, start + L, device=tokens.device)[None]
+                if not self.two_position_sets:
+                    attn_pos = input_pos
+            x = x + self.input_encoding.embed(input_pos, self.dim).to(x.dtype)
         for index, block in enumerate(self.blocks):
-            x = block(x, pos, cache.layers[index] if cache is not None else None, inputs)
+            x = block(x, attn_pos, cache.layers[index] if cache is not None else None, inputs)
         return self.norm(x) @ self.embed.weight.t()
+
+    def _positions(
+        self, tokens: Tensor, pos: Tensor | tuple[Tensor, Tensor] | None, cache: KVCache | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``(input_pos, attention_pos)`` of this call (None = the default ``arange``)."""
+        if not self.two_position_sets:
+            return pos, pos  # type: ignore[return-value]
+        name = self.encoding_name
+        if pos is not None:
+            if not (isinstance(pos, (tuple, list)) and len(pos) == 2):
+                raise ValueError(
+                    f"pos: encoding {name!r} acts on the input and in attention; pass "
+                    "pos=(input_pos, attention_pos) or pos=None to derive both from the tokens, "
+                    f"got {type(pos).__name__}"
+                )
+            if cache is not None:
+                cache.position_state = None  # explicit positions: nothing to continue from
+            return pos[0], pos[1]
+        derive = getattr(self.input_encoding, "positions_from_tokens", None)
+        if derive is None:
+            return None, None
+        state = None
+        if cache is not None and cache.length > 0:
+            state = cache.position_state
+            if state is None:
+                raise ValueError(
+                    f"pos: the cached prefix was run with explicit positions, so encoding "
+                    f"{name!r} cannot continue them from the tokens; pass "
+                    "pos=(input_pos, attention_pos) for these tokens too"
+                )
+        derived = derive(tokens, state)
+        if cache is not None:
+            cache.position_state = derived.state
+        return derived.input, derived.attention
 
     @torch.no_grad()
     def generate(self, tokens: Tensor, max_new_tokens: int) -> Tensor:
