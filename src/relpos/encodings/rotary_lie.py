@@ -201,6 +201,33 @@ class LieRE(Encoding):
         )
 
 
+@register("liere-2d")
+class LieRE2D(LieRE):
+    """LieRE on image patches (Ostmeier et al. 2024, the paper's ViT setting): ``liere`` with
+    ``dims = 2`` (positions ``(B, L, 2)`` = (row, column)) by default, so the registry and
+    its conformance suite cover the N-D case: dense generators per axis that do not commute,
+    hence not relative. Use ``dims = 3`` for video. Args, shapes: as ``liere``."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        dims: int = 2,
+        generator_dim: int | None = None,
+        init_range: float = 2 * math.pi,
+        expected_steps: float = 512.0,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_dim,
+            dims=dims,
+            generator_dim=generator_dim,
+            init_range=init_range,
+            expected_steps=expected_steps,
+        )
+
+
 # --------------------------------------------------------------------------- MinkowskiPE
 
 
