@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import relpos
+from relpos.attention import piecewise
 from relpos.attention.call import prepare_call
 from relpos.attention.eager import eager_attention
 from relpos.encodings import rotary_schedules as rs
@@ -29,8 +30,8 @@ def make(key: str, **extra):
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(rs, "PIECEWISE_MIN_ROWS", 7)  # several blocks, not chunk-aligned
-    monkeypatch.setattr(rs, "PIECEWISE_BLOCK_ELEMENTS", 7 * 48)
+    monkeypatch.setattr(piecewise, "PIECEWISE_MIN_ROWS", 7)  # several blocks, not chunk-aligned
+    monkeypatch.setattr(piecewise, "PIECEWISE_BLOCK_ELEMENTS", 7 * 48)
 
 
 CASES = {
@@ -76,7 +77,7 @@ def test_fast_path_equals_eager(key, case, grad):
     enc = make(key)
     q, k, v, kw = inputs(CASES[case], grad)
     results = []
-    for fn in (eager_attention, rs.piecewise_sdpa_attention):
+    for fn in (eager_attention, piecewise.piecewise_sdpa_attention):
         with torch.set_grad_enabled(grad):
             out = fn(prepare_call(q, k, v, enc, scale=None, **kw))
         grads = ()
@@ -139,7 +140,7 @@ def test_fast_path_refuses_other_hooks():
     enc = make("dca")
     q = torch.randn(1, 4, 8, 16)
     call = prepare_call(q, q, q, enc, q_pos=None, k_pos=None, causal=True, mask=None, scale=None)
-    out = rs.piecewise_sdpa_attention(call)
+    out = piecewise.piecewise_sdpa_attention(call)
     assert out.shape == (1, 4, 8, 16)
     bias_enc = relpos.create("alibi", num_heads=4, head_dim=16)
     call2 = prepare_call(
@@ -147,4 +148,4 @@ def test_fast_path_refuses_other_hooks():
     )
     call2.pieces = call.pieces
     with pytest.raises(ValueError, match="piecewise logits only"):
-        rs.piecewise_sdpa_attention(call2)
+        piecewise.piecewise_sdpa_attention(call2)

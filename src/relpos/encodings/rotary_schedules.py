@@ -19,24 +19,21 @@ causal: a pair whose key lies after its query is masked. A query's rotation depe
 key it meets, so keys are cached unrotated (``cache_rotated_keys = False``) and every call
 rotates the whole cache.
 
-``piecewise_sdpa_attention`` (``PiecewiseRoPE.fast_attention``) evaluates the same attention
-through the fused SDPA kernel, from the key ranges each schedule declares per query block
-(``key_segments``): about plain-attention cost instead of the generic path's several times
-(numbers in the helper's report; the backends do not call it yet).
+``relpos.attention.piecewise.piecewise_sdpa_attention`` (``PiecewiseRoPE.fast_attention``,
+called by the chunked backend) evaluates the same attention through the fused SDPA kernel,
+from the key ranges each schedule declares per query block (``key_segments``): about
+plain-attention cost instead of the generic path's several times.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from ..positions import as_span
+from ..attention.piecewise import KeySegment, piecewise_sdpa_attention
 from ..registry import register
 from .base import BiasContext
 from .rotary import RoPE
@@ -45,18 +42,6 @@ if TYPE_CHECKING:
     from ..attention.call import AttentionCall
 
 Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece
-
-
-@dataclass(frozen=True)
-class KeySegment:
-    """Keys at positions ``lo <= p_j < hi`` (None: unbounded), scored with ``piece`` by every
-    query ``i`` of a block with ``d_min <= p_j - p_i <= d_max`` (None: unbounded)."""
-
-    piece: int
-    lo: int | None
-    hi: int | None
-    d_min: int | None
-    d_max: int | None
 
 
 def _positive_int(value: object, name: str, *, minimum: int = 1) -> int:
@@ -426,263 +411,9 @@ class SelfExtend(PiecewiseRoPE):
         )
 
 
-# ---------------------------------------------------------------------------- fast evaluation
-# query rows per block of piecewise_sdpa_attention: Lk / 4, at least PIECEWISE_MIN_ROWS (fewer,
-# larger kernel calls: per-call overhead dominated 256-row blocks on a busy 2-core machine), at
-# most PIECEWISE_BLOCK_ELEMENTS / Lk (the block's mask and scores)
-PIECEWISE_BLOCK_ELEMENTS = 1 << 24
-PIECEWISE_MIN_ROWS = 256
-
-
-def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
-    """Piecewise logits through the fused SDPA kernel: the result of the engine's
-    probability path (``dense.block_attention``), several times faster.
-
-    For a block of query rows, keys are copied once per piece that scores them for some row
-    of the block, and laid out on ``R`` channel slots: ``q_aug = [q^0 | .. | q^{R-1}]``, a
-    copy for piece ``r`` holds ``k^r`` in slot ``r`` and zeros elsewhere, so
-    ``<q_aug_i, k_aug_(j, r)> = <q^r_i, k^r_j>``. A boolean mask lets row ``i`` see copy
-    ``(j, r)`` only where ``piece_index(i, j) == r`` and the causal / user masks allow
-    ``j``; values are zero-padded to the same width (the CPU flash kernel needs one head
-    dim). One SDPA call per block is one softmax over the union of pieces.
-
-    Positions that are one batch-shared integer range and no user mask take the *segment*
-    layout: the encoding's ``key_segments`` names, per block, the key ranges of each piece
-    and the distance band in which a row sees them, so the copies are slices and the mask
-    two comparisons (LM-Infinite then costs O(L * window), not O(L^2)). Anything else takes
-    the *per-pair* layout from ``piece_index`` over the block. For CPU inference (no
-    gradients) the segment layout skips the slots: one flash-kernel call per key range and
-    piece, merged by log-sum-exp as the papers do (plain-attention multiply-adds).
-
-    Cost: about ``R`` times the multiply-adds of plain attention over the visited keys,
-    O(block x L) memory, differentiable (blocks run under activation checkpointing when
-    gradients are on). The encoding must have no bias, value term or weight multiplier,
-    and a ``piece_index`` that does not depend on the head.
-    """
-    enc = call.encoding
-    assert enc is not None and call.pieces is not None and call.ctx is not None
-    if call.has_bias or enc.has_value_term or enc.multiplies_probs:
-        raise ValueError("piecewise_sdpa_attention takes piecewise logits only")
-    B, _, Lq, _ = call.q.shape
-    Lk = call.k.shape[2]
-    rows = max(PIECEWISE_MIN_ROWS, min(Lk // 4, PIECEWISE_BLOCK_ELEMENTS // max(Lk, 1)))
-    q_span, k_span = as_span(call.ctx.q_pos), as_span(call.ctx.k_pos)
-    segmented = (
-        isinstance(enc, PiecewiseRoPE) and q_span is not None and k_span is not None
-    ) and not call.has_user_mask
-    batches = [slice(None)]
-    if not segmented and call.ctx.q_pos.shape[0] > 1 and not _shared(call):
-        batches = [slice(b, b + 1) for b in range(B)]
-    outs = []
-    for bs in batches:
-        parts, s = [], 0
-        while s < Lq:
-            e = min(s + rows, Lq)
-            if segmented:
-                assert q_span is not None and k_span is not None and isinstance(enc, PiecewiseRoPE)
-                cut = enc.next_break(q_span.start + s)
-                if cut is not None:
-                    e = min(e, max(s + 1, cut - q_span.start))
-                kind = _LSEBlock if _lse_ok(call) else _SegmentBlock
-                block = kind(call, s, e, q_span.start, k_span.start)
-            else:
-                block = _PairBlock(call, bs, s, e)
-            args = [t[bs] for qk in call.pieces for t in qk] + [call.v[bs]]
-            if torch.is_grad_enabled():
-                parts.append(checkpoint(block, *args, use_reentrant=False))
-            else:
-                parts.append(block(*args))
-            s = e
-        outs.append(torch.cat(parts, dim=2))
-    return torch.cat(outs, dim=0)
-
-
-def _shared(call: AttentionCall) -> bool:
-    assert call.ctx is not None
-    qp, kp = call.ctx.q_pos, call.ctx.k_pos
-    return bool((qp == qp[:1]).all() and (kp == kp[:1]).all())
-
-
-def _sdpa_slots(call: AttentionCall, tensors: tuple[Tensor, ...], s: int, e: int, copies):
-    """SDPA over slot-laid-out copies: ``copies`` is a list of ``(piece, key index tensor or
-    slice, additive mask (.., T, n))``."""
-    n_pieces = len(tensors) // 2
-    v = tensors[-1]
-    D, Dv = call.q.shape[-1], v.shape[-1]
-    width = max(n_pieces * D, Dv)
-    ks, vs, masks = [], [], []
-    for r, cols, mask in copies:
-        kr = tensors[2 * r + 1]
-        kc = kr[:, :, cols] if isinstance(cols, slice) else kr.index_select(2, cols)
-        ks.append(F.pad(kc, (r * D, width - (r + 1) * D)))
-        vs.append(v[:, :, cols] if isinstance(cols, slice) else v.index_select(2, cols))
-        masks.append(mask)
-    q_aug = torch.cat([tensors[2 * r][:, :, s:e] for r in range(n_pieces)], dim=-1)
-    q_aug = F.pad(q_aug, (0, width - n_pieces * D))
-    k_aug = torch.cat(ks, dim=2)
-    v_aug = F.pad(torch.cat(vs, dim=2), (0, width - Dv))
-    shape = torch.broadcast_shapes(*(m.shape[:-1] for m in masks))
-    mask = torch.cat([m.expand(*shape, m.shape[-1]) for m in masks], dim=-1)
-    if call.groups > 1:
-        k_aug = k_aug.repeat_interleave(call.groups, dim=1)
-        v_aug = v_aug.repeat_interleave(call.groups, dim=1)
-    out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=mask, scale=call.scale)
-    return out[..., :Dv]
-
-
-class _PairBlock:
-    """Query rows ``start:end``, per-pair layout from ``piece_index`` (a ``checkpoint``
-    callable)."""
-
-    def __init__(self, call: AttentionCall, bs: slice, start: int, end: int) -> None:
-        self.call, self.bs, self.start, self.end = call, bs, start, end
-
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e = self.call, self.start, self.end
-        enc, ctx = call.encoding, call.ctx
-        assert enc is not None and ctx is not None
-        kend = min(call.k.shape[2], e + call.causal_offset) if call.causal else call.k.shape[2]
-        dev = tensors[-1].device
-        b = torch.tensor([0 if self.bs.start is None else self.bs.start], device=dev)
-        b = b[:, None, None, None]
-        i = torch.arange(s, e, device=dev)[None, None, :, None]
-        j = torch.arange(kend, device=dev)[None, None, None, :]
-        index = enc.piece_index(ctx, b, torch.zeros_like(b), i, j)[0, 0]  # (T, S)
-        allowed = call.mask_block(s, e, kend, torch.float32)
-        if allowed is not None and allowed.dim() == 4:
-            allowed = allowed[self.bs]
-        copies = []
-        for r in range(len(tensors) // 2):
-            hit = index == r
-            cols = hit.any(dim=0).nonzero().squeeze(1)
-            if cols.numel():
-                m = torch.where(hit[:, cols], 0.0, float("-inf"))
-                if allowed is not None:
-                    m = m + allowed.index_select(-1, cols)
-                copies.append((r, cols, m.to(tensors[0].dtype)))
-        return _sdpa_slots(call, tensors, s, e, copies)
-
-
-class _SegmentBlock:
-    """Query rows ``start:end`` with positions ``q0 + t``, keys ``k0 + j``: the layout from
-    the encoding's ``key_segments`` (slices and a distance-band mask)."""
-
-    def __init__(self, call: AttentionCall, start: int, end: int, q0: int, k0: int) -> None:
-        self.call, self.start, self.end, self.q0, self.k0 = call, start, end, q0, k0
-
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e, q0, k0 = self.call, self.start, self.end, self.q0, self.k0
-        enc = call.encoding
-        assert isinstance(enc, PiecewiseRoPE)
-        Lk = call.k.shape[2]
-        dev = tensors[-1].device
-        causal_max = call.causal_offset + k0 - q0 if call.causal else None  # on p_j - p_i
-        t = torch.arange(q0 + s, q0 + e, device=dev)[:, None]
-        copies = []
-        for seg in enc.key_segments(q0 + s, q0 + e - 1):
-            lo = 0 if seg.lo is None else min(max(seg.lo - k0, 0), Lk)
-            hi = Lk if seg.hi is None else min(max(seg.hi - k0, 0), Lk)
-            d_max = seg.d_max if causal_max is None else min_opt(seg.d_max, causal_max)
-            if lo >= hi or (d_max is not None and seg.d_min is not None and seg.d_min > d_max):
-                continue
-            d = torch.arange(k0 + lo, k0 + hi, device=dev)[None, :] - t
-            ok = torch.ones_like(d, dtype=torch.bool)
-            if d_max is not None:
-                ok &= d <= d_max
-            if seg.d_min is not None:
-                ok &= d >= seg.d_min
-            copies.append((seg.piece, slice(lo, hi), ok))
-        if not copies:
-            raise ValueError("piecewise_sdpa_attention: a query block sees no key")
-        return _sdpa_slots(call, tensors, s, e, copies)
-
-
-def min_opt(a: int | None, b: int) -> int:
-    return b if a is None else min(a, b)
-
-
-def _lse_ok(call: AttentionCall) -> bool:
-    """The log-sum-exp merge uses the CPU flash kernel's private op, which returns the
-    log-sum-exp but no gradient for it: inference on CPU only."""
-    return (
-        call.q.device.type == "cpu"
-        and not torch.is_grad_enabled()
-        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-    )
-
-
-class _LSEBlock(_SegmentBlock):
-    """The segment layout without slots: one flash-kernel call per key range and piece (its
-    fully visible part without a mask, its band edges with one), merged by their
-    log-sum-exp as in the papers (ChunkLlama's ``merge_attn_outputs``). Same multiply-adds as
-    plain attention; CPU inference only (``_lse_ok``)."""
-
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e, q0, k0 = self.call, self.start, self.end, self.q0, self.k0
-        enc = call.encoding
-        assert isinstance(enc, PiecewiseRoPE)
-        Lk, dev, dtype = call.k.shape[2], tensors[-1].device, tensors[0].dtype
-        first, last = q0 + s, q0 + e - 1
-        causal_max = call.causal_offset + k0 - q0 if call.causal else None
-        B, H, T, g = call.q.shape[0], call.q.shape[1], e - s, call.groups
-        v = tensors[-1]
-        outs, lses = [], []
-        for seg in enc.key_segments(first, last):
-            lo = 0 if seg.lo is None else min(max(seg.lo - k0, 0), Lk)
-            hi = Lk if seg.hi is None else min(max(seg.hi - k0, 0), Lk)
-            d_min = seg.d_min
-            d_max = seg.d_max if causal_max is None else min_opt(seg.d_max, causal_max)
-            if lo >= hi or (d_max is not None and d_min is not None and d_min > d_max):
-                continue
-            # keys every row of the block sees: d_min <= p_j - last and p_j - first <= d_max
-            full_lo = lo if d_min is None else min(max(lo, last + d_min - k0), hi)
-            full_hi = hi if d_max is None else max(min(hi, first + d_max - k0 + 1), lo)
-            if full_lo >= full_hi:
-                ranges = [(lo, hi, True)]
-            else:
-                ranges = [(lo, full_lo, True), (full_lo, full_hi, False), (full_hi, hi, True)]
-            q = tensors[2 * seg.piece][:, :, s:e]
-            q = q.reshape(B, H // g, g * T, q.shape[-1])  # GQA: query heads of a group as rows
-            k = tensors[2 * seg.piece + 1]
-            for a, b, partial in ranges:
-                if a >= b:
-                    continue
-                mask = None
-                if partial:
-                    d = torch.arange(k0 + a, k0 + b, device=dev)[None, :]
-                    d = d - torch.arange(first, last + 1, device=dev)[:, None]
-                    ok = torch.ones_like(d, dtype=torch.bool)
-                    if d_max is not None:
-                        ok &= d <= d_max
-                    if d_min is not None:
-                        ok &= d >= d_min
-                    if not bool(ok.any()):
-                        continue
-                    mask = torch.zeros(ok.shape, dtype=dtype, device=dev).masked_fill(
-                        ~ok, -math.inf
-                    )
-                    mask = mask.repeat(g, 1)
-                out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q, k[:, :, a:b], v[:, :, a:b], attn_mask=mask, scale=call.scale
-                )
-                if mask is not None:  # rows that see no key of the range: lse = -inf
-                    lse = lse.masked_fill(~ok.any(-1).repeat(g), -math.inf)
-                outs.append(out.reshape(B, H, T, -1))
-                lses.append(lse.reshape(B, H, T))
-        if not outs:
-            raise ValueError("piecewise_sdpa_attention: a query block sees no key")
-        lse = torch.stack(lses)
-        weight = torch.exp(lse - torch.logsumexp(lse, dim=0))
-        return sum(
-            w[..., None] * o.to(torch.float32) for w, o in zip(weight, outs, strict=True)
-        ).to(v.dtype)
-
-
 __all__ = [
     "PiecewiseRoPE",
-    "KeySegment",
     "DualChunkAttention",
     "LMInfinite",
     "SelfExtend",
-    "piecewise_sdpa_attention",
 ]
