@@ -312,3 +312,41 @@ def test_bad_positions_for_the_model_and_embed():
         enc.positions_from_tokens(ids.float())
     with pytest.raises(ValueError, match="state"):
         enc.positions_from_tokens(ids, torch.zeros(2, 3, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------- the lab
+def test_lab_gives_bipe_the_corpus_separators_and_runs(tmp_path):
+    """``relpos extrapolate --encodings bipe-rope``: the lab passes the ids of '.' and newline
+    (byte tokens) as separators; a tiny run trains and evaluates."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from relpos.lab import extrapolate as ex
+    from relpos.lab.data import load_corpus
+    from relpos.lab.profiles import PROFILES
+
+    corpus = load_corpus(Path(__file__).parents[1] / "data" / "sonnets.txt")
+    assert ex.segment_separators(corpus) == sorted([ord("."), ord("\n")])
+    tiny = replace(
+        PROFILES["quick"],
+        dim=16,
+        depth=1,
+        num_heads=2,
+        batch_size=4,
+        steps=2,
+        warmup=1,
+        eval_tokens={"nonoverlapping": 64, "sliding": 32},
+    )
+    assert ex.encoding_options(tiny, "bipe-rope", corpus, 16, 32) == {"separators": [10, 46]}
+    assert ex.encoding_options(tiny, "rope", corpus, 16, 32) == {}
+    rows = ex.run_extrapolation(
+        ["bipe-rope"],
+        corpus=corpus,
+        out_dir=tmp_path / "run",
+        train_len=16,
+        eval_mults="1,2",
+        profile=tiny,
+        progress=False,
+        log=lambda s: None,
+    )
+    assert len(rows) == 4 and all(math.isfinite(r["ppl"]) for r in rows)

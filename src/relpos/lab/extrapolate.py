@@ -24,6 +24,7 @@ length's scored span at the same token.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -49,6 +50,9 @@ from .profiles import Profile, get_profile
 RUN_FILE = "run.json"  # marks a folder as a relpos extrapolation run (written first)
 EVAL_FILE = "extrapolation.json"  # per-encoding evaluation results (resume skips them)
 RUN_KIND = "relpos-extrapolate"
+#: what ends a segment for encodings that derive positions from token ids (BiPE: sentences and
+#: lines, as '.' and newline in the paper's Llama tokenizer)
+SEGMENT_ENDS = (".", "\n")
 
 
 # ------------------------------------------------------------------------------ the experiment
@@ -236,7 +240,7 @@ def plan_extrapolation(
     for name in names:
         plan.configs[name] = TrainConfig(
             encoding=name,
-            encoding_options=prof.encoding_options(name, train_len, max(lengths)),
+            encoding_options=encoding_options(prof, name, corpus, train_len, max(lengths)),
             dim=prof.dim,
             depth=prof.depth,
             num_heads=prof.num_heads,
@@ -252,6 +256,26 @@ def plan_extrapolation(
     if resume and out.exists():
         _check_resume(plan, corpus)
     return plan
+
+
+def segment_separators(corpus: Any) -> list[int]:
+    """Ids of the tokens whose text holds a ``SEGMENT_ENDS`` character. With byte tokens these
+    are the ids of '.' and newline; a BPE also has merged tokens (".'", newline + spaces) that
+    end a sentence or a line."""
+    texts = ((i, corpus.decode([i])) for i in range(corpus.vocab_size))
+    return [i for i, text in texts if any(end in text for end in SEGMENT_ENDS)]
+
+
+def encoding_options(
+    prof: Profile, name: str, corpus: Any, train_len: int, max_len: int
+) -> dict[str, Any]:
+    """The profile's options for ``name``, plus the corpus' ``segment_separators`` for an
+    encoding that takes ``separators`` (BiPE-RoPE) when the profile gives none."""
+    options = prof.encoding_options(name, train_len, max_len)
+    takes = inspect.signature(registry.encoding_class(name)).parameters
+    if "separators" in takes and "separators" not in options:
+        options = {**options, "separators": segment_separators(corpus)}
+    return options
 
 
 def _check_resume(plan: EvalPlan, corpus: Any) -> None:
