@@ -90,7 +90,13 @@ class BiPERoPE(RoPE):
 
     Shapes: ``rotate(x (B, H, L, D), pos (B|1, L))`` with segment indices;
     ``embed(pos (B|1, L) intra offsets, dim) -> (B|1, L, dim)``;
-    ``positions_from_tokens(tokens (B, L)) -> TokenPositions``.
+    ``positions_from_tokens(tokens (B, L), state (B|1, 2) | None) -> TokenPositions``.
+
+    In a model: ``TransformerLM(vocab, encoding="bipe-rope", encoding_options={"separators":
+    [...]})`` derives both position sets from the tokens (``pos=None``) or takes
+    ``pos=(intra, segment)``. ``relpos.attention`` with this encoding is RoPE on the positions
+    it is given (``relative``: the attention part; the intra table is absolute within a
+    segment).
 
     Pitfall (spec §35): the reference code builds the table as ``nn.Embedding(1024, d,
     padding_idx=pad_token_id)`` with ``pad_token_id = -1``, so row 1023 is a frozen zero and
