@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
+from relpos.registry import encoding_class
 
 from .common import (
     Case,
@@ -77,7 +78,13 @@ def test_gradients_reach_parameters_through_model(name, share):
         pytest.skip("the learned table holds fewer positions than the test sequence")
     torch.manual_seed(0)
     model = relpos.nn.TransformerLM(
-        50, dim=32, depth=2, num_heads=4, encoding=name, share_encoding=share
+        50,
+        dim=32,
+        depth=2,
+        num_heads=4,
+        encoding=name,
+        encoding_options=encoding_class(name).example_options(),
+        share_encoding=share,
     )
     encodings = [m for m in model.modules() if isinstance(m, relpos.Encoding)]
     assert encodings, "the model holds no encoding module"

@@ -202,3 +202,26 @@ def test_multihead_attention_decodes_with_the_sequence_mask_mod():
         unmasked = mha(x)
     assert_close_rel(torch.cat(steps, 1), full)
     assert not torch.allclose(unmasked, full, atol=1e-3)  # the documents really were masked
+
+
+def test_transformer_lm_trains_on_packed_documents_without_cross_document_attention():
+    """``TransformerLM(..., mask_mod=anchor_mask_mod(doc_ids))``: the logits of a document do
+    not change when another document's tokens change (only the anchor is shared)."""
+    from relpos.schedules import pack_with_anchor
+
+    torch.manual_seed(0)
+    model = relpos.nn.TransformerLM(50, dim=32, depth=2, num_heads=4, encoding="alibi").eval()
+    g = torch.Generator().manual_seed(9)
+    docs = [torch.randint(3, 50, (n,), generator=g) for n in (7, 9, 6)]
+    packed = pack_with_anchor(docs, anchor_token=1)
+    changed = [docs[0], torch.randint(3, 50, (9,), generator=g), docs[2]]
+    other = pack_with_anchor(changed, anchor_token=1)
+    mod = anchor_mask_mod(packed.doc_ids)
+    with torch.no_grad():
+        a = model(packed.tokens[None], mask_mod=mod)
+        b = model(other.tokens[None], mask_mod=mod)
+        c = model(other.tokens[None])
+    first, last = packed.doc_ids == 1, packed.doc_ids == 3
+    torch.testing.assert_close(a[0, first], b[0, first])
+    torch.testing.assert_close(a[0, last], b[0, last])  # document 3 never sees document 2
+    assert not torch.allclose(a[0, last], c[0, last], atol=1e-4)  # without the mask it does

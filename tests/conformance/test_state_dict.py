@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import relpos
+from relpos.registry import encoding_class
 
 from .common import B, D, H, attention, in_table, make_encoding, model_inputs, scores, table_holds
 
@@ -56,9 +57,14 @@ def test_model_state_dict_round_trip(name):
     if not table_holds(make_encoding(name), 20):
         pytest.skip("the learned table holds fewer positions than the test sequence")
     torch.manual_seed(0)
-    src = relpos.nn.TransformerLM(50, dim=32, depth=2, num_heads=4, encoding=name).eval()
+    options = encoding_class(name).example_options()
+    src = relpos.nn.TransformerLM(
+        50, dim=32, depth=2, num_heads=4, encoding=name, encoding_options=options
+    ).eval()
     torch.manual_seed(1)
-    dst = relpos.nn.TransformerLM(50, dim=32, depth=2, num_heads=4, encoding=name).eval()
+    dst = relpos.nn.TransformerLM(
+        50, dim=32, depth=2, num_heads=4, encoding=name, encoding_options=options
+    ).eval()
     dst.load_state_dict(_round_trip(src.state_dict()))
     toks = torch.randint(0, 50, (2, 20), generator=torch.Generator().manual_seed(0))
     kw = model_inputs(name, 2, 20)

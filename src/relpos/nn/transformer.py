@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..attention.call import MaskMod
 from ..encodings.base import Encoding
 from .attention import MultiHeadAttention, build_encoding
 from .cache import KVCache, LayerCache
@@ -42,8 +43,9 @@ class Block(nn.Module):
         pos: Tensor | None,
         cache: LayerCache | None,
         inputs: dict[str, Tensor] | None = None,
+        mask_mod: MaskMod | None = None,
     ) -> Tensor:
-        x = x + self.attn(self.norm1(x), pos=pos, cache=cache, inputs=inputs)
+        x = x + self.attn(self.norm1(x), pos=pos, cache=cache, inputs=inputs, mask_mod=mask_mod)
         return x + self.mlp(self.norm2(x))
 
 
@@ -59,7 +61,9 @@ class TransformerLM(nn.Module):
         num_kv_heads: grouped-query attention.
         backend: attention backend ("auto" picks per call).
 
-    ``forward(tokens (B, L), pos=None, cache=None, inputs=None) -> logits (B, L, vocab)``.
+    ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
+    (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
+    e.g. packed documents: ``relpos.schedules.anchor_mask_mod(doc_ids)``).
     Absolute encodings (``adds_to_input``) are added to the token embeddings; the rest act in
     attention. An encoding that does both (BiPE-RoPE: ``adds_to_input`` and ``has_rotary``)
     gets input positions for ``embed`` and attention positions for its attention part: with
@@ -142,6 +146,7 @@ class TransformerLM(nn.Module):
         pos: Tensor | tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
         inputs: dict[str, Tensor] | None = None,
+        mask_mod: MaskMod | None = None,
     ) -> Tensor:
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(
@@ -159,7 +164,8 @@ class TransformerLM(nn.Module):
                     attn_pos = input_pos
             x = x + self.input_encoding.embed(input_pos, self.dim).to(x.dtype)
         for index, block in enumerate(self.blocks):
-            x = block(x, attn_pos, cache.layers[index] if cache is not None else None, inputs)
+            layer_cache = cache.layers[index] if cache is not None else None
+            x = block(x, attn_pos, layer_cache, inputs, mask_mod)
         return self.norm(x) @ self.embed.weight.t()
 
     def _positions(
