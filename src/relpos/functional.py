@@ -24,9 +24,23 @@ __all__ = [
 ]
 
 
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+def _check_int(value: object, name: str, *, minimum: int | None = None) -> int:
+    """``value`` as an int (bools refused): positive, or at least ``minimum`` when given.
+
+    The argument check shared by these functions and the encodings. ``ValueError`` naming
+    ``name`` and the form: "a positive int" by default, "an int >= minimum" with ``minimum``.
+    """
+    low = 1 if minimum is None else minimum
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        form = "a positive int" if minimum is None else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {form}, got {value!r}")
+    return value
+
+
+def _check_bool(value: object, name: str) -> bool:
+    """``value`` if it is a bool, else ``TypeError`` naming ``name`` (shared by encodings)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
 
 
@@ -71,12 +85,12 @@ def rope_frequencies(
     """
     from . import rope_scaling  # the scaling types live there; it imports nothing from here
 
-    _check_positive_int(head_dim, "head_dim")
+    _check_int(head_dim, "head_dim")
     if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1.0:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     for name, value in (("seq_len", seq_len), ("max_position_embeddings", max_position_embeddings)):
         if value is not None:
-            _check_positive_int(value, name)
+            _check_int(value, name)
     params = rope_scaling.validate_scaling(
         scaling,
         head_dim=head_dim,
@@ -207,7 +221,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     ``c = 2 ** floor(log2 H)``: the ``c`` slopes for ``c`` heads, then the even-indexed entries
     (``0, 2, 4, ...``) of the slopes for ``2c`` heads, ``H - c`` of them. Not sorted for such H.
     """
-    _check_positive_int(num_heads, "num_heads")
+    _check_int(num_heads, "num_heads")
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -234,8 +248,8 @@ def t5_bucket(
     distances below ``nb // 2`` get their own bucket; larger ones are log-spaced up to
     ``max_distance``, beyond which they share the last bucket. Returns int64, same shape.
     """
-    _check_positive_int(num_buckets, "num_buckets")
-    _check_positive_int(max_distance, "max_distance")
+    _check_int(num_buckets, "num_buckets")
+    _check_int(max_distance, "max_distance")
     if relative_position.is_floating_point():
         raise TypeError("relative_position must be an integer tensor")
     rp = relative_position.to(torch.int64)
@@ -264,7 +278,7 @@ def sinusoidal_table(pos: Tensor, dim: int, base: float = 10000.0) -> Tensor:
     ``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
     Angles are formed in float64 for fractional or very large positions (see ``rope_angles``).
     """
-    _check_positive_int(dim, "dim")
+    _check_int(dim, "dim")
     if dim % 2:
         raise ValueError(f"dim must be even for the sinusoidal table, got {dim}")
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..functional import _check_bool, _check_int
 from ..registry import register
 from .base import BiasContext, Encoding
 from .bias import DistanceBias
@@ -31,18 +32,6 @@ from .bias import DistanceBias
 def _accurate_dtype(device: torch.device) -> torch.dtype:
     """float64 where the device has it (tables are O(L): exactness is cheap), else float32."""
     return torch.float32 if device.type == "mps" else torch.float64
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 def _distance_range(ctx: BiasContext) -> tuple[int, int] | None:
@@ -128,7 +117,7 @@ class Sandwich(TabulatedDistanceBias):
     ) -> None:
         super().__init__(num_heads, head_dim)
         dim = head_dim if dim is None else dim
-        if _positive_int(dim, "dim") % 2:
+        if _check_int(dim, "dim") % 2:
             raise ValueError(f"dim must be even (d/2 frequencies), got {dim}")
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
             raise ValueError(f"base must be a number > 1, got {base!r}")
@@ -197,8 +186,8 @@ class DynamicPositionBias(TabulatedDistanceBias):
     ) -> None:
         super().__init__(num_heads, head_dim)
         width = max(num_heads * head_dim // 4, 1) if width is None else width
-        _positive_int(width, "width")
-        _positive_int(depth, "depth")
+        _check_int(width, "width")
+        _check_int(depth, "depth")
         self.log_distance = _check_bool(log_distance, "log_distance")
         _check_bool(norm, "norm")
         if activation not in self.ACTIVATIONS:
@@ -293,7 +282,7 @@ class Cable(Encoding):
         self.scaled = _check_bool(scaled, "scaled")
         if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or init_std < 0:
             raise ValueError(f"init_std must be a non-negative number, got {init_std!r}")
-        self.input_dim = None if input_dim is None else _positive_int(input_dim, "input_dim")
+        self.input_dim = None if input_dim is None else _check_int(input_dim, "input_dim")
         if self.input_dim is None:
             self.weight = nn.Parameter(torch.randn(num_heads, head_dim) * init_std)
             self.bias_u = nn.Parameter(torch.zeros(num_heads))
@@ -425,10 +414,10 @@ class URPE(DistanceBias):
         init_std: float = 0.02,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        self.max_length = _positive_int(max_length, "max_length")
+        self.max_length = _check_int(max_length, "max_length")
         if num_buckets is not None:
-            _positive_int(num_buckets, "num_buckets")
-            _positive_int(max_distance, "max_distance")
+            _check_int(num_buckets, "num_buckets")
+            _check_int(max_distance, "max_distance")
             if num_buckets < 4 or max_distance <= num_buckets // 4:
                 raise ValueError(
                     f"num_buckets must be >= 4 and max_distance > num_buckets // 4, got "

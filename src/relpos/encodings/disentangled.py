@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import sinusoidal_table
+from ..functional import _check_int, sinusoidal_table
 from ..registry import register
 from .base import BiasContext, Encoding
 
@@ -385,12 +385,6 @@ def _pos_att_type(value: object) -> tuple[str, ...]:
     return types
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 @register("deberta")
 class DeBERTa(RelativeTableAttention):
     """DeBERTa disentangled attention, v2/v3 code (He et al. 2021, arXiv 2006.03654;
@@ -460,7 +454,7 @@ class DeBERTa(RelativeTableAttention):
             raise ValueError(
                 f"position_buckets must be an int (<= 0: none), got {position_buckets!r}"
             )
-        _positive_int(max_relative_positions, "max_relative_positions")
+        _check_int(max_relative_positions, "max_relative_positions")
         if position_buckets > 0 and not (
             position_buckets >= 2 and max_relative_positions - 1 > position_buckets // 2
         ):
@@ -470,7 +464,7 @@ class DeBERTa(RelativeTableAttention):
                 f"max_relative_positions={max_relative_positions}"
             )
         hidden_size = num_heads * head_dim if hidden_size is None else hidden_size
-        _positive_int(hidden_size, "hidden_size")
+        _check_int(hidden_size, "hidden_size")
         _check_dropout(dropout)
         for flag, value in (
             ("share_att_key", share_att_key),

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..functional import t5_bucket
+from ..functional import _check_bool, _check_int, t5_bucket
 from ..registry import register
 from .base import BiasContext, Encoding
 
@@ -162,18 +162,6 @@ def page_distance_edges(num_buckets: int, page_size: float = 1000.0) -> Tensor:
     return torch.tensor(edges, dtype=torch.float32)
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
 # ------------------------------------------------------------------------------ base class
 class BoxEncoding(Encoding):
     """Base: reads ``inputs["boxes"]`` (and optional ``inputs["query_boxes"]``)."""
@@ -263,14 +251,14 @@ class LayoutLMv2Bias(BoxEncoding):
         has_spatial_attention_bias: bool = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        self.rel_pos_bins = _positive_int(rel_pos_bins, "rel_pos_bins")
-        self.max_rel_pos = _positive_int(max_rel_pos, "max_rel_pos")
-        self.rel_2d_pos_bins = _positive_int(rel_2d_pos_bins, "rel_2d_pos_bins")
-        self.max_rel_2d_pos = _positive_int(max_rel_2d_pos, "max_rel_2d_pos")
-        self.has_relative_attention_bias = _flag(
+        self.rel_pos_bins = _check_int(rel_pos_bins, "rel_pos_bins")
+        self.max_rel_pos = _check_int(max_rel_pos, "max_rel_pos")
+        self.rel_2d_pos_bins = _check_int(rel_2d_pos_bins, "rel_2d_pos_bins")
+        self.max_rel_2d_pos = _check_int(max_rel_2d_pos, "max_rel_2d_pos")
+        self.has_relative_attention_bias = _check_bool(
             has_relative_attention_bias, "has_relative_attention_bias"
         )
-        self.has_spatial_attention_bias = _flag(
+        self.has_spatial_attention_bias = _check_bool(
             has_spatial_attention_bias, "has_spatial_attention_bias"
         )
         if not (self.has_relative_attention_bias or self.has_spatial_attention_bias):
@@ -405,17 +393,19 @@ class DocPolarBERT(BoxEncoding):
         has_angle_attention_bias: bool = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        self.rel_pos_bins = _positive_int(rel_pos_bins, "rel_pos_bins")
-        self.max_rel_pos = _positive_int(max_rel_pos, "max_rel_pos")
-        self.rel_2d_pos_bins = _positive_int(rel_2d_pos_bins, "rel_2d_pos_bins")
-        self.rel_2d_angle_bins = _positive_int(rel_2d_angle_bins, "rel_2d_angle_bins")
-        self.has_relative_attention_bias = _flag(
+        self.rel_pos_bins = _check_int(rel_pos_bins, "rel_pos_bins")
+        self.max_rel_pos = _check_int(max_rel_pos, "max_rel_pos")
+        self.rel_2d_pos_bins = _check_int(rel_2d_pos_bins, "rel_2d_pos_bins")
+        self.rel_2d_angle_bins = _check_int(rel_2d_angle_bins, "rel_2d_angle_bins")
+        self.has_relative_attention_bias = _check_bool(
             has_relative_attention_bias, "has_relative_attention_bias"
         )
-        self.has_spatial_attention_bias = _flag(
+        self.has_spatial_attention_bias = _check_bool(
             has_spatial_attention_bias, "has_spatial_attention_bias"
         )
-        self.has_angle_attention_bias = _flag(has_angle_attention_bias, "has_angle_attention_bias")
+        self.has_angle_attention_bias = _check_bool(
+            has_angle_attention_bias, "has_angle_attention_bias"
+        )
         if not (
             self.has_relative_attention_bias
             or self.has_spatial_attention_bias

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..functional import _check_int
 from ..registry import register
-from .relative_table import RelativeEmbeddingTable, _positive_int
+from .relative_table import RelativeEmbeddingTable
 
 __all__ = ["Huang2020Method3", "Huang2020Method4"]
 
@@ -31,7 +32,7 @@ class _Huang2020(RelativeEmbeddingTable):
     ascending = False
 
     def __init__(self, num_heads: int, head_dim: int, *, max_position_embeddings: int) -> None:
-        m = _positive_int(max_position_embeddings, "max_position_embeddings")
+        m = _check_int(max_position_embeddings, "max_position_embeddings")
         super().__init__(num_heads, head_dim, left=m - 1, right=m - 1, values=False)
         self.max_position_embeddings = m
 

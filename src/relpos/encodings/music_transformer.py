@@ -2,21 +2,20 @@
 
 ``music-transformer``: a learned table ``E_r`` of ``N`` relative positions read by the queries
 (zero beyond ``N``, causal by default). The paper's "skewing" is ``relative_table_ops.skew``;
-the class itself is a ``RelativeEmbeddingTable`` (``relative_table.py``).
+the class itself is a ``LearnedRelativeTable`` (``relative_table.py``).
 """
 
 from __future__ import annotations
 
-from torch import Tensor
-
+from ..functional import _check_bool, _check_int
 from ..registry import register
-from .relative_table import RelativeEmbeddingTable, _positive_int
+from .relative_table import LearnedRelativeTable
 
 __all__ = ["MusicTransformerRelative"]
 
 
 @register("music-transformer")
-class MusicTransformerRelative(RelativeEmbeddingTable):
+class MusicTransformerRelative(LearnedRelativeTable):
     """Relative attention of the Music Transformer (Huang et al. 2018, arXiv 1809.04281;
     tensor2tensor ``dot_product_self_attention_relative_v2``).
 
@@ -57,27 +56,15 @@ class MusicTransformerRelative(RelativeEmbeddingTable):
         heads_share: bool = False,
         bidirectional: bool = False,
     ) -> None:
-        n = _positive_int(max_relative_position, "max_relative_position")
-        if not isinstance(bidirectional, bool):
-            raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
+        n = _check_int(max_relative_position, "max_relative_position")
+        _check_bool(bidirectional, "bidirectional")
         super().__init__(
             num_heads, head_dim, left=n - 1, right=n - 1 if bidirectional else 0, values=values
         )
         self.max_relative_position = n
         self.bidirectional = bidirectional
         self.causal_only = not bidirectional  # type: ignore[misc]
-        self.heads_share = bool(heads_share)
-        std = head_dim**-0.5
-        self.key_table = self._new_table(not self.heads_share, "normal", std)
-        self.value_table = self._new_table(not self.heads_share, "normal", std) if values else None
-
-    def relation_table(self, role: str) -> Tensor:
-        table = self.key_table if role == "key" else self.value_table
-        assert table is not None
-        return table
+        self._learn_tables(heads_share, "normal", head_dim**-0.5)
 
     def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, heads_share={self.heads_share}, "
-            f"bidirectional={self.bidirectional}"
-        )
+        return f"{super().extra_repr()}, bidirectional={self.bidirectional}"

@@ -1,4 +1,5 @@
-"""The shared base of relative-embedding tables: ``RelativeEmbeddingTable``, ``TableContext``.
+"""The shared base of relative-embedding tables: ``RelativeEmbeddingTable``, ``TableContext``,
+and ``LearnedRelativeTable`` (learned key and value tables: Shaw, Music Transformer).
 
 One idea behind Shaw, the Music Transformer, NEZHA and Huang et al. 2020 (their classes live
 in ``shaw.py``, ``music_transformer.py`` and ``huang2020.py``): a table of relative embeddings
@@ -36,10 +37,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..functional import _check_bool
 from .base import BiasContext, Encoding
 from .relative_table_ops import gather_rows, trilinear_scores, weighted_rows
 
-__all__ = ["RelativeEmbeddingTable", "TableContext"]
+__all__ = ["RelativeEmbeddingTable", "LearnedRelativeTable", "TableContext"]
 
 
 # ------------------------------------------------------------------------------ base class
@@ -64,12 +66,6 @@ def _window(value: object, name: str) -> tuple[int, int]:
                 f"got {value!r}"
             )
     return left, right
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class RelativeEmbeddingTable(Encoding):
@@ -106,10 +102,8 @@ class RelativeEmbeddingTable(Encoding):
         self, num_heads: int, head_dim: int, *, left: int, right: int, values: bool
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if not isinstance(values, bool):
-            raise TypeError(f"values must be a bool, got {values!r}")
         self.left, self.right = left, right
-        self.has_value_term = values
+        self.has_value_term = _check_bool(values, "values")
 
     @property
     def num_rows(self) -> int:
@@ -236,3 +230,33 @@ class RelativeEmbeddingTable(Encoding):
             f"{super().extra_repr()}, window=(-{self.left}, {self.right}), "
             f"values={self.has_value_term}"
         )
+
+
+class LearnedRelativeTable(RelativeEmbeddingTable):
+    """Base of the tables that are learned parameters: ``key_table`` and, with ``values``,
+    ``value_table``, each ``(rows, D)`` shared by the heads or ``(H, rows, D)`` per head
+    (Shaw, Music Transformer). NEZHA's fixed sinusoid and Huang et al.'s single
+    ``distance_embedding`` are not of this kind.
+
+    Subclasses call ``_learn_tables`` after ``__init__`` with their initialisation.
+    """
+
+    key_table: nn.Parameter
+    value_table: nn.Parameter | None
+
+    def _learn_tables(self, heads_share: bool, init: str, scale: float) -> None:
+        """Create ``key_table`` (then ``value_table`` when the encoding has the value term):
+        ``init`` and ``scale`` as in ``_new_table``; ``heads_share`` is stored as given."""
+        self.heads_share = bool(heads_share)
+        self.key_table = self._new_table(not self.heads_share, init, scale)
+        self.value_table = (
+            self._new_table(not self.heads_share, init, scale) if self.has_value_term else None
+        )
+
+    def relation_table(self, role: str) -> Tensor:
+        table = self.key_table if role == "key" else self.value_table
+        assert table is not None
+        return table
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, heads_share={self.heads_share}"

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..functional import apply_rotary, rope_angles
+from ..functional import _check_int, apply_rotary, rope_angles
 from ..registry import register
 from .base import Encoding
 
@@ -93,12 +93,6 @@ def _as_coordinates(pos: Tensor) -> Tensor:
     return pos[..., None] if pos.dim() == 2 else pos
 
 
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 # --------------------------------------------------------------------------- LieRE
 
 
@@ -153,7 +147,7 @@ class LieRE(Encoding):
         super().__init__(num_heads, head_dim)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for liere, got {head_dim}")
-        self.dims = _check_positive_int(dims, "dims")
+        self.dims = _check_int(dims, "dims")
         g = head_dim if generator_dim is None else generator_dim
         if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g % 2 or head_dim % g:
             raise ValueError(

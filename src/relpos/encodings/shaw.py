@@ -5,7 +5,8 @@
 * ``nezha``: Wei et al. 2019 (arXiv 1909.00204): the same keys and values read from a fixed
   sinusoid table.
 
-Both are ``RelativeEmbeddingTable``s (``relative_table.py``).
+Both are ``RelativeEmbeddingTable``s (``relative_table.py``); Shaw's learned tables come from
+``LearnedRelativeTable``.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import sinusoidal_table
+from ..functional import _check_int, sinusoidal_table
 from ..registry import register
-from .relative_table import RelativeEmbeddingTable, _positive_int, _window
+from .relative_table import LearnedRelativeTable, RelativeEmbeddingTable, _window
 
 __all__ = ["ShawRelative", "NezhaRelative"]
 
 
 @register("shaw")
-class ShawRelative(RelativeEmbeddingTable):
+class ShawRelative(LearnedRelativeTable):
     """Relation-aware self-attention (Shaw, Uszkoreit, Vaswani 2018, arXiv 1803.02155;
     tensor2tensor ``dot_product_attention_relative``).
 
@@ -54,20 +55,7 @@ class ShawRelative(RelativeEmbeddingTable):
     ) -> None:
         left, right = _window(max_relative_position, "max_relative_position")
         super().__init__(num_heads, head_dim, left=left, right=right, values=values)
-        self.heads_share = bool(heads_share)
-        bound = (3.0 / self.num_rows) ** 0.5
-        self.key_table = self._new_table(not self.heads_share, "uniform", bound)
-        self.value_table = (
-            self._new_table(not self.heads_share, "uniform", bound) if values else None
-        )
-
-    def relation_table(self, role: str) -> Tensor:
-        table = self.key_table if role == "key" else self.value_table
-        assert table is not None
-        return table
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, heads_share={self.heads_share}"
+        self._learn_tables(heads_share, "uniform", (3.0 / self.num_rows) ** 0.5)
 
 
 @register("nezha")
@@ -99,7 +87,7 @@ class NezhaRelative(RelativeEmbeddingTable):
         max_relative_position: int = 64,
         values: bool = True,
     ) -> None:
-        k = _positive_int(max_relative_position, "max_relative_position")
+        k = _check_int(max_relative_position, "max_relative_position")
         super().__init__(num_heads, head_dim, left=k, right=k, values=values)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for NEZHA's sinusoid table, got {head_dim}")

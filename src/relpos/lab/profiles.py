@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+P = TypeVar("P")
 
 HEADLINE = ("rope", "alibi", "kerple-log", "fire", "t5", "sinusoidal", "nope")
 
@@ -119,14 +121,20 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-def get_profile(name: str) -> Profile:
-    """The profile called ``name``; ``ValueError`` listing the known ones otherwise."""
+def lookup_profile(profiles: Mapping[str, P], name: str) -> P:
+    """``profiles[name]``; ``ValueError`` listing the known names otherwise (also for an
+    unhashable ``name``). Shared by the profile tables of the lab's commands."""
     try:
-        return PROFILES[name]
+        return profiles[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown profile {name!r}; known profiles: {', '.join(PROFILES)}"
+            f"unknown profile {name!r}; known profiles: {', '.join(profiles)}"
         ) from None
 
 
-__all__ = ["Profile", "PROFILES", "HEADLINE", "get_profile"]
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; ``ValueError`` listing the known ones otherwise."""
+    return lookup_profile(PROFILES, name)
+
+
+__all__ = ["Profile", "PROFILES", "HEADLINE", "get_profile", "lookup_profile"]

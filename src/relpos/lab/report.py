@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..analysis.output import save_figure  # PNG via atomic_write, then closed
 from ..io import atomic_write
 
 MODE_TITLES = {
@@ -258,13 +259,28 @@ def write_json(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any])
     write_json_file(path, {"meta": meta, "rows": list(rows)})
 
 
+def length_axis(ax: Any, lengths: Sequence[int], label: str, trained: int | None = None) -> None:
+    """A log2 x axis of sequence lengths on the matplotlib axes ``ax``: ticks (plain numbers)
+    at ``lengths`` only, labelled ``label``; the trained length as a dashed line when given."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    if trained:
+        ax.axvline(trained, color="0.35", linestyle="--", linewidth=1.0)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
+    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_xlabel(label)
+
+
 def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """Log-scale perplexity vs evaluation length (log2 axis), one panel per mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     modes = _modes(rows)
     train_len = int(rows[0]["train_len"])
@@ -294,17 +310,11 @@ def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
                 label=name,
             )
             handles.setdefault(name, line)
-        ax.axvline(train_len, color="0.35", linestyle="--", linewidth=1.0)
-        ax.set_xscale("log", base=2)
+        length_axis(ax, lengths, "evaluation length (tokens)", trained=train_len)
         ax.set_yscale("log")
-        ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
-        ax.xaxis.set_major_locator(FixedLocator(lengths))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(plain)
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(1.5, 2.0, 3.0, 5.0, 7.0)))
         ax.yaxis.set_minor_formatter(plain)
-        ax.set_xlabel("evaluation length (tokens)")
         title = "non-overlapping" if mode == "nonoverlapping" else mode
         ax.set_title(f"{title} windows", fontsize=10)
         ax.grid(True, which="both", alpha=0.25)
@@ -314,14 +324,7 @@ def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         f"trained at L = {train_len} tokens (dashed vertical line); lower is better", fontsize=10
     )
     fig.tight_layout(rect=(0, 0, 1 - 1.5 / (4.6 * len(modes) + 1.6), 1))
-
-    def write(tmp: str) -> None:
-        fig.savefig(tmp, dpi=100, format="png")
-
-    try:
-        atomic_write(path, write)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 HOW_TO_READ = """\
@@ -426,4 +429,6 @@ __all__ = [
     "ppl_grid",
     "run_metadata",
     "plot_ppl_vs_length",
+    "length_axis",
+    "save_figure",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..passkey import MAX_NEW_TOKENS
+from ..profiles import lookup_profile
 from ..report import check_run_folder
 from .methods import ROPE_SCALINGS, available_methods, method_cost
 
@@ -147,12 +148,8 @@ PROFILES: dict[str, LongctxProfile] = {
 
 
 def get_profile(name: str) -> LongctxProfile:
-    try:
-        return PROFILES[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown profile {name!r}; known profiles: {', '.join(PROFILES)}"
-        ) from None
+    """The profile called ``name``; ``ValueError`` listing the known ones otherwise."""
+    return lookup_profile(PROFILES, name)
 
 
 # ------------------------------------------------------------------------------ the plan

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...io import atomic_write
 from .. import report as lab_report
 from .methods import METHODS
 from .run import RunState
@@ -156,7 +155,7 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], trained: int | None = None)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    from matplotlib.ticker import FuncFormatter
 
     lengths = _lengths(rows)
     panels = [
@@ -189,20 +188,13 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], trained: int | None = None)
                 xs, ys, marker="o", markersize=3.5, linewidth=1.6, color=colors(k % 10), label=name
             )
             handles.setdefault(name, line)
-        if trained:
-            ax.axvline(trained, color="0.35", linestyle="--", linewidth=1.0)
-        ax.set_xscale("log", base=2)
+        lab_report.length_axis(ax, lengths, "prompt length (tokens)", trained=trained)
         if key == "ppl":
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(plain)
             ax.yaxis.set_minor_formatter(plain)
         else:
             ax.set_ylim(-5, 105)
-        ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
-        ax.xaxis.set_major_locator(FixedLocator(lengths))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(plain)
-        ax.set_xlabel("prompt length (tokens)")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.25)
     labels = [
@@ -213,14 +205,7 @@ def plot(path: Path, rows: Sequence[dict[str, Any]], trained: int | None = None)
     fig.suptitle(f"training-free context extension{suffix}", fontsize=10)
     width = 4.8 * len(panels) + 1.6
     fig.tight_layout(rect=(0, 0, 1 - 2.6 / width, 1))
-
-    def write(tmp: str) -> None:
-        fig.savefig(tmp, dpi=100, format="png")
-
-    try:
-        atomic_write(path, write)
-    finally:
-        plt.close(fig)
+    lab_report.save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------ files
