@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..attention.piecewise import KeySegment, piecewise_sdpa_attention
+from ..functional import _check_int
 from ..registry import register
 from .base import BiasContext
 from .rotary import RoPE
@@ -42,12 +43,6 @@ if TYPE_CHECKING:
     from ..attention.call import AttentionCall
 
 Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece
-
-
-def _positive_int(value: object, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _floor_div(x: Tensor, n: int) -> Tensor:
@@ -176,10 +171,10 @@ class DualChunkAttention(PiecewiseRoPE):
         )
         if pretraining_length is None:
             pretraining_length = max_position_embeddings or 4096
-        lp = _positive_int(pretraining_length, "pretraining_length", minimum=2)
-        s = _positive_int(3 * lp // 4 if chunk_size is None else chunk_size, "chunk_size")
+        lp = _check_int(pretraining_length, "pretraining_length", minimum=2)
+        s = _check_int(3 * lp // 4 if chunk_size is None else chunk_size, "chunk_size", minimum=1)
         w = lp // 8 if local_window is None else local_window
-        w = _positive_int(w, "local_window", minimum=0)
+        w = _check_int(w, "local_window", minimum=0)
         if w >= s:
             raise ValueError(
                 f"local_window must be smaller than chunk_size (chunk length = chunk_size - "
@@ -278,10 +273,10 @@ class LMInfinite(PiecewiseRoPE):
         )
         if local_branch is None:
             local_branch = max_position_embeddings or 4096
-        self.local_branch = _positive_int(local_branch, "local_branch")
-        self.global_branch = _positive_int(global_branch, "global_branch", minimum=0)
+        self.local_branch = _check_int(local_branch, "local_branch", minimum=1)
+        self.global_branch = _check_int(global_branch, "global_branch", minimum=0)
         limit = self.local_branch if limit_distance is None else limit_distance
-        self.limit_distance = _positive_int(limit, "limit_distance", minimum=0)
+        self.limit_distance = _check_int(limit, "limit_distance", minimum=0)
 
     def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
         capped = torch.full_like(q_pos, self.limit_distance)
@@ -363,8 +358,8 @@ class SelfExtend(PiecewiseRoPE):
             scaling=scaling,
             max_position_embeddings=max_position_embeddings,
         )
-        self.group_size = _positive_int(group_size, "group_size")
-        self.neighbor_window = _positive_int(neighbor_window, "neighbor_window")
+        self.group_size = _check_int(group_size, "group_size", minimum=1)
+        self.neighbor_window = _check_int(neighbor_window, "neighbor_window", minimum=1)
         if log_scale_base is not None and (
             isinstance(log_scale_base, bool)
             or not isinstance(log_scale_base, (int, float))
