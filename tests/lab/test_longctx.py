@@ -274,6 +274,7 @@ def test_tiny_end_to_end_run_writes_results_table_and_plot(tmp_path, data_file, 
         (("--seeds", "-1"), "--seeds must be >= 0"),
         (("--model", "missing.gguf"), "--model must be smollm2, random-tiny or a .gguf file"),
         (("--profile", "huge"), "unknown profile 'huge'"),
+        (("--quick", "--profile", "full"), "--quick is --profile quick"),
         (("--lengths", "100"), "shorter than the prompt without filler"),
     ],
 )
@@ -284,6 +285,15 @@ def test_bad_options_give_one_line_and_write_nothing(tmp_path, data_file, capsys
     assert code == 2
     assert err.startswith("relpos: error: ") and message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_quick_flag_is_the_quick_profile(tmp_path, data_file, capsys):
+    out = tmp_path / "run"
+    argv = [*TINY, "--quick", "--data", str(data_file), "--out", str(out)]
+    code, text, _ = run(capsys, *argv)
+    assert code == 0, text
+    assert "profile quick" in text
+    assert json.loads((out / "results.json").read_text())["meta"]["profile"] == "quick"
 
 
 @pytest.mark.slow

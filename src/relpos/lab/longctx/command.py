@@ -27,7 +27,8 @@ def add_arguments(parser: Any) -> None:
         help=f"comma-separated methods or all (default: {','.join(ROPE_SCALINGS)}; known: "
         f"{', '.join(METHODS)})",
     )
-    add("--profile", default="quick", help="quick (default, minutes) or full (2K..16K, ~1.5 h)")
+    add("--profile", help="quick (default, minutes) or full (2K..16K, ~1.5 h)")
+    add("--quick", action="store_true", help="the quick profile (same as --profile quick)")
     add("--lengths", help="prompt lengths in tokens, e.g. 2048,4k,16k (default: the profile's)")
     add("--depths", help="passkey depths in [0, 1], e.g. 0.1,0.5,0.9 (default: the profile's)")
     add("--seeds", help="passkey keys per depth (default: the profile's; 0 = no passkey)")
@@ -58,9 +59,13 @@ def run_command(args: Any) -> int:
     import sys
 
     t0 = time.perf_counter()
+    if getattr(args, "quick", False) and args.profile not in (None, "quick"):
+        raise ValueError(
+            f"--quick is --profile quick; it cannot be combined with --profile {args.profile}"
+        )
     plan = plan_longctx(
         methods=args.methods,
-        profile=args.profile,
+        profile=args.profile or "quick",
         lengths=args.lengths,
         depths=args.depths,
         seeds=_int_option(args.seeds, "--seeds"),
