@@ -72,8 +72,10 @@ def anchor_mask_mod(doc_ids: Tensor, *, causal: bool = True) -> MaskMod:
     """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` for ``doc_ids (L,)`` or
     ``(B, L)``: ``(doc(q) == doc(k) or doc(k) == 0) and q_idx >= kv_idx``. It is
     element-wise on broadcasting index tensors, so it also evaluates any tile of the mask
-    without an ``L x L`` tensor (``torch.nn.attention.flex_attention.create_block_mask``).
-    Query and key indices address the same sequence (self-attention over ``doc_ids``)."""
+    without an ``L x L`` tensor: pass it as ``relpos.attention(..., mask_mod=...)`` (or to
+    ``MultiHeadAttention`` / ``TransformerLM``). Query and key indices address the same
+    sequence (self-attention over ``doc_ids``; relpos passes queries in key coordinates, so
+    cached decoding reuses it)."""
     ids = check_int_tensor(doc_ids, "doc_ids")
     ids = ids if ids.dim() == 2 else ids[None]
 
@@ -89,7 +91,8 @@ def anchor_mask_mod(doc_ids: Tensor, *, causal: bool = True) -> MaskMod:
 def anchor_mask(doc_ids: Tensor, *, num_queries: int | None = None, causal: bool = True) -> Tensor:
     """The dense bool mask ``(B|1, 1, Lq, L)`` of ``anchor_mask_mod`` for
     ``relpos.attention(..., mask=...)`` (True = attend). ``num_queries`` keeps the last
-    ``Lq`` query rows (decoding with a KV cache over all ``L`` keys). O(L^2) memory."""
+    ``Lq`` query rows (decoding with a KV cache over all ``L`` keys). O(L^2) memory: for long
+    sequences pass ``mask_mod=anchor_mask_mod(doc_ids)`` instead."""
     ids = check_int_tensor(doc_ids, "doc_ids")
     length = ids.shape[-1]
     lq = length if num_queries is None else check_int(num_queries, "num_queries", minimum=0)

@@ -11,9 +11,9 @@ A token on ring ``a`` gets position ``p + a``; the text after the image continue
 index ``t`` has position ``t - H W + R``. Inside the image a token attends to every image
 token on rings ``<= a`` (its own ring bidirectionally); text keeps causal rules.
 
-That mask is exactly ``k_pos <= q_pos`` on these positions (``cca_mask_mod``), so no
-``L x L`` tensor is needed. The source covers 24 x 24 grids; other sizes follow the same
-ring formula (``R = ceil(min(H, W) / 2)``).
+That mask is exactly ``k_pos <= q_pos`` on these positions (``cca_mask_mod``, for
+``relpos.attention(..., mask_mod=...)``), so no ``L x L`` tensor is needed. The source
+covers 24 x 24 grids; other sizes follow the same ring formula (``R = ceil(min(H, W) / 2)``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def cca_mask_mod(positions: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor]
 
 def cca_mask(positions: Tensor) -> Tensor:
     """Dense bool mask ``(B|1, 1, L, L)`` of ``cca_mask_mod`` (True = attend) for
-    ``relpos.attention(..., mask=...)`` with ``causal=False``. O(L^2) memory."""
+    ``relpos.attention(..., mask=...)`` with ``causal=False``. O(L^2) memory: for long
+    sequences pass ``mask_mod=cca_mask_mod(positions)`` instead."""
     pos = check_int_tensor(positions, "positions")
     pos = pos if pos.dim() == 2 else pos[None]
     return pos[:, None, None, :] <= pos[:, None, :, None]
