@@ -545,3 +545,25 @@ def test_bad_calls_raise(name):
         relpos.attention(q, k, v, enc, causal=True, backend="sdpa")
     with pytest.raises(ValueError, match="head_dim"):
         relpos.attention(q[..., :8], k[..., :8], v, enc, causal=True)
+
+
+def test_dca_mscale_multiplies_logits_past_the_pretraining_length():
+    """ChunkLlama's ``get_mscale``: cos/sin times ``m = 0.05 ln(L / Lp) + 1`` on q and k, so
+    every logit times ``m^2`` once ``L > Lp``; nothing changes up to ``Lp``."""
+    plain = relpos.create("dca", num_heads=4, head_dim=16, **SMALL["dca"])
+    scaled = relpos.create("dca", num_heads=4, head_dim=16, mscale=True, **SMALL["dca"])
+    assert "mscale=True" in repr(scaled) and "mscale" not in repr(plain)
+    for length in (12, 16, 25, 40):
+        q, k, _ = qkv(lq=length, lk=length)
+        a, b = relpos.scores(q, k, plain), relpos.scores(q, k, scaled)
+        m = 0.05 * math.log(length / 16) + 1 if length > 16 else 1.0
+        finite = torch.isfinite(a)
+        assert torch.equal(finite, torch.isfinite(b))
+        torch.testing.assert_close(b[finite], a[finite] * m * m, rtol=1e-5, atol=1e-6)
+    q, k, v = qkv(lq=40, lk=40)
+    with torch.no_grad():  # the fused CPU path (log-sum-exp merge) and the generic path agree
+        ref = relpos.attention(q, k, v, scaled, causal=True, backend="eager")
+        out = relpos.attention(q, k, v, scaled, causal=True, backend="chunked")
+    close(out, ref.double())
+    with pytest.raises(ValueError, match="mscale"):
+        relpos.create("dca", num_heads=4, head_dim=16, mscale=1)

@@ -99,12 +99,19 @@ class PiecewiseRoPE(RoPE):
         backend (and ``auto`` above the dense limit) calls it."""
         return piecewise_sdpa_attention(call)
 
+    def logit_factor(self, seq_len: int) -> float:
+        """A factor on every logit of a call whose largest position is ``seq_len - 1``
+        (1; DCA's optional ``mscale``)."""
+        return 1.0
+
     def pieces(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
         self._check_qk(q, k)
         q = self.scale_queries(q, q_pos)
-        seq_len = None
-        if self.length_dependent:
-            seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        true_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        seq_len = true_len if self.length_dependent else None
+        factor = self.logit_factor(true_len)
+        if factor != 1.0:
+            q = q * factor
         rotated: dict[tuple[int, int], Tensor] = {}  # one rotation per (tensor, positions)
 
         def rot(x: Tensor, pos: Tensor) -> Tensor:
@@ -139,7 +146,12 @@ class DualChunkAttention(PiecewiseRoPE):
         base, layout, partial_rotary_factor, scaling, max_position_embeddings: as ``rope``
             (ChunkLlama's ``scaling_factor`` is ``scaling={"rope_type": "linear", ...}``).
 
-    Not implemented: the optional query temperature ``0.05 ln(L / Lp) + 1`` of some ports.
+        mscale: scale every logit by ``m^2``, ``m = 0.05 ln(L / Lp) + 1`` for calls longer
+            than ``Lp`` (``L`` = largest position + 1). ChunkLlama multiplies all its cos/sin
+            tables by ``m`` (``get_mscale``; note 0.05, not YaRN's 0.1) once the input outgrows
+            the table built for ``Lp``, so q and k carry one factor each; relpos assumes the
+            ratio is to ``Lp``. Off by default (the spec calls it optional; the paper's
+            results did not use it, says the code). A decoding step uses its own ``L``.
     Shapes as ``rope``; positions are integers.
     """
 
@@ -159,6 +171,7 @@ class DualChunkAttention(PiecewiseRoPE):
         partial_rotary_factor: float = 1.0,
         scaling: dict | None = None,
         max_position_embeddings: int | None = None,
+        mscale: bool = False,
     ) -> None:
         super().__init__(
             num_heads,
@@ -169,6 +182,9 @@ class DualChunkAttention(PiecewiseRoPE):
             scaling=scaling,
             max_position_embeddings=max_position_embeddings,
         )
+        if not isinstance(mscale, bool):
+            raise ValueError(f"mscale must be a bool, got {mscale!r}")
+        self.mscale = mscale
         if pretraining_length is None:
             pretraining_length = max_position_embeddings or 4096
         lp = _check_int(pretraining_length, "pretraining_length", minimum=2)
@@ -182,6 +198,12 @@ class DualChunkAttention(PiecewiseRoPE):
             )
         self.pretraining_length, self.chunk_size, self.local_window = lp, s, w
         self.chunk_len = s - w
+
+    def logit_factor(self, seq_len: int) -> float:
+        if not self.mscale or seq_len <= self.pretraining_length:
+            return 1.0
+        m = 0.05 * math.log(seq_len / self.pretraining_length) + 1.0
+        return m * m
 
     def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
         c, s = self.chunk_len, self.chunk_size
@@ -213,6 +235,7 @@ class DualChunkAttention(PiecewiseRoPE):
         return (
             f"{super().extra_repr()}, chunk_size={self.chunk_size}, "
             f"local_window={self.local_window}, chunk_len={self.chunk_len}"
+            + (", mscale=True" if self.mscale else "")
         )
 
 
