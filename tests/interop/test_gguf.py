@@ -141,29 +141,37 @@ def test_logits_match_transformers_loading_the_same_file(smollm2, hf):
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
+def hf_rotary(hf_model, scaling: dict, max_position_embeddings: int | None = None):
+    """transformers' ``LlamaRotaryEmbedding`` for ``hf_model`` with ``scaling`` as its
+    ``rope_parameters`` (YaRN's original length: the file's 8192)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = copy.deepcopy(hf_model.config)
+    config.rope_parameters = {**scaling, "rope_theta": config.rope_parameters["rope_theta"]}
+    if scaling["rope_type"] == "yarn":
+        config.rope_parameters["original_max_position_embeddings"] = 8192
+    config.max_position_embeddings = max_position_embeddings or 8192
+    return LlamaRotaryEmbedding(config)
+
+
 @needs_model
 @pytest.mark.parametrize("method", ["pi", "yarn", "dynamic-ntk"])
 def test_context_extension_methods_match_transformers_rope_scaling(smollm2, hf, method):
     """The longctx methods applied to the loaded model equal HF's ``rope_parameters`` on the
     same weights. Dynamic NTK only acts past the trained length: both sides are told a
     trained length of 16 tokens so that a short text triggers it."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
     from relpos.lab.longctx import METHODS
 
     model, tokenizer, _ = smollm2
     hf_model, _ = hf
     scaling = dict(METHODS[method].options["scaling"])
     short = {"max_position_embeddings": 16} if method == "dynamic-ntk" else {}
-    config = copy.deepcopy(hf_model.config)
-    config.rope_parameters = {**scaling, "rope_theta": config.rope_parameters["rope_theta"]}
-    if scaling["rope_type"] == "yarn":
-        config.rope_parameters["original_max_position_embeddings"] = 8192
-    config.max_position_embeddings = short.get("max_position_embeddings", 8192)
     original = hf_model.model.rotary_emb
     x = _ids(tokenizer, HAMLET)[:, :48]
     try:
-        hf_model.model.rotary_emb = LlamaRotaryEmbedding(config)
+        hf_model.model.rotary_emb = hf_rotary(
+            hf_model, scaling, short.get("max_position_embeddings")
+        )
         model.set_encoding("rope", scaling=scaling, **short)
         with torch.no_grad():
             ours, ref = model(x), hf_model(x).logits
@@ -298,3 +306,31 @@ def test_non_llama_architectures_are_refused(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="general.architecture 'llama'.*'gpt2'"):
         load_gguf(path)
+
+
+@needs_model
+@pytest.mark.slow  # two 16K-token forwards (about 3 minutes on 2 idle cores)
+def test_yarn_at_16k_matches_transformers_on_the_longctx_passkey_prompt(smollm2, hf):
+    """Past the trained 8K the README's table has YaRN x2 missing the key at 16K, depth 0.5,
+    where the issue's reference (other random prompts) found it. transformers' own model with
+    the same ``rope_parameters`` on the very prompt ``relpos longctx`` used agrees with relpos:
+    same next-token logits (fp32 over 16K tokens and 30 layers), same top 5."""
+    from relpos.lab.longctx import METHODS, trial_keys
+
+    model, tokenizer, _ = smollm2
+    hf_model, _ = hf
+    scaling = dict(METHODS["yarn"].options["scaling"])
+    ((depth, _, key),) = trial_keys(16384, [0.5], 1)
+    x = torch.tensor([passkey_prompt(tokenizer, 16384, key=key, depth=depth).ids])
+    original = hf_model.model.rotary_emb
+    try:
+        hf_model.model.rotary_emb = hf_rotary(hf_model, scaling)
+        model.set_encoding("rope", scaling=scaling)
+        with torch.no_grad():
+            ours = model(x, last=1)[0, -1]
+            ref = hf_model(x, logits_to_keep=1).logits[0, -1]
+    finally:
+        hf_model.model.rotary_emb = original
+        model.set_encoding("rope")
+    assert (ours - ref).abs().max().item() < 1e-3
+    assert torch.equal(ours.topk(5).indices, ref.topk(5).indices)
