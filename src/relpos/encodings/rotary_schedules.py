@@ -99,17 +99,17 @@ class PiecewiseRoPE(RoPE):
         backend (and ``auto`` above the dense limit) calls it."""
         return piecewise_sdpa_attention(call)
 
-    def logit_factor(self, seq_len: int) -> float:
-        """A factor on every logit of a call whose largest position is ``seq_len - 1``
-        (1; DCA's optional ``mscale``)."""
+    def logit_factor(self, q_pos: Tensor, k_pos: Tensor) -> float:
+        """A factor on every logit of the call (1; DCA's optional ``mscale``)."""
         return 1.0
 
     def pieces(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
         self._check_qk(q, k)
         q = self.scale_queries(q, q_pos)
-        true_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
-        seq_len = true_len if self.length_dependent else None
-        factor = self.logit_factor(true_len)
+        seq_len = None
+        if self.length_dependent:
+            seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        factor = self.logit_factor(q_pos, k_pos)
         if factor != 1.0:
             q = q * factor
         rotated: dict[tuple[int, int], Tensor] = {}  # one rotation per (tensor, positions)
@@ -199,8 +199,11 @@ class DualChunkAttention(PiecewiseRoPE):
         self.pretraining_length, self.chunk_size, self.local_window = lp, s, w
         self.chunk_len = s - w
 
-    def logit_factor(self, seq_len: int) -> float:
-        if not self.mscale or seq_len <= self.pretraining_length:
+    def logit_factor(self, q_pos: Tensor, k_pos: Tensor) -> float:
+        if not self.mscale:
+            return 1.0
+        seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        if seq_len <= self.pretraining_length:
             return 1.0
         m = 0.05 * math.log(seq_len / self.pretraining_length) + 1.0
         return m * m
