@@ -18,36 +18,46 @@ from . import registry
 # ------------------------------------------------------------------------------ list
 
 
+#: the model size at which ``relpos list`` instantiates each encoding (default options)
+LIST_HEADS, LIST_HEAD_DIM = 8, 64
+
+
 def encoding_rows(family: str | None = None) -> list[dict[str, str]]:
-    """One row per registered encoding: name, family, relative, hooks, paper."""
-    classes = {name: registry.encoding_class(name) for name in registry.available()}
-    families = sorted({cls.family for cls in classes.values()})
+    """One row per registered encoding: name, family, relative, hooks, paper.
+
+    Flags are read from an instance with default options (``LIST_HEADS`` heads of
+    ``LIST_HEAD_DIM`` channels): the instance is the truth, options can change flags."""
+    encodings = {
+        name: registry.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM)
+        for name in registry.available()
+    }
+    families = sorted({enc.family for enc in encodings.values()})
     if family is not None and family not in families:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(families)}")
     rows = []
-    for name, cls in classes.items():
-        if family is not None and cls.family != family:
+    for name, enc in encodings.items():
+        if family is not None and enc.family != family:
             continue
         hooks = [
             hook
             for hook, active in (
-                ("rotate", cls.has_rotary),
-                ("pieces", cls.piecewise),
-                ("bias", cls.has_bias),
-                ("value", cls.has_value_term),
-                ("weights", cls.multiplies_probs),
-                ("embed", cls.adds_to_input),
-                ("inputs", bool(cls.required_inputs or cls.needs_inputs)),
+                ("rotate", enc.has_rotary),
+                ("pieces", enc.piecewise),
+                ("bias", enc.has_bias),
+                ("value", enc.has_value_term),
+                ("weights", enc.multiplies_probs),
+                ("embed", enc.adds_to_input),
+                ("inputs", bool(enc.required_inputs or enc.needs_inputs)),
             )
             if active
         ]
         rows.append(
             {
                 "name": name,
-                "family": cls.family,
-                "relative": "yes" if cls.relative else "no",
+                "family": enc.family,
+                "relative": "yes" if enc.relative else "no",
                 "hooks": ", ".join(hooks) or "-",
-                "paper": cls.paper or "-",
+                "paper": enc.paper or "-",
             }
         )
     return rows

@@ -2,6 +2,13 @@
 
 Adding an encoding = one class in its family's module + one ``@register`` line; the
 conformance suite (tests/conformance) then covers it without new test code.
+
+Naming rule for registry names: ``<method>[-<variant>][-<m>d]``, lower case, words joined by
+``-``: the method as its paper names it (``rope``, ``alibi``, ``kerple``, ``mvitv2``), then a
+variant when one paper defines several (``kerple-log``, ``irpe-qkv``, ``rope-axial``), then
+the number of position axes when it is not 1 (``swin-3d``, ``liere-2d``). Renamed encodings
+keep their old names as aliases (``register(name, aliases=(...))``): ``create`` accepts
+them, ``available`` lists canonical names only.
 """
 
 from __future__ import annotations
@@ -12,24 +19,36 @@ from typing import Any
 from .encodings.base import Encoding
 
 _REGISTRY: dict[str, type[Encoding]] = {}
+_ALIASES: dict[str, str] = {}
 
 
-def register(name: str) -> Callable[[type[Encoding]], type[Encoding]]:
-    """Class decorator: make ``cls`` available as ``relpos.create(name, ...)``."""
+def register(
+    name: str, *, aliases: tuple[str, ...] = ()
+) -> Callable[[type[Encoding]], type[Encoding]]:
+    """Class decorator: make ``cls`` available as ``relpos.create(name, ...)`` (and under
+    each of ``aliases``, its former names)."""
 
     def deco(cls: type[Encoding]) -> type[Encoding]:
-        if name in _REGISTRY:
-            raise ValueError(f"encoding name {name!r} is already registered")
+        for key in (name, *aliases):
+            if key in _REGISTRY or key in _ALIASES:
+                raise ValueError(f"encoding name {key!r} is already registered")
         cls.name = name
         _REGISTRY[name] = cls
+        for alias in aliases:
+            _ALIASES[alias] = name
         return cls
 
     return deco
 
 
 def available() -> list[str]:
-    """Registered encoding names, sorted."""
+    """Registered encoding names (canonical, without aliases), sorted."""
     return sorted(_REGISTRY)
+
+
+def aliases() -> dict[str, str]:
+    """Former names still accepted by ``create``: ``{alias: canonical name}``."""
+    return dict(sorted(_ALIASES.items()))
 
 
 def encoding_class(name: str) -> type[Encoding]:
@@ -37,7 +56,7 @@ def encoding_class(name: str) -> type[Encoding]:
     if not isinstance(name, str):
         raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
     try:
-        return _REGISTRY[name]
+        return _REGISTRY[_ALIASES.get(name, name)]
     except KeyError:
         raise ValueError(
             f"unknown encoding {name!r}; known encodings: {', '.join(available())}"

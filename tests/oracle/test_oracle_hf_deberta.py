@@ -27,7 +27,7 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import (  # noqa: E402
 )
 
 import relpos  # noqa: E402
-from relpos.encodings.disentangled import (  # noqa: E402
+from relpos.encodings.contextual.disentangled import (  # noqa: E402
     deberta_log_bucket,
     deberta_relative_index,
 )

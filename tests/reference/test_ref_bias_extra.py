@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.encodings.bias_extra import TabulatedDistanceBias, urpe_bucket
+from relpos.encodings.bias.extra import TabulatedDistanceBias, urpe_bucket
 from relpos.functional import alibi_slopes
 
 # ----------------------------------------------------------------------------- helpers

@@ -18,7 +18,7 @@ import torch
 
 import relpos
 from relpos.attention import chunked, supported_backends
-from relpos.encodings.relative_table_ops import skew, skew_unmasked, trilinear_scores
+from relpos.encodings.contextual.table_ops import skew, skew_unmasked, trilinear_scores
 
 B, H, D = 2, 3, 8
 

@@ -19,7 +19,7 @@ import torch
 
 import relpos
 from relpos.attention import chunked
-from relpos.encodings.disentangled import deberta_log_bucket, deberta_relative_index
+from relpos.encodings.contextual.disentangled import deberta_log_bucket, deberta_relative_index
 
 B, H, D = 2, 4, 8
 

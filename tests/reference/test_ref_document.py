@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.encodings.document import (
+from relpos.encodings.document.layout import (
     distance_bucket,
     distance_quantile_edges,
     example_boxes,

@@ -22,7 +22,7 @@ import torch
 
 import relpos
 from relpos.attention import chunked, supported_backends
-from relpos.encodings.irpe import (
+from relpos.encodings.contextual.irpe import (
     irpe_bucket,
     irpe_bucket_ids_2d,
     irpe_num_buckets,

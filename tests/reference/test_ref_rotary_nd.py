@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import relpos
-from relpos.encodings.rotary_nd import nd_angles, section_frequencies, split_pairs
+from relpos.encodings.rotary.nd import nd_angles, section_frequencies, split_pairs
 from relpos.positions_nd import (
     grid_positions,
     hierarchical_positions,

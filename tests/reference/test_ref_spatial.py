@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.encodings.spatial import (
+from relpos.encodings.spatial.windows import (
     add_coord_channels,
     mvit_relative_distance,
     resize_relative_position_table,

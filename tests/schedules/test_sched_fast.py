@@ -12,8 +12,8 @@ import relpos
 from relpos.attention import piecewise
 from relpos.attention.call import prepare_call
 from relpos.attention.eager import eager_attention
-from relpos.encodings import rotary_schedules as rs
 from relpos.encodings.base import BiasContext
+from relpos.encodings.rotary import schedules as rs
 
 OPTIONS = {
     "dca": {"pretraining_length": 16},

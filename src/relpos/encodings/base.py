@@ -23,16 +23,28 @@ additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` 
   (-1 masks the pair). Dual Chunk Attention, Self-Extend and LM-Infinite are of this form;
   one softmax over the union of pieces equals merging the pieces by log-sum-exp.
 
-Subclasses set capability flags (class attributes) that backends read to pick a kernel.
+Capability flags are instance attributes: the class gives the default, and an encoding
+whose capabilities depend on its options sets them in ``__init__`` (Shaw without value
+tables has no value term). Everything that reports or dispatches on flags (backends,
+``relpos list``, the README table, the conformance suite) reads instances, and the
+conformance suite checks every flag against behaviour (``tests/conformance/test_flags.py``).
+
+Options: each constructor keyword is declared in ``options`` (``relpos.encodings.options``);
+``__init_subclass__`` merges the declarations along the class hierarchy into
+``option_specs`` and checks declared keywords before the constructor body runs.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from ..validation import check_int
+from .options import OptionSpec, check_options
 
 
 @dataclass
@@ -46,6 +58,9 @@ class BiasContext:
     q_pos: Tensor
     k_pos: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
+    #: what the encoding's ``precompute`` returned: a small dataclass declared next to the
+    #: encoding (typed fields instead of string keys), or None
+    data: Any = None
     #: the logit scale of the call (set by the backends after ``prepare``): bias terms that
     #: read q or k (``q @ E_rel^T``) are multiplied by it, as the content term is.
     scale: float = 1.0
@@ -54,8 +69,9 @@ class BiasContext:
 class Encoding(nn.Module):
     """Base class of every relpos encoding. Identity everywhere unless a subclass overrides.
 
-    Capability flags:
-        family: "none", "absolute", "rotary" or "bias".
+    Capability flags (instance attributes; see the module docstring):
+        family: the subpackage of ``relpos.encodings`` ("rotary", "bias", "contextual",
+            "spatial", "graph", "document") or "absolute" / "none".
         relative: logits depend on positions only through ``q_pos - k_pos``.
         distance_only: ``bias`` is ``bias_at_distance(h, q_pos - k_pos)``; lets the chunked
             backend tabulate it per distance (O(L) memory, Toeplitz views, diagonal-sum grads).
@@ -70,37 +86,93 @@ class Encoding(nn.Module):
             active (see the module docstring); any of them sets ``needs_probabilities``.
         required_inputs / optional_inputs: per-call tensors the encoding reads, passed as
             ``relpos.attention(..., inputs={name: tensor})``: ``{name: expected form}``.
+        keeps_own_init: models (``relpos.nn``) leave the encoding's parameters as the
+            encoding initialised them.
     """
 
     name: ClassVar[str] = ""
-    family: ClassVar[str] = "none"
     paper: ClassVar[str] = ""
-    relative: ClassVar[bool] = True
-    distance_only: ClassVar[bool] = False
-    causal_only: ClassVar[bool] = False
-    dims: ClassVar[int] = 1
-    continuous: ClassVar[bool] = False
-    has_rotary: ClassVar[bool] = False
-    has_bias: ClassVar[bool] = False
-    adds_to_input: ClassVar[bool] = False
-    cache_rotated_keys: ClassVar[bool] = True
-    has_value_term: ClassVar[bool] = False
-    multiplies_probs: ClassVar[bool] = False
-    piecewise: ClassVar[bool] = False
-    required_inputs: ClassVar[dict[str, str]] = {}
-    optional_inputs: ClassVar[dict[str, str]] = {}
+    #: the subpackage of ``relpos.encodings`` the class lives in (set by
+    #: ``__init_subclass__``); classes in top-level modules declare it (``absolute``, ``none``)
+    family: ClassVar[str] = "none"
+    #: declared constructor options of this class (merged into ``option_specs``)
+    options: ClassVar[dict[str, OptionSpec]] = {}
+    option_specs: ClassVar[dict[str, OptionSpec]] = {}
+    #: options the lab fills from the corpus or tokenizer: ``{option: what it needs}``
+    #: (BiPE: ``{"separators": "token ids that end a segment"}``)
+    corpus_options: ClassVar[dict[str, str]] = {}
+
+    # capability flags: class defaults, set per instance where options change them
+    relative: bool = True
+    distance_only: bool = False
+    causal_only: bool = False
+    dims: int = 1
+    continuous: bool = False
+    has_rotary: bool = False
+    has_bias: bool = False
+    adds_to_input: bool = False
+    cache_rotated_keys: bool = True
+    has_value_term: bool = False
+    multiplies_probs: bool = False
+    piecewise: bool = False
+    #: parameters initialise themselves: models must not re-initialise them
+    keeps_own_init: bool = False
+    required_inputs: dict[str, str] = {}
+    optional_inputs: dict[str, str] = {}
     #: True when the encoding cannot run without per-call inputs even though each of them is
     #: optional (graphs: an adjacency *or* precomputed distances)
-    needs_inputs: ClassVar[bool] = False
+    needs_inputs: bool = False
+
+    #: the flags reported by ``capabilities()`` (``relpos list``, the README table)
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        "relative",
+        "distance_only",
+        "causal_only",
+        "dims",
+        "continuous",
+        "has_rotary",
+        "has_bias",
+        "adds_to_input",
+        "cache_rotated_keys",
+        "has_value_term",
+        "multiplies_probs",
+        "piecewise",
+    )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        module = cls.__module__.split(".")
+        if module[:2] == ["relpos", "encodings"] and len(module) > 3:
+            cls.family = module[2]  # the family is the subpackage, by construction
+        specs: dict[str, OptionSpec] = {}
+        for klass in reversed(cls.__mro__):
+            specs.update(klass.__dict__.get("options", {}))
+        cls.option_specs = specs
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_checks_options", False):
+
+            @functools.wraps(init)
+            def checked_init(self, *args: Any, **options: Any) -> None:
+                init(self, *args, **check_options(type(self).option_specs, options))
+
+            checked_init._checks_options = True  # type: ignore[attr-defined]
+            cls.__init__ = checked_init  # type: ignore[method-assign]
 
     def __init__(self, num_heads: int, head_dim: int) -> None:
         super().__init__()
-        for arg, value in (("num_heads", num_heads), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{arg} must be a positive int, got {value!r}")
-        self.num_heads = num_heads
-        self.head_dim = head_dim
+        self.num_heads = check_int(num_heads, "num_heads")
+        self.head_dim = check_int(head_dim, "head_dim")
         self.max_positions: int | None = None
+
+    def capabilities(self) -> dict[str, Any]:
+        """This instance's capability flags (``FLAGS``) plus ``needs_inputs`` /
+        ``required_inputs`` / ``learnable``, as reported by ``relpos list``."""
+        out = {flag: getattr(self, flag) for flag in self.FLAGS}
+        out["required_inputs"] = dict(self.required_inputs)
+        out["needs_inputs"] = bool(self.required_inputs) or self.needs_inputs
+        out["learnable"] = self.learnable
+        out["needs_probabilities"] = self.needs_probabilities
+        return out
 
     # ----------------------------------------------------------------- capabilities
     @property
@@ -171,10 +243,19 @@ class Encoding(nn.Module):
         ``inputs`` holds the per-call tensors named in ``required_inputs`` /
         ``optional_inputs`` (already checked for presence by the backends)."""
         batch = q.shape[0]
-        return BiasContext(
+        ctx = BiasContext(
             q_pos=q_pos.expand(batch, *q_pos.shape[1:]),
             k_pos=k_pos.expand(batch, *k_pos.shape[1:]),
         )
+        ctx.data = self.precompute(q, k, ctx, inputs or {})
+        return ctx
+
+    def precompute(self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]):
+        """Per-call work for ``bias`` / ``value_term`` (e.g. ``q @ E_rel^T``), stored as
+        ``ctx.data``. ``q (B, H, Lq, D)``, ``k (B, Hk, Lk, D)`` (after rotation); ``ctx``
+        holds the batch-expanded positions. Override this instead of ``prepare``: return a
+        dataclass declared next to the encoding. Default: None."""
+        return None
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Additive logit bias at (batch b, head h, query index i, key index j).

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..registry import register
-from .base import BiasContext, Encoding
+from ...registry import register
+from ..base import BiasContext, Encoding
 
 __all__ = [
     "swin_window_coordinates",

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import alibi_slopes, t5_bucket
-from ..registry import register
-from .base import BiasContext, Encoding
+from ...functional import alibi_slopes, t5_bucket
+from ...registry import register
+from ..base import BiasContext, Encoding
 
 
 def _per_head(

@@ -37,9 +37,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..functional import _check_bool
-from .base import BiasContext, Encoding
-from .relative_table_ops import gather_rows, trilinear_scores, weighted_rows
+from ...functional import _check_bool
+from ..base import BiasContext, Encoding
+from .table_ops import gather_rows, trilinear_scores, weighted_rows
 
 __all__ = ["RelativeEmbeddingTable", "LearnedRelativeTable", "TableContext"]
 

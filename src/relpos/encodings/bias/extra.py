@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import _check_bool, _check_int
-from ..registry import register
-from .base import BiasContext, Encoding
-from .bias import DistanceBias
+from ...functional import _check_bool, _check_int
+from ...registry import register
+from ..base import BiasContext, Encoding
+from .distance import DistanceBias
 
 
 def _accurate_dtype(device: torch.device) -> torch.dtype:

@@ -21,9 +21,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..functional import _check_bool, _check_int, t5_bucket
-from ..registry import register
-from .base import BiasContext, Encoding
+from ...functional import _check_bool, _check_int, t5_bucket
+from ...registry import register
+from ..base import BiasContext, Encoding
 
 __all__ = [
     "example_boxes",

@@ -7,9 +7,9 @@ the class itself is a ``LearnedRelativeTable`` (``relative_table.py``).
 
 from __future__ import annotations
 
-from ..functional import _check_bool, _check_int
-from ..registry import register
-from .relative_table import LearnedRelativeTable
+from ...functional import _check_bool, _check_int
+from ...registry import register
+from .table import LearnedRelativeTable
 
 __all__ = ["MusicTransformerRelative"]
 

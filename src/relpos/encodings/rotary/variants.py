@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import rope_angles
-from ..registry import register
-from .rotary import RoPE, XPos, rotate_pairs
-from .rotary_lie import skew_part
+from ...functional import rope_angles
+from ...registry import register
+from .lie import skew_part
+from .rope import RoPE, XPos, rotate_pairs
 
 # --------------------------------------------------------------------------- shared helpers
 

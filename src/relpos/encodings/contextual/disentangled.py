@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import _check_int, sinusoidal_table
-from ..registry import register
-from .base import BiasContext, Encoding
+from ...functional import _check_int, sinusoidal_table
+from ...registry import register
+from ..base import BiasContext, Encoding
 
 __all__ = [
     "RelativeTableAttention",

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..functional import _check_int, sinusoidal_table
-from ..registry import register
-from .relative_table import LearnedRelativeTable, RelativeEmbeddingTable, _window
+from ...functional import _check_int, sinusoidal_table
+from ...registry import register
+from .table import LearnedRelativeTable, RelativeEmbeddingTable, _window
 
 __all__ = ["ShawRelative", "NezhaRelative"]
 

@@ -10,11 +10,38 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import config
-from ..functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
-from ..registry import register
-from ..rope_scaling import is_length_dependent
-from .base import Encoding
+from ... import config
+from ...functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
+from ...registry import register
+from ...rope_scaling import is_length_dependent
+from ..base import Encoding
+from ..options import Choice, Custom, Float, Int
+
+
+def check_scaling_dict(value: object, name: str) -> dict:
+    """An HF ``rope_scaling`` / ``rope_parameters`` dict (copied); its keys are checked
+    against the head size by ``rope_frequencies`` when the encoding builds its frequencies."""
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"{name} must be an HF rope_scaling dict such as {{'rope_type': 'yarn', "
+            f"'factor': 4.0, 'original_max_position_embeddings': 2048}}, got {value!r}"
+        )
+    return dict(value)
+
+
+#: the options every rotary encoding takes (declared once; subclasses inherit them)
+ROPE_OPTIONS = {
+    "base": Float(above=1.0, doc="rope_theta"),
+    "layout": Choice(("half", "interleaved"), doc="channel pairing"),
+    "partial_rotary_factor": Float(above=0.0, maximum=1.0, doc="fraction of rotated channels"),
+    "scaling": Custom(
+        checker=check_scaling_dict,
+        invalid=[("yarn", TypeError), ({"rope_type": "no-such-type"}, ValueError)],
+        optional=True,
+        doc="HF rope_scaling dict",
+    ),
+    "max_position_embeddings": Int(optional=True, doc="the model's trained length"),
+}
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
@@ -55,6 +82,7 @@ class RoPE(Encoding):
     paper = "Su et al. 2021 (RoFormer)"
     has_rotary = True
     continuous = True
+    options = ROPE_OPTIONS
 
     def __init__(
         self,

@@ -18,9 +18,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..functional import _check_int, apply_rotary, rope_angles
-from ..registry import register
-from .base import Encoding
+from ...functional import _check_int, apply_rotary, rope_angles
+from ...registry import register
+from ..base import Encoding
 
 # --------------------------------------------------------------------------- shared helpers
 

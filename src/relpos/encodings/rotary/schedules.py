@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..attention.piecewise import KeySegment, piecewise_sdpa_attention
-from ..functional import _check_int
-from ..registry import register
-from .base import BiasContext
-from .rotary import RoPE
+from ...attention.piecewise import KeySegment, piecewise_sdpa_attention
+from ...functional import _check_int
+from ...registry import register
+from ..base import BiasContext
+from .rope import RoPE
 
 if TYPE_CHECKING:
-    from ..attention.call import AttentionCall
+    from ...attention.call import AttentionCall
 
 Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece
 

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..registry import register
-from ..schedules.bilevel import bilevel_positions
-from .absolute import LearnedAbsolute
-from .rotary import RoPE
+from ...registry import register
+from ...schedules.bilevel import bilevel_positions
+from ..absolute import LearnedAbsolute
+from .rope import RoPE
 
 
 class TokenPositions(NamedTuple):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..functional import _check_int
-from ..registry import register
-from .relative_table import RelativeEmbeddingTable
+from ...functional import _check_int
+from ...registry import register
+from .table import RelativeEmbeddingTable
 
 __all__ = ["Huang2020Method3", "Huang2020Method4"]
 

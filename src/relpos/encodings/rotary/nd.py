@@ -31,10 +31,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..functional import EXACT_ANGLE_LIMIT
-from ..registry import register
-from .base import Encoding
-from .rotary import rotate_pairs
+from ...functional import EXACT_ANGLE_LIMIT
+from ...registry import register
+from ..base import Encoding
+from .rope import rotate_pairs
 
 
 def split_pairs(total: int, parts: int) -> list[int]:

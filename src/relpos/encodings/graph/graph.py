@@ -19,14 +19,14 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
-from ..functional import alibi_slopes
-from ..graphs import (
+from ...functional import alibi_slopes
+from ...graphs import (
     random_walk_probabilities,
     shortest_path_distances,
     tree_relations,
 )
-from ..registry import register
-from .base import BiasContext, Encoding
+from ...registry import register
+from ..base import BiasContext, Encoding
 
 DEFAULT_MAX_NODES = 1024
 

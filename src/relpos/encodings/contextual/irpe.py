@@ -46,10 +46,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..registry import register
-from .base import BiasContext, Encoding
-from .relative_table_ops import gather_rows, weighted_rows
-from .spatial import swin_window_coordinates
+from ...registry import register
+from ..base import BiasContext, Encoding
+from ..spatial.windows import swin_window_coordinates
+from .table_ops import gather_rows, weighted_rows
 
 __all__ = [
     "METHODS",

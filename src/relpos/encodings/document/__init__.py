@@ -1,0 +1,1 @@
+"""Document-layout encodings: biases from per-token boxes (LayoutLMv2, DocPolarBERT)."""

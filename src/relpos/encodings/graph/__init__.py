@@ -1,0 +1,1 @@
+"""Graph and tree encodings: biases from a per-call structure (adjacency, parents)."""
