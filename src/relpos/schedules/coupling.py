@@ -26,7 +26,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from ._checks import check_generator, check_int, check_int_tensor
+from ..validation import check_generator, check_int, check_int_tensor
 
 DIGITS = "0123456789"
 
@@ -112,8 +112,8 @@ def coupled_positions(
         ids = check_int_tensor(tokens, "tokens")
         if digit_ids is None or equals_id is None:
             raise ValueError("token-id tensors need digit_ids (the digit tokens) and equals_id")
-        digits = {check_int(d, "digit_ids[...]") for d in digit_ids}
-        check_int(equals_id, "equals_id")
+        digits = {check_int(d, "digit_ids[...]", minimum=None) for d in digit_ids}
+        check_int(equals_id, "equals_id", minimum=None)
         if equals_id in digits:
             raise ValueError(f"equals_id ({equals_id}) must not be one of digit_ids")
         batched = ids.dim() == 2
@@ -142,7 +142,7 @@ def _starts(start: int | Tensor, rows: int) -> list[int]:
                 f"start must be an int or hold one value per row ({rows}), got {len(values)}"
             )
     else:
-        values = [check_int(start, "start")] * rows
+        values = [check_int(start, "start", minimum=None)] * rows
     for v in values:
         if v < 1:
             raise ValueError(f"start must be >= 1 (id 0 is kept for BOS / padding), got {v}")
