@@ -13,9 +13,10 @@
   step in flight completes, the checkpoint is written, then ``TrainingInterrupted`` (a
   ``KeyboardInterrupt``) is raised; a second Ctrl-C stops at once. The old handlers are
   restored on the way out;
-* data-parallel under ``torchrun`` (``relpos.lab.distributed``): ``batch_size`` is global;
-* a rich progress bar (step, loss, tokens/s, ETA), refreshed every ``LOG_EVERY`` steps, which is
-  also the only place the loss is read back from the device.
+* data-parallel under ``torchrun`` (``relpos.lab.distributed`` helpers, entry point
+  ``relpos.lab.torchrun``): ``batch_size`` is global;
+* a rich progress bar (step, loss, tokens/s, ETA; ``relpos.lab.runtime``), refreshed every
+  ``LOG_EVERY`` steps, which is also the only place the loss is read back from the device.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +41,9 @@ from relpos.encodings.base import Encoding
 from relpos.nn import TransformerLM
 
 from . import checkpoint as ckpt
+from . import distributed
 from .data import Corpus, sample_batch
+from .runtime import Progress, SignalStop
 
 LOG_EVERY = 10  # steps between progress updates (and loss read-backs / cross-rank averages)
 FINAL_LOSS_WINDOW = 10  # final_loss is the mean training loss of the last steps
@@ -245,86 +246,6 @@ def _new_value(key: str, new: dict, corpus: Corpus) -> Any:
     return new[key]
 
 
-class _SignalStop:
-    """Installs SIGINT/SIGTERM handlers that record the first signal (main thread only)."""
-
-    SIGNALS = ("SIGINT", "SIGTERM")
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self) -> _SignalStop:
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-class _Progress:
-    """The rich progress bar (a no-op when disabled or rich is missing)."""
-
-    def __init__(self, enabled: bool, description: str, total: int, completed: int) -> None:
-        self.bar = None
-        if not enabled:
-            return
-        try:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-        except ImportError:
-            return
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            refresh_per_second=4,
-        )
-        self.task = self.bar.add_task(
-            description, total=total, completed=completed, loss="-", tps="-"
-        )
-
-    def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def update(self, step: int, loss: float | None, tokens_per_second: float) -> None:
-        if self.bar is not None:
-            self.bar.update(
-                self.task,
-                completed=step,
-                loss="-" if loss is None else f"{loss:.4f}",
-                tps=f"{tokens_per_second:,.0f}",
-            )
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def _rng_state(device: torch.device, generator: torch.Generator) -> dict[str, Any]:
     state = {"torch": torch.get_rng_state().tolist(), "batch": generator.get_state().tolist()}
     if device.type == "cuda":
@@ -375,8 +296,6 @@ def train(
             f"the training split has {corpus.train.numel()} tokens; seq_len ({config.seq_len}) "
             "needs more"
         )
-    from . import distributed  # not at import time: `python -m relpos.lab.distributed`
-
     device = distributed.resolve_device(config.device, int(os.environ.get("LOCAL_RANK", "0")))
     info = distributed.setup(device)
     try:
@@ -513,7 +432,7 @@ def _train(
     saved_at = step if step > 0 else -1
     in_step = False
     show = progress and info.is_main
-    with _SignalStop() as stop, _Progress(show, config.encoding, config.steps, step) as bar:
+    with SignalStop() as stop, Progress(show, config.encoding, config.steps, step) as bar:
         try:
             while step < config.steps:
                 in_step = True
