@@ -14,7 +14,6 @@ losses are averaged over ranks every few steps (no collective per step beyond DD
 Ctrl-C / SIGTERM is agreed on by all ranks at the next such point, then rank 0 checkpoints.
 """
 
-
 from __future__ import annotations
 
 import os

@@ -191,10 +191,11 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 def check_compatible(
     config: TrainConfig, corpus: Corpus, state: dict[str, Any], where: str
-) -> None:
+) -> str | None:
     """Raise ValueError naming the keys where a checkpoint's ``state`` differs from ``config``
     and ``corpus`` in ways that make it unusable (``MODEL_KEYS``, vocab_size, tokenizer, the
-    training tokens); warn about other changed settings (lr, steps, ...)."""
+    training tokens). Returns the note about other changed settings (lr, steps, ...), None
+    when there are none (``train`` warns with it, or hands it to ``on_change``)."""
     saved = state["config"]
     new = config.to_json()
     differ = [k for k in MODEL_KEYS if saved.get(k) != new[k]]
@@ -213,16 +214,13 @@ def check_compatible(
         )
         raise ValueError(f"checkpoint in {where} is from an incompatible config: {details}")
     other = [k for k in new if k not in MODEL_KEYS + NEUTRAL_KEYS and saved.get(k) != new[k]]
-    if other:
-        changes = ", ".join(f"{k} {saved.get(k)!r} -> {new[k]!r}" for k in other)
-        warnings.warn(
-            f"resuming {where} with changed settings ({changes}); the result will differ from "
-            "an uninterrupted run",
-            stacklevel=3,
-        )
-
-
-_check_compatible = check_compatible  # the name extrapolate.py first used
+    if not other:
+        return None
+    changes = ", ".join(f"{k} {saved.get(k)!r} -> {new[k]!r}" for k in other)
+    return (
+        f"resuming {where} with changed settings ({changes}); the result will differ from "
+        "an uninterrupted run"
+    )
 
 
 def _saved_value(key: str, saved: dict, state: dict) -> Any:
@@ -271,6 +269,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     callback: Callable[[int, Tensor], None] | None = None,
+    on_change: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train ``build_model(config, corpus.vocab_size)`` on ``corpus.train``.
 
@@ -285,6 +284,8 @@ def train(
             step's local loss, still on the device). An exception from it stops training; a
             ``KeyboardInterrupt`` from it is handled like Ctrl-C (checkpoint, then
             ``TrainingInterrupted``).
+        on_change: receives the note when a resumed checkpoint had other settings (lr,
+            steps, ...); None: a ``UserWarning`` (the CLI prints it as one line instead).
 
     Raises:
         TrainingInterrupted: on Ctrl-C / SIGTERM, after the checkpoint is written.
@@ -299,7 +300,9 @@ def train(
     device = distributed.resolve_device(config.device, int(os.environ.get("LOCAL_RANK", "0")))
     info = distributed.setup(device)
     try:
-        result = _train(config, corpus, out_dir, resume, progress, callback, device, info)
+        result = _train(
+            config, corpus, out_dir, resume, progress, callback, on_change, device, info
+        )
     except TrainingInterrupted:  # every rank stops at the same step
         distributed.cleanup(info)
         raise
@@ -317,6 +320,7 @@ def _train(
     resume: bool,
     progress: bool,
     callback: Callable[[int, Tensor], None] | None,
+    on_change: Callable[[str], None] | None,
     device: torch.device,
     info: Any,  # distributed.DistInfo
 ) -> TrainResult:
@@ -338,7 +342,11 @@ def _train(
     step, losses, previous_seconds, previous_tps = 0, [], 0.0, 0.0
     if resume and out is not None and ckpt.has_checkpoint(out):
         state = ckpt.read_state(out)
-        check_compatible(config, corpus, state, str(out))
+        note = check_compatible(config, corpus, state, str(out))
+        if note is not None and on_change is not None:
+            on_change(note)
+        elif note is not None:
+            warnings.warn(note, stacklevel=3)
         if state["step"] > config.steps:
             raise ValueError(
                 f"checkpoint in {str(out)} is at step {state['step']}, past steps ({config.steps})"

@@ -1,82 +1,87 @@
-"""Train short, test long: the length-extrapolation experiment behind ``relpos extrapolate``.
+"""What a ``relpos extrapolate`` run does, resolved and validated before anything is written.
 
-The protocol follows Press et al. 2022 (ALiBi, "Train Short, Test Long", arXiv 2108.12409)
-at laptop scale: train one small ``TransformerLM`` per encoding at length ``L``, then measure
-perplexity on unseen text at ``L, 2L, 4L, ...`` (see ../shared/spec/evaluation.md §1.1, §5).
+* ``parse_encodings`` / ``parse_mults``: the comma-separated options (names checked against
+  the registry, once);
+* ``plan_extrapolation`` -> ``EvalPlan``: every argument checked in one pass (first what needs
+  no data: names, numbers, ``--out``, ``--data``, the optional dependencies; then the corpus
+  is loaded; then what needs it: the evaluation budget, each encoding's ``TrainConfig``, the
+  ``--resume`` checks of ``run.json`` and every checkpoint), nothing written;
+* ``encoding_options``: what the profile and the corpus give each encoding, read from the
+  encoding's declared options (``option_specs``, ``corpus_options``), never from its name.
 
-Two evaluation modes (``evaluate_perplexity``, in ``relpos.lab.perplexity``):
-
-* ``"nonoverlapping"`` (the paper's headline metric, fairseq ``--context-window 0``): cut the
-  token stream into windows of ``length`` and score every token of every window, each window
-  from scratch. Longer windows have fewer "early tokens" (tokens with little context), which
-  by itself lowers perplexity.
-* ``"sliding"`` (the paper's Appendix B analysis): windows of ``length`` advance by
-  ``stride`` and only the last ``stride`` tokens of each window are scored, so every scored
-  token sees at least ``length - stride`` earlier tokens. A model that really uses (or at
-  least tolerates) long context keeps its perplexity as ``length`` grows; one that breaks
-  past its training length cannot hide behind the early tokens.
-
-For comparable numbers every length scores the same tokens of the same text span: the
-budget ``max_tokens`` is the same for every length and ``run_extrapolation`` starts every
-length's scored span at the same token.
+The protocol (Press et al. 2022, "Train Short, Test Long", arXiv 2108.12409; the spec's
+evaluation.md §1.1, §5) and the two evaluation modes are described in
+``relpos.lab.perplexity``. For comparable numbers every length scores the same tokens of the
+same text span: the budget ``max_tokens`` is the same for every length and every length's
+scored span starts at the same token (``eval_budget``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
+import hashlib
 import json
 import math
 import os
-import shutil
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import registry
-from . import report
-from .perplexity import (  # noqa: F401  (re-exported: the public evaluation API)
-    EVAL_BATCH_TOKENS,
-    MODES,
-    _positive_int,
-    evaluate_perplexity,
-    sliding_stride,
-    window_spans,
-)
-from .profiles import Profile, get_profile
+from ... import registry
+from ...arguments import parse_names
+from ...optional import require
+from ...validation import check_choice, check_int
+from .. import report
+from ..perplexity import sliding_stride
+from ..profiles import Profile, get_profile
+
+__all__ = [
+    "RUN_FILE",
+    "EVAL_FILE",
+    "RUN_KIND",
+    "SEGMENT_ENDS",
+    "CORPUS_PROVIDERS",
+    "EvalPlan",
+    "parse_encodings",
+    "parse_mults",
+    "eval_budget",
+    "check_out_dir",
+    "plan_extrapolation",
+    "segment_separators",
+    "encoding_options",
+    "corpus_key",
+]
 
 RUN_FILE = "run.json"  # marks a folder as a relpos extrapolation run (written first)
 EVAL_FILE = "extrapolation.json"  # per-encoding evaluation results (resume skips them)
 RUN_KIND = "relpos-extrapolate"
+SPLITS = ("test", "valid")
+TOKENIZERS = ("bytes", "bpe")
 #: what ends a segment for encodings that derive positions from token ids (BiPE: sentences and
 #: lines, as '.' and newline in the paper's Llama tokenizer)
 SEGMENT_ENDS = (".", "\n")
 
 
-# ------------------------------------------------------------------------------ the experiment
+# ------------------------------------------------------------------------------ parsing
 
 
 def parse_encodings(value: str | Sequence[str]) -> list[str]:
-    """Encoding names from ``"rope,alibi"`` or a list; unknown names raise ``ValueError``."""
-    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
-    names = [n for n in names if n]
+    """Encoding names from ``"rope,alibi"`` or a list, duplicates dropped; an empty value or
+    an unknown name raises ``ValueError`` (listing the known names)."""
+    if isinstance(value, str):
+        names = parse_names(value, "--encodings")
+    else:
+        names = list(dict.fromkeys(value))
+    known = registry.available()
     if not names:
-        raise ValueError(
-            "--encodings is empty; known encodings: " + ", ".join(registry.available())
-        )
-    unknown = [n for n in names if n not in registry.available()]
+        raise ValueError("--encodings is empty; known encodings: " + ", ".join(known))
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
             f"unknown encoding{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))};"
-            f" known encodings: {', '.join(registry.available())}"
+            f" known encodings: {', '.join(known)}"
         )
-    seen: list[str] = []
-    for n in names:
-        if n not in seen:
-            seen.append(n)
-    return seen
+    return names
 
 
 def parse_mults(value: str | Sequence[float]) -> list[float]:
@@ -101,9 +106,14 @@ def parse_mults(value: str | Sequence[float]) -> list[float]:
     return sorted(mults)
 
 
+# ------------------------------------------------------------------------------ the plan
+
+
 @dataclass
 class EvalPlan:
-    """Everything one run will do, resolved and validated before anything is written."""
+    """Everything one run will do, resolved and validated before anything is written.
+
+    ``source`` is the loaded corpus (``relpos.lab.data.Corpus``) the plan was made for."""
 
     encodings: list[str]
     profile: Profile
@@ -121,6 +131,7 @@ class EvalPlan:
     clear: bool = False  # --force on an existing run folder
     corpus: dict[str, Any] = field(default_factory=dict)  # corpus_key(corpus)
     configs: dict[str, Any] = field(default_factory=dict)  # encoding -> TrainConfig
+    source: Any = field(default=None, repr=False, compare=False)
 
     def settings(self) -> dict[str, Any]:
         """What must match for ``--resume`` to continue this run."""
@@ -181,7 +192,10 @@ def check_out_dir(out_dir: Path, *, resume: bool, force: bool) -> bool:
 def plan_extrapolation(
     encodings: str | Sequence[str],
     *,
-    corpus: Any,
+    corpus: Any = None,
+    data: str | os.PathLike | None = None,
+    tokenizer: str = "bytes",
+    bpe_vocab_size: int = 2048,
     out_dir: str | os.PathLike,
     train_len: int = 128,
     eval_mults: str | Sequence[float] = (1, 2, 4, 8, 16),
@@ -192,25 +206,49 @@ def plan_extrapolation(
     force: bool = False,
     split: str = "test",
 ) -> EvalPlan:
-    """Resolve and validate a run (raises ``ValueError``); writes nothing."""
-    from .train import TrainConfig
+    """Resolve and validate a run (raises ``ValueError``/``TypeError``); writes nothing.
 
+    ``corpus``: a loaded ``Corpus``; without it the corpus is loaded from ``data`` (None: the
+    built-in Shakespeare) with ``tokenizer`` / ``bpe_vocab_size``, after every check that needs
+    no data has passed (so a bad ``--out`` costs no BPE training).
+    """
+    from ..train import TrainConfig
+
+    # 1. what needs no data
     names = parse_encodings(encodings)
     prof = get_profile(profile) if isinstance(profile, str) else profile
-    train_len = _positive_int(train_len, "--train-len")
+    train_len = check_int(train_len, "--train-len")
     mults = parse_mults(eval_mults)
-    lengths = []
+    lengths: list[int] = []
     for m in mults:
         n = round(train_len * m)
         if n < 1:
             raise ValueError(f"--eval-mult {m:g} gives an evaluation length < 1")
         if n not in lengths:
             lengths.append(n)
-    steps = prof.steps if steps is None else _positive_int(steps, "--steps")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"--seed must be a non-negative int, got {seed!r}")
-    if split not in ("valid", "test"):
-        raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
+    steps = prof.steps if steps is None else check_int(steps, "--steps")
+    seed = check_int(seed, "--seed", minimum=0)
+    split = check_choice(split, "--split", SPLITS)
+    out = Path(out_dir)
+    clear = check_out_dir(out, resume=resume, force=force)
+    needs = {"safetensors": "the checkpoints"}
+    if corpus is None:
+        tokenizer = check_choice(tokenizer, "--tokenizer", TOKENIZERS)
+        if tokenizer == "bpe":
+            bpe_vocab_size = check_int(bpe_vocab_size, "--bpe-vocab-size", minimum=257)
+            needs["tokenizers"] = "--tokenizer bpe"
+        if data is not None and not Path(data).exists():
+            raise ValueError(f"--data {data}: no such file or folder")
+    require("relpos extrapolate", needs)
+
+    # 2. the data
+    if corpus is None:
+        from ..data import load_corpus
+
+        # The split does not follow --seed: every seed is evaluated on the same unseen text.
+        corpus = load_corpus(data, tokenizer=tokenizer, bpe_vocab_size=bpe_vocab_size)
+
+    # 3. what needs the data
     if corpus.train.numel() <= train_len:
         raise ValueError(
             f"the training split has {corpus.train.numel()} tokens, too few for --train-len "
@@ -218,8 +256,6 @@ def plan_extrapolation(
         )
     text = getattr(corpus, split)
     budgets, starts = eval_budget(prof, int(text.numel()), lengths, train_len)
-    out = Path(out_dir)
-    clear = check_out_dir(out, resume=resume, force=force)
     plan = EvalPlan(
         encodings=names,
         profile=prof,
@@ -236,6 +272,7 @@ def plan_extrapolation(
         resume=resume,
         clear=clear,
         corpus=corpus_key(corpus),
+        source=corpus,
     )
     for name in names:
         plan.configs[name] = TrainConfig(
@@ -251,11 +288,14 @@ def plan_extrapolation(
             warmup=min(prof.warmup, max(1, steps // 10)),
             seed=seed,
             checkpoint_every=prof.checkpoint_every,
-            backend=prof.backend(name),
+            backend=prof.backend,
         )
     if resume and out.exists():
         _check_resume(plan, corpus)
     return plan
+
+
+# ------------------------------------------------------------------------------ options
 
 
 def segment_separators(corpus: Any) -> list[int]:
@@ -266,24 +306,92 @@ def segment_separators(corpus: Any) -> list[int]:
     return [i for i, text in texts if any(end in text for end in SEGMENT_ENDS)]
 
 
+#: how the lab fills each option an encoding declares in ``Encoding.corpus_options``
+CORPUS_PROVIDERS = {"separators": segment_separators}
+
+
 def encoding_options(
     prof: Profile, name: str, corpus: Any, train_len: int, max_len: int
 ) -> dict[str, Any]:
-    """The profile's options for ``name``, plus the corpus' ``segment_separators`` for an
-    encoding that takes ``separators`` (BiPE-RoPE) when the profile gives none."""
+    """The profile's options for ``name`` (``Profile.encoding_options``), plus every option
+    the encoding declares in ``corpus_options`` (BiPE's ``separators``), filled from the corpus
+    by ``CORPUS_PROVIDERS`` when the profile gives none."""
+    cls = registry.encoding_class(name)
     options = prof.encoding_options(name, train_len, max_len)
-    takes = inspect.signature(registry.encoding_class(name)).parameters
-    if "separators" in takes and "separators" not in options:
-        options = {**options, "separators": segment_separators(corpus)}
+    for option, need in cls.corpus_options.items():
+        if option in options:
+            continue
+        if option not in CORPUS_PROVIDERS:
+            raise ValueError(
+                f"encoding {name!r} needs {option!r} ({need}) from the corpus, which the lab "
+                f"cannot provide (it fills: {', '.join(CORPUS_PROVIDERS)})"
+            )
+        options = {**options, option: CORPUS_PROVIDERS[option](corpus)}
     return options
 
 
-def _check_resume(plan: EvalPlan, corpus: Any) -> None:
-    """Refuse ``--resume`` into a run with other settings, before anything is written."""
+# ------------------------------------------------------------------------------ resume
+
+
+def corpus_key(corpus: Any) -> dict[str, Any]:
+    """What identifies the data (compared on ``--resume``): the resolved path of ``--data``
+    (the built-in corpus by name), the tokenizer, and a fingerprint of the content of every
+    split (so the same file named another way, or from another folder, is the same data, and
+    an edited file is not)."""
+    from ..data import BUILTIN
+
+    name = str(getattr(corpus, "name", "?"))
+    if name != BUILTIN and name != "?":
+        name = str(Path(name).resolve())
+    digest = hashlib.sha256(f"{corpus.tokenizer}:{corpus.vocab_size}".encode())
+    for split in ("train", "valid", "test"):
+        tokens = getattr(corpus, split)
+        digest.update(f":{split}:{tokens.numel()}:".encode())
+        digest.update(tokens.numpy().tobytes())
+    return {
+        "name": name,
+        "tokenizer": str(getattr(corpus, "tokenizer", "?")),
+        "vocab_size": int(getattr(corpus, "vocab_size", 0)),
+        "fingerprint": digest.hexdigest()[:16],
+    }
+
+
+def read_run_file(out_dir: Path) -> dict[str, Any]:
+    """``run.json`` of a run folder, checked (``ValueError`` naming the file otherwise)."""
+    path = out_dir / RUN_FILE
     try:
-        old = json.loads((plan.out_dir / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(
+            f"--resume: {path} is unreadable ({type(err).__name__}); use --force to start over"
+        ) from None
+    ok = (
+        isinstance(old, dict)
+        and isinstance(old.get("settings", {}), dict)
+        and isinstance(old.get("corpus", {}), dict)
+        and isinstance(old.get("encodings", []), list)
+    )
+    if not ok:
+        raise ValueError(f"--resume: {path} is not a relpos run record; use --force to start over")
+    return old
+
+
+def _same_data(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    if "fingerprint" in old:  # the content decides: a moved or renamed file is the same data
+        return old["fingerprint"] == new["fingerprint"]
+    name = old.get("name")  # a run recorded before fingerprints: the resolved path
+    if isinstance(name, str) and name != new["name"] and Path(name).resolve() != Path(new["name"]):
+        return False
+    return True
+
+
+def _check_resume(plan: EvalPlan, corpus: Any) -> None:
+    """Refuse ``--resume`` into a run with other settings or other data, or with a corrupt
+    file, before anything is written."""
+    from .. import checkpoint as ckpt
+    from ..train import check_compatible
+
+    old = read_run_file(plan.out_dir)
     old_settings = old.get("settings", {})
     diffs = [
         f"{k} {old_settings[k]!r} -> {v!r}"
@@ -291,240 +399,25 @@ def _check_resume(plan: EvalPlan, corpus: Any) -> None:
         if k in old_settings and old_settings[k] != v
     ]
     old_corpus = old.get("corpus", {})
-    for k, v in plan.corpus.items():
-        if k in old_corpus and old_corpus[k] != v:
-            diffs.append(f"data {k} {old_corpus[k]!r} -> {v!r}")
+    for k in ("tokenizer", "vocab_size"):
+        if k in old_corpus and old_corpus[k] != plan.corpus[k]:
+            diffs.append(f"data {k} {old_corpus[k]!r} -> {plan.corpus[k]!r}")
+    if not _same_data(old_corpus, plan.corpus):
+        diffs.append(f"data {old_corpus.get('name')!r} -> {plan.corpus['name']!r} (other content)")
     if diffs:
         raise ValueError(
             f"--resume: {plan.out_dir} holds a run with other settings ({'; '.join(diffs)}); "
             "use --force to start over or another --out"
         )
-    import warnings
-
-    from . import checkpoint as ckpt
-    from .train import _check_compatible
-
     for name, config in plan.configs.items():
         folder = plan.out_dir / name
         if not ckpt.has_checkpoint(folder):
             continue  # nothing to resume: train() starts this encoding from scratch
-        try:
-            state = ckpt.read_state(folder)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"--resume: unreadable checkpoint in {folder}: {err}") from None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # train() warns about changed settings itself
-            _check_compatible(config, corpus, state, str(folder))  # ValueError if not
-        if state.get("step", 0) > config.steps:
+        state = ckpt.read_state(folder)  # ValueError naming the file and --force
+        ckpt.verify_checkpoint(folder)
+        check_compatible(config, corpus, state, str(folder))  # ValueError if unusable
+        if state["step"] > config.steps:
             raise ValueError(
                 f"--resume: the checkpoint in {folder} is at step {state['step']}, past "
                 f"--steps {config.steps}"
             )
-
-
-def family(name: str) -> str:
-    return registry.encoding_class(name).family
-
-
-def start_run(plan: EvalPlan, meta: dict[str, Any]) -> None:
-    """The first write of a run: clear an old run (``--force``), then write ``run.json``."""
-    if plan.clear:
-        shutil.rmtree(plan.out_dir)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        "kind": RUN_KIND,
-        "settings": plan.settings(),
-        "corpus": plan.corpus,
-        "encodings": plan.encodings,
-        "profile": plan.profile.name,
-        **meta,
-    }
-    path = plan.out_dir / RUN_FILE
-    if plan.resume and path.exists():
-        try:
-            old = json.loads(path.read_text())
-            record["encodings"] = list(dict.fromkeys(old.get("encodings", []) + plan.encodings))
-        except (OSError, ValueError):
-            pass
-    report.write_json_file(path, record)
-
-
-def corpus_key(corpus: Any) -> dict[str, Any]:
-    """What identifies the training data (compared on ``--resume``)."""
-    return {
-        "name": str(getattr(corpus, "name", "?")),
-        "tokenizer": str(getattr(corpus, "tokenizer", "?")),
-        "vocab_size": int(getattr(corpus, "vocab_size", 0)),
-    }
-
-
-def _eval_key(plan: EvalPlan, name: str) -> dict[str, Any]:
-    return {
-        "config": dataclasses.asdict(plan.configs[name]),
-        "lengths": plan.eval_lengths,
-        "modes": plan.modes,
-        "max_tokens": plan.max_tokens,
-        "starts": plan.starts,
-        "split": plan.split,
-    }
-
-
-def run_plan(
-    plan: EvalPlan,
-    corpus: Any,
-    *,
-    progress: bool = True,
-    log: Callable[[str], None] = print,
-) -> list[dict[str, Any]]:
-    """Train (or resume) each encoding, then evaluate it at every length and mode.
-
-    Checkpoints go to ``out_dir/<encoding>/`` (``relpos.lab.train.train``); each encoding's
-    evaluation is saved there too (``extrapolation.json``), so ``--resume`` after an
-    interruption skips finished work. Returns one row per encoding x length x mode.
-    """
-    from .train import train
-
-    text = getattr(corpus, plan.split)
-    rows: list[dict[str, Any]] = []
-    for index, name in enumerate(plan.encodings, 1):
-        config = plan.configs[name]
-        folder = plan.out_dir / name
-        key = _eval_key(plan, name)
-        cached = _load_eval(folder, key) if plan.resume else None
-        if cached is not None:
-            log(f"[{index}/{len(plan.encodings)}] {name}: already trained and evaluated (resume)")
-            rows.extend(cached)
-            continue
-        log(
-            f"[{index}/{len(plan.encodings)}] {name}: training {config.steps} steps at "
-            f"L={plan.train_len}"
-        )
-        result = train(config, corpus, folder, resume=plan.resume, progress=progress)
-        model = result.model
-        enc_rows = []
-        t0 = time.perf_counter()
-        for mode in plan.modes:
-            for length in plan.eval_lengths:
-                t1 = time.perf_counter()
-                r = evaluate_perplexity(
-                    model,
-                    text,
-                    length,
-                    mode=mode,
-                    start=plan.starts[mode],
-                    max_tokens=plan.max_tokens[mode],
-                )
-                enc_rows.append(
-                    _row(plan, name, result, r, length, eval_seconds=time.perf_counter() - t1)
-                )
-        ppl = "  ".join(
-            f"{r['eval_len']}:{r['ppl']:.2f}" for r in enc_rows if r["mode"] == plan.modes[0]
-        )
-        log(
-            f"    loss {result.final_loss:.3f}, {result.tokens_per_second:,.0f} tok/s; "
-            f"{plan.modes[0]} ppl {ppl}  (eval {time.perf_counter() - t0:.0f} s)"
-        )
-        report.write_json_file(folder / EVAL_FILE, {"key": key, "rows": enc_rows})
-        rows.extend(enc_rows)
-        del model, result
-    return rows
-
-
-def _load_eval(folder: Path, key: dict[str, Any]) -> list[dict[str, Any]] | None:
-    try:
-        data = json.loads((folder / EVAL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if json.loads(json.dumps(key)) != data.get("key"):
-        return None
-    return data.get("rows")
-
-
-def _row(plan: EvalPlan, name: str, result: Any, r: dict[str, Any], length: int, **extra):
-    config = plan.configs[name]
-    return {
-        "encoding": name,
-        "family": family(name),
-        "train_len": plan.train_len,
-        "eval_len": length,
-        "mult": length / plan.train_len,
-        "mode": r["mode"],
-        "ppl": r["ppl"],
-        "nll": r["nll"],
-        "tokens_scored": r["tokens_scored"],
-        "windows": r["windows"],
-        "stride": r["stride"],
-        "seed": plan.seed,
-        "steps": result.steps,
-        "final_loss": result.final_loss,
-        "train_seconds": result.train_seconds,
-        "tokens_per_second": result.tokens_per_second,
-        "eval_seconds": extra.get("eval_seconds", 0.0),
-        "dim": config.dim,
-        "depth": config.depth,
-        "heads": config.num_heads,
-        "batch": config.batch_size,
-        "lr": config.lr,
-        "backend": config.backend,
-        "encoding_options": json.dumps(config.encoding_options, sort_keys=True),
-        "split": plan.split,
-        "profile": plan.profile.name,
-    }
-
-
-def run_extrapolation(
-    encodings: str | Sequence[str],
-    *,
-    train_len: int = 128,
-    eval_mults: str | Sequence[float] = (1, 2, 4, 8, 16),
-    profile: str | Profile = "quick",
-    corpus: Any = None,
-    out_dir: str | os.PathLike,
-    resume: bool = False,
-    force: bool = False,
-    seed: int = 0,
-    steps: int | None = None,
-    split: str = "test",
-    progress: bool = True,
-    log: Callable[[str], None] = print,
-    meta: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Plan, validate, train and evaluate; returns the rows (see ``run_plan``).
-
-    ``corpus`` defaults to ``relpos.lab.data.load_corpus()`` (Shakespeare, bytes). The report
-    files are written by ``relpos.lab.report.write_report`` (the CLI does both).
-    """
-    if corpus is None:
-        from .data import load_corpus
-
-        corpus = load_corpus()
-    plan = plan_extrapolation(
-        encodings,
-        corpus=corpus,
-        out_dir=out_dir,
-        train_len=train_len,
-        eval_mults=eval_mults,
-        profile=profile,
-        steps=steps,
-        seed=seed,
-        resume=resume,
-        force=force,
-        split=split,
-    )
-    start_run(plan, meta or {})
-    return run_plan(plan, corpus, progress=progress, log=log)
-
-
-__all__ = [
-    "MODES",
-    "evaluate_perplexity",
-    "window_spans",
-    "sliding_stride",
-    "parse_encodings",
-    "parse_mults",
-    "EvalPlan",
-    "plan_extrapolation",
-    "start_run",
-    "run_plan",
-    "run_extrapolation",
-]
