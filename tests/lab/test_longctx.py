@@ -271,7 +271,7 @@ def test_tiny_end_to_end_run_writes_results_table_and_plot(tmp_path, data_file, 
     [
         (("--methods", "baseline,nope-x9"), "unknown method 'nope-x9'"),
         (("--lengths", "abc"), "--lengths must be comma-separated numbers"),
-        (("--seeds", "-1"), "--seeds must be >= 0"),
+        (("--seeds", "-1"), "--seeds must be an int >= 0"),
         (("--model", "missing.gguf"), "--model must be smollm2, random-tiny or a .gguf file"),
         (("--profile", "huge"), "unknown profile 'huge'"),
         (("--quick", "--profile", "full"), "--quick is --profile quick"),
