@@ -256,15 +256,6 @@ def check_lengths(
                 f"--lengths {min(lengths)} is shorter than the prompt without filler (at "
                 f"least {floor} tokens for --model {model}); use longer --lengths"
             )
-    if ppl_tokens and data is not None:
-        from ..data import read_texts
-
-        size = sum(len(t.encode("utf-8")) for t in read_texts(data).values())
-        if max(lengths) + 1 > size:
-            raise ValueError(
-                f"--lengths {max(lengths)} is longer than --data {data} can give ({size} bytes, "
-                "at most as many tokens); use shorter --lengths or more text"
-            )
     config = model_config(model)
     need = max(lengths) * bytes_per_token(config)
     have = available_memory()
@@ -275,6 +266,15 @@ def check_lengths(
             f"{model} ({config.depth} layers), this machine has {_gib(have)} available; "
             f"use --lengths of at most about {fit:,} tokens"
         )
+    if ppl_tokens and data is not None:
+        from ..data import read_texts
+
+        size = sum(len(t.encode("utf-8")) for t in read_texts(data).values())
+        if max(lengths) + 1 > size:
+            raise ValueError(
+                f"--lengths {max(lengths)} is longer than --data {data} can give ({size} bytes, "
+                "at most as many tokens); use shorter --lengths or more text"
+            )
 
 
 def plan_longctx(
