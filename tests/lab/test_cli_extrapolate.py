@@ -367,12 +367,12 @@ def test_messages_name_the_flags(capsys, tmp_path, data_file):
 
 
 def test_sigterm_checkpoints_and_exits_143(capsys, tmp_path, data_file, monkeypatch):
+    import importlib
     import os
     import signal
 
-    import relpos.lab.train
-
-    real = relpos.lab.train.sample_batch
+    trainer = importlib.import_module("relpos.lab.train")  # the module, not lab.train()
+    real = trainer.sample_batch
     calls = []
 
     def batch_then_sigterm(*args, **kwargs):
@@ -381,7 +381,7 @@ def test_sigterm_checkpoints_and_exits_143(capsys, tmp_path, data_file, monkeypa
             os.kill(os.getpid(), signal.SIGTERM)  # noted by the handler; the step completes
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(relpos.lab.train, "sample_batch", batch_then_sigterm)
+    monkeypatch.setattr(trainer, "sample_batch", batch_then_sigterm)
     out = tmp_path / "run"
     code, _, err = run(
         capsys, "extrapolate", "--data", str(data_file), *TINY_ARGS, "--out", str(out)
