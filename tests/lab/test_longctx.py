@@ -66,7 +66,7 @@ def test_first_integer_is_the_answer():
 def test_prompts_shorter_than_the_task_text_are_refused():
     with pytest.raises(ValueError, match="shorter than the prompt without filler"):
         passkey_prompt(ByteTokenizer(), 100, key=1, depth=0.5)
-    with pytest.raises(ValueError, match="depth must be a number in"):
+    with pytest.raises(ValueError, match="depth must be a finite number >= 0 and <= 1"):
         landmark_prompt(10, 1, 1.5)
     with pytest.raises(TypeError, match="encode"):
         passkey_prompt(object(), 1000, key=1, depth=0.5)

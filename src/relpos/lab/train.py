@@ -39,6 +39,7 @@ from torch import Tensor, nn
 import relpos
 from relpos.encodings.base import Encoding
 from relpos.nn import TransformerLM
+from relpos.validation import check_float, check_int
 
 from . import checkpoint as ckpt
 from . import distributed
@@ -89,21 +90,13 @@ class TrainConfig:
                 f"encoding_options must be a dict, got {type(self.encoding_options).__name__}"
             )
         for name in ("dim", "depth", "num_heads", "seq_len", "batch_size", "steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(getattr(self, name), name)
         for name in ("warmup", "checkpoint_every", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip!r}")
+            check_int(getattr(self, name), name, minimum=0)
+        check_float(self.lr, "lr", above=0.0)
+        check_float(self.min_lr_ratio, "min_lr_ratio", minimum=0.0, maximum=1.0)
+        check_float(self.weight_decay, "weight_decay", minimum=0.0)
+        check_float(self.grad_clip, "grad_clip (0 disables it)", minimum=0.0)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
 

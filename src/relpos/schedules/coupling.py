@@ -26,7 +26,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from ..validation import check_generator, check_int, check_int_tensor
+from ..validation import check_bool, check_generator, check_int, check_int_tensor
 
 DIGITS = "0123456789"
 
@@ -101,8 +101,7 @@ def coupled_positions(
     Operands should be zero-padded to one length (as the paper does), or their digits of
     equal significance still share ids but the operators no longer line up.
     """
-    if not isinstance(reverse_answer, bool):
-        raise TypeError(f"reverse_answer must be a bool, got {reverse_answer!r}")
+    check_bool(reverse_answer, "reverse_answer")
     if isinstance(tokens, str):
         if digit_ids is not None or equals_id is not None:
             raise ValueError("digit_ids / equals_id are for token-id tensors, not strings")
