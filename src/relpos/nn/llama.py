@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..encodings.base import Encoding
 from ..registry import create, encoding_class
+from ..validation import check_token_ids
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 
@@ -268,11 +269,7 @@ class LlamaLM(nn.Module):
         return KVCache.empty(self.config.depth)
 
     def _check_tokens(self, tokens: Tensor) -> None:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be an integer tensor of shape (B, L), got {shape}")
-        if tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be an integer tensor (int64/int32), got {tokens.dtype}")
+        check_token_ids(tokens, self.embed.num_embeddings)
 
     def hidden(
         self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
