@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..functional import sinusoidal_table
 from ..registry import register
 from .base import Encoding
+from .options import Int
 
 
 @register("nope")
@@ -69,6 +70,10 @@ class LearnedAbsolute(Encoding):
     paper = "Gehring et al. 2017; Radford et al. 2019 (GPT-2)"
     relative = False
     adds_to_input = True
+    options = {
+        "max_positions": Int(minimum=1, doc="table rows: positions in [0, max_positions)"),
+        "dim": Int(minimum=1, optional=True, doc="table width (default num_heads * head_dim)"),
+    }
 
     def __init__(
         self,
@@ -79,12 +84,6 @@ class LearnedAbsolute(Encoding):
         dim: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if (
-            isinstance(max_positions, bool)
-            or not isinstance(max_positions, int)
-            or max_positions <= 0
-        ):
-            raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
         self.dim = dim if dim is not None else num_heads * head_dim
         self.max_positions = max_positions
         self.table = nn.Parameter(torch.randn(max_positions, self.dim) * 0.02)

@@ -109,6 +109,7 @@ class BiPERoPE(RoPE):
     family = "rotary"
     paper = "He et al. 2024 (BiPE)"
     adds_to_input = True
+    corpus_options = {"separators": "token ids that end a segment (sentence or line)"}
 
     def __init__(
         self,
