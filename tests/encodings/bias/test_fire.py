@@ -62,3 +62,21 @@ def test_fire_bias_through_scores_is_the_mlp_of_the_normalised_distance() -> Non
         u = enc.mlp_input(q_pos[:, None], k_pos[None, :])
         expected = f(u[..., None]).permute(2, 0, 1)
     torch.testing.assert_close(s[0], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("option", "bad", "exc"),
+    [
+        ("mlp_width", 0, ValueError),
+        ("mlp_width", 2.0, TypeError),
+        ("init_L", -1.0, ValueError),
+        ("init_L", 0.0, ValueError),
+        ("init_c", float("nan"), ValueError),
+        ("eps", 0.0, ValueError),
+        ("eps", "1e-6", TypeError),
+    ],
+)
+def test_fire_refuses_options_outside_the_method_by_name(option, bad, exc) -> None:
+    # issue 10: mlp_width=0, init_L=-1 and eps=0 used to be accepted
+    with pytest.raises(exc, match=option):
+        relpos.create("fire", num_heads=2, head_dim=8, **{option: bad})

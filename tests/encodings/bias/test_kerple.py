@@ -100,3 +100,27 @@ def test_kerple_power_parameters_stay_in_range_after_a_huge_gradient_step(sign: 
     _huge_step(enc, sign)
     assert torch.isfinite(enc.r1).all() and (enc.r1 > 0).all(), enc.r1
     assert ((enc.power > 0) & (enc.power <= 2)).all(), enc.power
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 0.0, [1.0, float("nan")], [0.5, -0.5]])
+def test_kerple_initial_r1_must_be_finite_and_at_least_the_official_floor(name, bad) -> None:
+    # issue 10: r1=nan or a negative r1 used to give NaN (or silently clamped) biases
+    with pytest.raises(ValueError, match="r1"):
+        relpos.create(name, num_heads=2, head_dim=8, r1=bad)
+
+
+def test_kerple_options_refuse_wrong_types_and_counts_by_name() -> None:
+    with pytest.raises(TypeError, match="r2"):
+        relpos.create("kerple-log", num_heads=2, head_dim=8, r2="0.5")
+    with pytest.raises(ValueError, match="power"):
+        relpos.create("kerple-power", num_heads=2, head_dim=8, power=2.5)
+    with pytest.raises(ValueError, match="r1"):
+        relpos.create("kerple-log", num_heads=3, head_dim=8, r1=[1.0, 2.0])
+
+
+def test_kerple_initial_values_at_the_floor_are_kept() -> None:
+    # r = 1e-2 lies in the official range; the parametrisation must not move it by 1 %
+    enc = relpos.create("kerple-log", num_heads=2, head_dim=8, r1=0.01, r2=torch.tensor(0.5))
+    torch.testing.assert_close(enc.r1, torch.full((2,), 0.01), rtol=1e-3, atol=0)
+    torch.testing.assert_close(enc.r2, torch.full((2,), 0.5))

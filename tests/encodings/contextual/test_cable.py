@@ -154,3 +154,18 @@ def test_cable_bad_inputs_are_named():
         )
     with pytest.raises(ValueError, match="queries"):
         relpos.scores(q, k[:, :, :10], keys_mode)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked"])
+def test_cable_batch_rows_use_their_own_keys_with_batch_shared_positions(backend):
+    # the slopes come from each row's keys: a batch must equal its rows run one by one, also
+    # when the positions are one shared range (backends may then build one-row index grids)
+    torch.manual_seed(0)
+    enc = relpos.create("cable", num_heads=4, head_dim=16, init_std=0.3)
+    q, k, v = qkv(batch=3, lq=12, lk=12)
+    out = relpos.attention(q, k, v, enc, causal=True, backend=backend)
+    for b in range(3):
+        row = relpos.attention(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], enc, causal=True, backend=backend
+        )
+        torch.testing.assert_close(out[b : b + 1], row, rtol=1e-5, atol=1e-6)
