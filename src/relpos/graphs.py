@@ -36,9 +36,8 @@ def adjacency_from_edges(
             f"edges and num_nodes must have one entry per graph, got {len(edges)} and "
             f"{len(num_nodes)}"
         )
-    counts = [int(n) for n in num_nodes]
-    if any(n < 1 for n in counts):
-        raise ValueError(f"num_nodes must be positive, got {counts}")
+    check_bool(directed, "directed")
+    counts = [check_int(n, f"num_nodes[{b}]") for b, n in enumerate(num_nodes)]
     N = max(counts)
     adj = torch.zeros(len(counts), N, N, dtype=torch.bool)
     mask = torch.arange(N)[None, :] < torch.tensor(counts)[:, None]

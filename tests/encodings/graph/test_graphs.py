@@ -3,6 +3,8 @@ and the spec (§18 GRIT RRWP on a path of three), and their input checks."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -73,3 +75,20 @@ def test_graphs_functions_reject_cycles_and_out_of_range_edges():
         tree_relations(torch.tensor([[1, 0]]))
     with pytest.raises(ValueError, match="edges of graph 0"):
         adjacency_from_edges([[(0, 5)]], [3])
+
+
+def test_graphs_functions_follow_the_validation_policy():
+    with pytest.raises(ValueError, match=r"num_nodes\[1\]"):
+        adjacency_from_edges([[], []], [3, 0])
+    with pytest.raises(TypeError, match=r"num_nodes\[0\]"):
+        adjacency_from_edges([[(0, 1)]], [2.5])  # used to be truncated to 2 silently
+    with pytest.raises(TypeError, match="directed"):
+        adjacency_from_edges([[(0, 1)]], [2], directed="yes")
+    with pytest.raises(ValueError, match="steps"):
+        random_walk_probabilities(path_adjacency(3), 0)
+    with pytest.raises(TypeError, match="adjacency"):
+        shortest_path_distances([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match="adjacency.*NaN"):
+        shortest_path_distances(torch.full((1, 2, 2), math.nan))
+    with pytest.raises(TypeError, match="parent"):
+        tree_relations(torch.tensor([[-1.0, 0.0]]))

@@ -47,7 +47,7 @@ def per_head_values(*, minimum: float, maximum: float | None = None):
             for n, v in enumerate(values):
                 check_float(v, f"{name}[{n}]", minimum=minimum, maximum=maximum)
             return t
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)):  # check_float refuses bools by name
             return torch.tensor(check_float(value, name, minimum=minimum, maximum=maximum))
         values = check_float_sequence(value, name, minimum=minimum)
         for n, v in enumerate(values):
