@@ -17,7 +17,14 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["COMMON_KEYS", "RopeScalingFn", "ScalingCheck", "ScalingType", "check_number", "is_number"]
+__all__ = [
+    "COMMON_KEYS",
+    "RopeScalingFn",
+    "ScalingCheck",
+    "ScalingType",
+    "check_number",
+    "is_number",
+]
 
 #: ``fn(dim, base, params, *, seq_len, max_position_embeddings, head_dim)
 #: -> (inv_freq, attention_factor)``
