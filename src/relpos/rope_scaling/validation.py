@@ -45,6 +45,7 @@ def validate_scaling(
     head_dim: int | None = None,
     max_position_embeddings: int | None = None,
     partial_rotary_factor: float | None = None,
+    require_original: bool = True,
 ) -> dict[str, Any]:
     """Check an HF ``rope_scaling`` / ``rope_parameters`` dict and return a normalized copy.
 
@@ -60,6 +61,9 @@ def validate_scaling(
         max_position_embeddings: the model-config length. ``original_max_position_embeddings``
             is filled from it for ``yarn`` / ``llama3`` / ``longrope`` when missing (as HF does).
         partial_rotary_factor: the model-level value, used when the dict has none.
+        require_original: with False, a missing ``original_max_position_embeddings`` (and no
+            ``max_position_embeddings``) is left to the caller (an option check that cannot
+            see the model length).
 
     Returns:
         a new dict with ``rope_type`` set, the legacy ``type`` key dropped, list values copied,
@@ -120,13 +124,14 @@ def validate_scaling(
     if record.needs_original:
         original = params.get("original_max_position_embeddings")
         if original is None:
-            if max_position_embeddings is None:
+            if max_position_embeddings is not None:
+                params["original_max_position_embeddings"] = max_position_embeddings
+            elif require_original:
                 raise ValueError(
                     f"rope scaling {rope_type!r} needs the pretraining length: give "
                     f"'original_max_position_embeddings' in the scaling dict or "
                     f"max_position_embeddings"
                 )
-            params["original_max_position_embeddings"] = max_position_embeddings
         elif isinstance(original, bool) or not isinstance(original, int) or original <= 0:
             raise ValueError(
                 f"rope scaling {rope_type!r}: 'original_max_position_embeddings' must be a "
