@@ -22,6 +22,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ...functional import rope_frequencies
 from ...registry import register
 from ..options import Float, Int, Refused
 from .rope import RoPE
@@ -77,6 +78,14 @@ class FrequencyMaskRoPE(RoPE):
         keep = torch.arange(inv_freq.numel()) < self.rotated_pairs
         return torch.where(keep, inv_freq, torch.zeros_like(inv_freq)), factor
 
+    def method_frequencies(self) -> Tensor:
+        """The frequencies of the options without the scaling dict (``base``, or a
+        ``rope_theta`` inside the dict, and ``partial_rotary_factor``): ``(r/2,)``."""
+        base = (self.scaling or {}).get("rope_theta", self.base)
+        return rope_frequencies(
+            self.head_dim, base, partial_rotary_factor=self.partial_rotary_factor
+        )[0]
+
     def keep_pairs(self, rotated_pairs: int) -> None:
         """Keep the first ``rotated_pairs`` frequencies of the stored set, zero the rest."""
         self.rotated_pairs = rotated_pairs
@@ -104,8 +113,10 @@ class HoPE(FrequencyMaskRoPE):
 
     Authority C: the paper's cutoff rule was not found in a primary source. Two cutoffs are
     offered: ``rotated_pairs = r`` explicitly, or ``train_length = L``, keeping the pairs with
-    wavelength ``2 pi / theta_i <= L`` of the (scaled) frequencies at init (the default,
-    ``L = 4096``). With an explicit ``r`` and default options this equals ``p-rope`` with
+    wavelength ``2 pi / theta_i <= L`` (the default, ``L = 4096``). The cutoff is taken on
+    the unscaled frequencies (``base``, ``partial_rotary_factor``): a ``scaling`` dict is a
+    context extension of the trained method, so it rescales the kept pairs and keeps the
+    same ones (HoPE with linear scaling ``s`` at ``p`` is HoPE at ``p / s``). With an explicit ``r`` and default options this equals ``p-rope`` with
     ``p = 2 r / head_dim``.
 
     Args:
@@ -136,7 +147,7 @@ class HoPE(FrequencyMaskRoPE):
         pairs = self.inv_freq.numel()
         if rotated_pairs is None:
             self.train_length: float | None = 4096.0 if train_length is None else train_length
-            rotated_pairs = high_frequency_pairs(self.inv_freq, self.train_length)
+            rotated_pairs = high_frequency_pairs(self.method_frequencies(), self.train_length)
         elif rotated_pairs > pairs:
             raise ValueError(
                 f"rotated_pairs must be an int in [0, {pairs}] (the rotated pairs), "
