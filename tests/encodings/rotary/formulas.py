@@ -20,10 +20,15 @@ def ones_scores(enc, length: int, head_dim: int) -> torch.Tensor:
     return out[0, 0, :, 0].double()
 
 
-def rope_fp64(x: torch.Tensor, pos: torch.Tensor, theta: torch.Tensor, layout: str):
-    """RoPE in float64 from the formula (spec §1): pair (a, b) -> (a c - b s, a s + b c)."""
+def rope_fp64(
+    x: torch.Tensor, pos: torch.Tensor, theta: torch.Tensor, layout: str, float32_angles=False
+):
+    """RoPE in float64 from the formula (spec §1): pair (a, b) -> (a c - b s, a s + b c);
+    ``float32_angles``: the angles ``p theta`` rounded to float32 first (HF, spec P2)."""
     x = x.double()
     ang = pos.double()[:, None] * theta.double()  # (L, F)
+    if float32_angles:
+        ang = ang.float().double()
     c, s = ang.cos(), ang.sin()
     f = theta.numel()
     if layout == "half":

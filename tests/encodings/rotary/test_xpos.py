@@ -11,7 +11,7 @@ import torch
 
 import relpos
 
-from .formulas import randn
+from .formulas import randn, rope_fp64
 
 
 def _t(values: list[float]) -> torch.Tensor:
@@ -123,3 +123,94 @@ def test_xpos_score_at_distance_2048_carries_zeta_to_the_fourth_per_pair(pair: i
     pos = {"q_pos": torch.tensor([2048 + 100]), "k_pos": torch.tensor([100])}
     ratio = relpos.scores(q, k, xpos, **pos) / relpos.scores(q, k, rope, **pos)
     torch.testing.assert_close(ratio[0, 0, 0, 0], torch.tensor(r7_zeta4[pair]), rtol=1e-4, atol=0)
+
+
+# ----------------------------------------------------------------------- long spans (issue 10)
+
+
+def envelope_scores_fp64(q, k, q_pos, k_pos, theta, rates, layout):
+    """``sum_i e^{-a_i (n - m)} <RoPE(q, n)_i, RoPE(k, m)_i>`` in float64: the score of
+    spec §10 per pair ``i`` with decay rate ``a_i`` (xPos: ``-ln(zeta_i) / B``), the rotation
+    by the given frequencies (angles rounded to float32 as HF forms them for positions up to
+    2^16; above, exact). ``(Lq, D)``, ``(Lk, D)`` -> ``(Lq, Lk)``."""
+    f = theta.numel()
+    qr, kr = rope_fp64(q, q_pos, theta, layout), rope_fp64(k, k_pos, theta, layout)
+    if int(max(q_pos.max(), k_pos.max())) <= 2**16:  # HF's float32 angles (spec P2)
+        qr = rope_fp64(q, q_pos, theta, layout, float32_angles=True)
+        kr = rope_fp64(k, k_pos, theta, layout, float32_angles=True)
+
+    def pairs(x):
+        if layout == "half":
+            return torch.stack((x[..., :f], x[..., f:]), dim=-1)
+        return x.reshape(*x.shape[:-1], f, 2)
+
+    dots = torch.einsum("qfc,kfc->qkf", pairs(qr), pairs(kr))
+    dist = (q_pos.double()[:, None] - k_pos.double()[None, :])[..., None]
+    return (dots * torch.exp(-dist * rates.double())).sum(-1)
+
+
+def _xpos_rates(head_dim: int, scale_base: float) -> torch.Tensor:
+    i = torch.arange(0, head_dim, 2, dtype=torch.float64)
+    zeta = (i + 0.4 * head_dim) / (1.4 * head_dim)
+    return -torch.log(zeta) / scale_base
+
+
+@pytest.mark.parametrize(("name", "layout"), [("xpos", "interleaved"), ("hyperbolic-rope", "half")])
+def test_xpos_keys_spanning_a_million_positions_match_a_float64_reference(name, layout):
+    """Queries at the end of a 10^6-position key span (decoding with a long cache): every
+    visible score is finite and equals the float64 formula. Before the fix the per-token
+    factors overflowed float32 past ~141 x scale_base of key span (NaN logits)."""
+    d = 16
+    enc = relpos.create(name, num_heads=1, head_dim=d)
+    k_pos = torch.tensor(
+        [0, 1, 2, 1000, 250_000, 500_000, 999_000, 999_990] + list(range(999_995, 1_000_001))
+    )
+    q_pos = torch.arange(999_995, 1_000_001)
+    q, k = randn(1, 1, q_pos.numel(), d, seed=3), randn(1, 1, k_pos.numel(), d, seed=4)
+    got = relpos.scores(q, k, enc, q_pos=q_pos, k_pos=k_pos, scale=1.0)[0, 0].double()
+    ref = envelope_scores_fp64(
+        q[0, 0], k[0, 0], q_pos, k_pos, enc.inv_freq.double(), _xpos_rates(d, 512.0), layout
+    )
+    visible = k_pos[None, :] <= q_pos[:, None]
+    assert torch.isfinite(got).all()
+    scale = float(q.norm(dim=-1).max() * k.norm(dim=-1).max())
+    torch.testing.assert_close(got[visible], ref[visible], rtol=0, atol=2e-6 * scale)
+    out = relpos.attention(
+        q, k, randn(1, 1, k_pos.numel(), d, seed=5), enc, q_pos=q_pos, k_pos=k_pos, causal=True
+    )
+    assert torch.isfinite(out).all()
+
+
+def test_xpos_self_attention_up_to_the_guaranteed_query_span_is_exact():
+    """Queries spanning up to E / a_max = 64 x scale_base positions (1021 at scale_base 16)
+    are exact in float32 against the float64 formula, and every logit is finite."""
+    d, base_len = 16, 16.0
+    enc = relpos.create("xpos", num_heads=1, head_dim=d, scale_base=base_len)
+    pos = torch.cat((torch.arange(0, 980, 35), torch.arange(980, 1020)))
+    q, k = randn(1, 1, pos.numel(), d, seed=6), randn(1, 1, pos.numel(), d, seed=7)
+    got = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos, scale=1.0)[0, 0].double()
+    ref = envelope_scores_fp64(
+        q[0, 0], k[0, 0], pos, pos, enc.inv_freq.double(), _xpos_rates(d, base_len), "interleaved"
+    )
+    causal = pos[None, :] <= pos[:, None]
+    scale = float(q.norm(dim=-1).max() * k.norm(dim=-1).max())
+    torch.testing.assert_close(got[causal], ref[causal], rtol=0, atol=2e-6 * scale)
+    assert torch.isfinite(got).all()  # future keys too (clamped, never seen under causal)
+
+
+def test_xpos_refuses_a_query_span_beyond_its_float_range_naming_q_pos():
+    enc = relpos.create("xpos", num_heads=1, head_dim=16, scale_base=16.0)
+    pos = torch.arange(0, 100_000, 1000)
+    q = randn(1, 1, pos.numel(), 16)
+    with pytest.raises(ValueError, match="q_pos"):
+        relpos.scores(q, q, enc, q_pos=pos, k_pos=pos)
+
+
+@pytest.mark.parametrize("name", ["xpos", "hyperbolic-rope"])
+@pytest.mark.parametrize(("lq", "lk"), [(0, 0), (0, 5)])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+def test_xpos_takes_empty_sequences(name, lq, lk, backend):
+    enc = relpos.create(name, num_heads=2, head_dim=8)
+    q, k, v = randn(1, 2, lq, 8), randn(1, 2, lk, 8, seed=1), randn(1, 2, lk, 8, seed=2)
+    out = relpos.attention(q, k, v, enc, backend=backend, causal=True)
+    assert out.shape == (1, 2, lq, 8)

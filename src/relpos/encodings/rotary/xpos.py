@@ -8,22 +8,24 @@ fixes ``a_i = -ln(zeta_i) / scale_base``; hyperbolic-rope learns ``a_i``.
 Numerics. The centre ``c`` cancels in ``q . k``, but each factor alone spans
 ``e^{a_i * span}``: formed for all positions of a long call around one centre they overflow
 float32 (the old behaviour: NaN past ~141 x scale_base of key span). Here the centre is the
-midpoint of the *query* positions of the call, and the exponents are formed in float64 from
-``n - c`` and ``m - c`` (exact for positions below 2^53):
+midpoint of the *query* positions of each call (per batch row), and the exponents are
+formed in float64 from ``n - c`` and ``m - c`` (exact for positions below 2^53). With the
+budget ``E`` of the activation dtype (``envelope_budget``: 80 for float32, bfloat16 and
+float64, whose envelope is formed in float32; 7.09 for float16):
 
-* query exponents stay within ``a_max * S_q / 2`` (``S_q``: the span of the call's query
-  positions); a call whose query span would exceed the envelope budget ``E`` (80 for
-  float32 / bfloat16 / float64 activations, 7 for float16) raises ``ValueError`` naming
-  ``q_pos`` (split such a call into query blocks, as ``relpos.nn`` decoding does);
-* key exponents are clamped above at ``E``: only keys in the future of every query of the
-  call, beyond ``(E - a_max S_q / 2) / a_i`` positions, are affected, and causal attention
-  never sees them;
-* keys far in the past underflow to 0, where their exact contribution
-  ``e^{-a_i (n - m)}`` is below ``e^{-(103 - E)}`` relative to ``|q| |k|`` for float32.
+* query exponents are at most ``a_max * S_q / 2`` (``S_q``: the span of the call's query
+  positions); a call where that exceeds ``E / 2`` raises ``ValueError`` naming ``q_pos``
+  (split its queries into blocks, as decoding and chunked prefill do);
+* key exponents are clamped at ``E / 2``: only keys in the future of every query of the
+  call are affected (causal attention never sees them), and every logit stays finite,
+  future ones included (below ``e^E |q| |k|``);
+* keys far in the past underflow to 0, where their exact contribution is below
+  ``e^{E/2 - 103}`` relative to ``|q| |k|`` (float32).
 
-So scores are exact to float32 rounding for any key span and any position offset that
-float64 represents, given a query span of at most ``2 E / a_max`` (about 128 x scale_base
-for xPos at float32: 65K positions at the default 512).
+Guarantee: for a query span ``S_q <= E / a_max`` -- ``64 x scale_base`` for xPos in float32
+(32K positions at the default 512; 1/11 of that in float16) -- every visible score is exact
+to float32 rounding at any key span and any position offset that float64 represents, and no
+logit is infinite or NaN.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ __all__ = ["XPos", "HyperbolicRoPE", "envelope_budget"]
 
 
 def envelope_budget(dtype: torch.dtype) -> float:
-    """The largest envelope exponent ``E`` a rotated q or k of ``dtype`` may carry: 80 for
-    float32 / bfloat16 / float64 (the envelope is formed in float32, which overflows at
-    e^88.7), ``ln(65504) - 4`` = 7.09 for float16."""
+    """The largest envelope exponent ``E`` a logit of ``dtype`` may carry (``E / 2`` each on
+    q and k): 80 for float32 / bfloat16 / float64 (the envelope is formed in float32, which
+    overflows at e^88.7), ``ln(65504) - 4`` = 7.09 for float16."""
     return min(80.0, math.log(torch.finfo(dtype).max) - 4.0)
 
 
@@ -60,7 +62,7 @@ class XPos(RoPE):
     past: xPos is causal. ``B = scale_base`` (512). The centre ``c`` cancels in q.k; it is
     the midpoint of each call's query positions (module docstring: exact at any key span),
     so ``relpos.nn`` caches raw keys (``cache_rotated_keys = False``). ``rotate`` alone
-    (one role) uses ``c = 0``, torchscale's convention.
+    (one role) uses ``c = 0``, torchscale's convention (finite for ``|p| <= 40 / a_max``).
 
     Every RoPE option applies to the rotation (``base``, ``layout``,
     ``partial_rotary_factor``, ``scaling``: scaled frequencies, attention factor on both);
@@ -122,7 +124,7 @@ class XPos(RoPE):
         qp = q_pos.to(torch.float64)
         low, high = qp.amin(-1, keepdim=True), qp.amax(-1, keepdim=True)  # (B|1, 1)
         center = torch.floor((low + high) / 2)
-        budget = envelope_budget(q.dtype)
+        budget = envelope_budget(q.dtype) / 2  # per side: q and k exponents
         widest = float((high - low).amax()) / 2 * top_rate
         if widest > budget:
             span = float((high - low).amax())
