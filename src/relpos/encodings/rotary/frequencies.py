@@ -116,8 +116,8 @@ class HoPE(FrequencyMaskRoPE):
     wavelength ``2 pi / theta_i <= L`` (the default, ``L = 4096``). The cutoff is taken on
     the unscaled frequencies (``base``, ``partial_rotary_factor``): a ``scaling`` dict is a
     context extension of the trained method, so it rescales the kept pairs and keeps the
-    same ones (HoPE with linear scaling ``s`` at ``p`` is HoPE at ``p / s``). With an explicit ``r`` and default options this equals ``p-rope`` with
-    ``p = 2 r / head_dim``.
+    same ones (HoPE with linear scaling ``s`` at ``p`` is HoPE at ``p / s``). With an
+    explicit ``r`` and default options this equals ``p-rope`` with ``p = 2 r / head_dim``.
 
     Args:
         train_length: keep the pairs whose wavelength fits in it (default 4096).
