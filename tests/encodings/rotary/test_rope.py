@@ -1,7 +1,8 @@
-"""RoPE (Su et al. 2021), partial rotary and xPos against the spec's reference values.
+"""RoPE (Su et al. 2021) and partial rotary against the spec's reference values, and the
+validation of the common RoPE options.
 
-Expected values are copied from ../shared/spec/formulas-rotary.md (sections 0, 1, 2, 10 and R.1,
-R.7, R.8); fp64 references are re-derived here from the formulas, never from relpos.
+Expected values are copied from ../shared/spec/formulas-rotary.md (sections 0, 1, 2 and R.1,
+R.8); fp64 references are re-derived here from the formulas, never from relpos.
 """
 
 from __future__ import annotations
@@ -184,6 +185,71 @@ def test_rope_rejects_unknown_scaling_with_value_error(scaling: dict) -> None:
         rope_frequencies(64, scaling=scaling)
     with pytest.raises(ValueError):
         relpos.create("rope", num_heads=1, head_dim=64, scaling=scaling)
+
+
+@pytest.mark.parametrize(
+    ("options", "exc"),
+    [
+        ({"base": "1e4"}, TypeError),
+        ({"base": float("nan")}, ValueError),
+        ({"scaling": "yarn"}, TypeError),
+        ({"scaling": {"rope_type": "no-such-type"}}, ValueError),
+        ({"scaling": {"rope_type": "linear"}}, ValueError),
+        ({"scaling": {"rope_type": "yarn", "factor": 0.5}}, ValueError),
+    ],
+    ids=repr,
+)
+def test_rope_options_are_refused_with_a_message_that_names_them(options, exc) -> None:
+    (option,) = options
+    with pytest.raises(exc, match=f"^{option}"):
+        relpos.create("rope", num_heads=1, head_dim=8, **options)
+
+
+def test_yarn_dict_without_original_length_takes_max_position_embeddings() -> None:
+    yarn = {"rope_type": "yarn", "factor": 4.0}
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        relpos.create("rope", num_heads=1, head_dim=8, scaling=yarn)
+    enc = relpos.create("rope", num_heads=1, head_dim=8, scaling=yarn, max_position_embeddings=64)
+    expected, factor = rope_frequencies(8, scaling={**yarn, "original_max_position_embeddings": 64})
+    assert torch.equal(enc.inv_freq, expected) and enc.attention_factor == factor
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(float("nan"), "must be finite"), (-3.0, "must be >= 0"), (-3, "must be >= 0")],
+    ids=repr,
+)
+@pytest.mark.parametrize("which", ["q_pos", "k_pos"])
+def test_dynamic_rope_names_the_positions_that_are_not_a_length(which, bad, message) -> None:
+    enc = relpos.create(
+        "rope",
+        num_heads=1,
+        head_dim=8,
+        scaling={"rope_type": "dynamic", "factor": 2.0},
+        max_position_embeddings=16,
+    )
+    float_pos = isinstance(bad, float)
+    pos = {
+        n: torch.arange(4, dtype=torch.float32 if float_pos else torch.int64)
+        for n in ("q_pos", "k_pos")
+    }
+    pos[which][1] = bad
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=f"{which} {message}"):
+        relpos.scores(q, q, enc, **pos)
+
+
+def test_dynamic_rope_rotates_queries_and_keys_with_one_base_per_call() -> None:
+    """Queries below the reference length and keys past it share the keys' base."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    enc = relpos.create("rope", num_heads=1, head_dim=8, scaling=scaling, max_position_embeddings=8)
+    q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 30, 8)
+    q_pos, k_pos = torch.tensor([[3, 4]]), torch.arange(30)[None]
+    qr, kr = enc.rotate_qk(q, k, q_pos, k_pos)
+    inv_freq, _ = rope_frequencies(8, scaling=scaling, seq_len=30, max_position_embeddings=8)
+    ang_q, ang_k = rope_angles(q_pos, inv_freq)[:, None], rope_angles(k_pos, inv_freq)[:, None]
+    torch.testing.assert_close(qr, apply_rotary(q, ang_q.cos(), ang_q.sin()))
+    torch.testing.assert_close(kr, apply_rotary(k, ang_k.cos(), ang_k.sin()))
 
 
 # ---------------------------------------------------------------------------- relative property
