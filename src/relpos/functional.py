@@ -124,7 +124,7 @@ def rope_frequencies(
         )
     if partial_rotary_factor == 1.0 and head_dim % 2:
         raise ValueError(f"head_dim must be even for full rotary, got {head_dim}")
-    return rope_scaling.ROPE_SCALING[rope_type](
+    return rope_scaling.ROPE_SCALING[rope_type].compute(
         dim,
         base,
         params,

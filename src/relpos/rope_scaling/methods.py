@@ -1,6 +1,7 @@
 """RoPE frequency scaling: context-extension methods as pure functions of one signature.
 
-Every scaling type is a function with one signature, registered in ``ROPE_SCALING``::
+Every scaling type is a function with one signature, held by its ``ScalingType`` record in
+``ROPE_SCALING``::
 
     fn(dim, base, params, *, seq_len, max_position_embeddings, head_dim)
         -> (inv_freq, attention_factor)
@@ -57,15 +58,16 @@ Differences from ``transformers`` (all on inputs HF accepts with a warning or cr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .scaling_type import ScalingType, check_number, is_number
+
 __all__ = [
     "ROPE_SCALING",
-    "LENGTH_DEPENDENT",
-    "RopeScalingFn",
     "default",
     "linear",
     "ntk",
@@ -75,21 +77,7 @@ __all__ = [
     "longrope",
     "proportional",
     "ntk_scaled_base",
-    "validate_scaling",
-    "is_length_dependent",
 ]
-
-RopeScalingFn = Callable[..., tuple[Tensor, float]]
-
-# Keys every type accepts besides its own: the type itself (``rope_type`` or legacy ``type``)
-# and the two model-level values HF v5 moves into ``rope_parameters``.
-_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
-
-# Types whose inverse frequencies change with the sequence length (see the module docstring).
-LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
-
-# Types that read ``original_max_position_embeddings`` (filled from max_position_embeddings).
-_NEEDS_ORIGINAL = frozenset({"yarn", "llama3", "longrope"})
 
 
 # --------------------------------------------------------------------------- helpers
@@ -373,17 +361,114 @@ def proportional(
     return torch.cat((theta, zeros)) / (params.get("factor") or 1.0), 1.0
 
 
-ROPE_SCALING: dict[str, RopeScalingFn] = {
-    "default": default,
-    "linear": linear,
-    "ntk": ntk,
-    "dynamic": dynamic,
-    "yarn": yarn,
-    "llama3": llama3,
-    "longrope": longrope,
-    "proportional": proportional,
+# --------------------------------------------------------------------------- range checks
+
+
+def _check_factor(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
+    """A context-extension ``factor`` is ``>= 1`` and an ``attention_factor`` ``> 0``."""
+    check_number(params, "factor", rope_type, minimum=1.0)
+    check_number(params, "attention_factor", rope_type, minimum=0.0, strict=True)
+
+
+def _check_yarn(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
+    _check_factor(params, rope_type)
+    check_number(params, "beta_fast", rope_type, minimum=0.0, strict=True)
+    check_number(params, "beta_slow", rope_type, minimum=0.0, strict=True)
+    check_number(params, "mscale", rope_type, minimum=0.0)
+    check_number(params, "mscale_all_dim", rope_type, minimum=0.0)
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+    if beta_fast < beta_slow:
+        raise ValueError(
+            f"rope scaling 'yarn': 'beta_fast' ({beta_fast}) must be >= 'beta_slow' ({beta_slow})"
+        )
+    if "truncate" in params and not isinstance(params["truncate"], bool):
+        raise ValueError(
+            f"rope scaling 'yarn': 'truncate' must be True or False, got {params['truncate']!r}"
+        )
+
+
+def _check_llama3(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
+    _check_factor(params, rope_type)
+    check_number(params, "low_freq_factor", rope_type, minimum=0.0, strict=True)
+    check_number(params, "high_freq_factor", rope_type, minimum=0.0, strict=True)
+    if not params["high_freq_factor"] > params["low_freq_factor"]:
+        raise ValueError(
+            f"rope scaling 'llama3': 'high_freq_factor' ({params['high_freq_factor']}) must "
+            f"be > 'low_freq_factor' ({params['low_freq_factor']})"
+        )
+
+
+def _check_longrope(
+    params: Mapping[str, Any],
+    rope_type: str,
+    *,
+    head_dim: int | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> None:
+    """Factor lists of positive numbers, one per frequency ``ceil(dim / 2)`` (when
+    ``head_dim`` is known), ``dim = int(head_dim * partial_rotary_factor)``."""
+    _check_factor(params, rope_type)
+    dim = None if head_dim is None else int(head_dim * partial_rotary_factor)
+    for key in ("short_factor", "long_factor"):
+        value = params[key]
+        if not (isinstance(value, list) and value and all(is_number(x) and x > 0 for x in value)):
+            raise ValueError(
+                f"rope scaling 'longrope': {key!r} must be a list of positive numbers, got "
+                f"{value!r}"
+            )
+        if dim is not None and len(value) != (dim + 1) // 2:
+            raise ValueError(
+                f"rope scaling 'longrope': {key!r} must have one entry per frequency, "
+                f"(dim + 1) // 2 = {(dim + 1) // 2} for dim = int(head_dim * "
+                f"partial_rotary_factor) = {dim}, got {len(value)}"
+            )
+
+
+def _check_proportional(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
+    """p-RoPE's ``factor`` divides the kept frequencies: any positive number."""
+    check_number(params, "factor", rope_type, minimum=0.0, strict=True)
+
+
+# --------------------------------------------------------------------------- the table
+
+_YARN_KEYS = {
+    "factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
 }
 
-
-# Validation lives in its own module; imported last because it reads the registry above.
-from .rope_scaling_validation import is_length_dependent, validate_scaling  # noqa: E402
+#: every scaling type, one record each (``relpos.rope_scaling.ScalingType``)
+ROPE_SCALING: dict[str, ScalingType] = {
+    "default": ScalingType(default),
+    "linear": ScalingType(linear, required=frozenset({"factor"}), check=_check_factor),
+    "ntk": ScalingType(ntk, required=frozenset({"factor"}), check=_check_factor),
+    "dynamic": ScalingType(
+        dynamic, required=frozenset({"factor"}), length_dependent=True, check=_check_factor
+    ),
+    "yarn": ScalingType(
+        yarn, optional=frozenset(_YARN_KEYS), needs_original=True, check=_check_yarn
+    ),
+    "llama3": ScalingType(
+        llama3,
+        required=frozenset({"factor", "low_freq_factor", "high_freq_factor"}),
+        optional=frozenset({"original_max_position_embeddings"}),
+        needs_original=True,
+        check=_check_llama3,
+    ),
+    "longrope": ScalingType(
+        longrope,
+        required=frozenset({"short_factor", "long_factor"}),
+        optional=frozenset({"original_max_position_embeddings", "factor", "attention_factor"}),
+        length_dependent=True,
+        needs_original=True,
+        check=_check_longrope,
+    ),
+    "proportional": ScalingType(
+        proportional, optional=frozenset({"factor"}), check=_check_proportional
+    ),
+}

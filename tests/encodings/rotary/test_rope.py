@@ -1,12 +1,11 @@
-"""RoPE (Su et al. 2021), partial rotary and xPos against the spec's reference values.
+"""RoPE (Su et al. 2021) and partial rotary against the spec's reference values, and the
+validation of the common RoPE options.
 
-Expected values are copied from ../shared/spec/formulas-rotary.md (sections 0, 1, 2, 10 and R.1,
-R.7, R.8); fp64 references are re-derived here from the formulas, never from relpos.
+Expected values are copied from ../shared/spec/formulas-rotary.md (sections 0, 1, 2 and R.1,
+R.8); fp64 references are re-derived here from the formulas, never from relpos.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -38,9 +37,6 @@ R8_K_ONES_HALF = [
     -1.13111246, 0.659816265, 0.969554543, 0.996995509, -0.848872483, 1.25085676, 1.02954555,
     1.00299549,
 ]  # fmt: skip
-
-# R.7: xPos zeta.
-R7_ZETA_D8 = [0.285714286, 0.464285714, 0.642857143, 0.821428571]
 
 
 def _t(values: list[float]) -> torch.Tensor:
@@ -191,6 +187,71 @@ def test_rope_rejects_unknown_scaling_with_value_error(scaling: dict) -> None:
         relpos.create("rope", num_heads=1, head_dim=64, scaling=scaling)
 
 
+@pytest.mark.parametrize(
+    ("options", "exc"),
+    [
+        ({"base": "1e4"}, TypeError),
+        ({"base": float("nan")}, ValueError),
+        ({"scaling": "yarn"}, TypeError),
+        ({"scaling": {"rope_type": "no-such-type"}}, ValueError),
+        ({"scaling": {"rope_type": "linear"}}, ValueError),
+        ({"scaling": {"rope_type": "yarn", "factor": 0.5}}, ValueError),
+    ],
+    ids=repr,
+)
+def test_rope_options_are_refused_with_a_message_that_names_them(options, exc) -> None:
+    (option,) = options
+    with pytest.raises(exc, match=f"^{option}"):
+        relpos.create("rope", num_heads=1, head_dim=8, **options)
+
+
+def test_yarn_dict_without_original_length_takes_max_position_embeddings() -> None:
+    yarn = {"rope_type": "yarn", "factor": 4.0}
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        relpos.create("rope", num_heads=1, head_dim=8, scaling=yarn)
+    enc = relpos.create("rope", num_heads=1, head_dim=8, scaling=yarn, max_position_embeddings=64)
+    expected, factor = rope_frequencies(8, scaling={**yarn, "original_max_position_embeddings": 64})
+    assert torch.equal(enc.inv_freq, expected) and enc.attention_factor == factor
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(float("nan"), "must be finite"), (-3.0, "must be >= 0"), (-3, "must be >= 0")],
+    ids=repr,
+)
+@pytest.mark.parametrize("which", ["q_pos", "k_pos"])
+def test_dynamic_rope_names_the_positions_that_are_not_a_length(which, bad, message) -> None:
+    enc = relpos.create(
+        "rope",
+        num_heads=1,
+        head_dim=8,
+        scaling={"rope_type": "dynamic", "factor": 2.0},
+        max_position_embeddings=16,
+    )
+    float_pos = isinstance(bad, float)
+    pos = {
+        n: torch.arange(4, dtype=torch.float32 if float_pos else torch.int64)
+        for n in ("q_pos", "k_pos")
+    }
+    pos[which][1] = bad
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=f"{which} {message}"):
+        relpos.scores(q, q, enc, **pos)
+
+
+def test_dynamic_rope_rotates_queries_and_keys_with_one_base_per_call() -> None:
+    """Queries below the reference length and keys past it share the keys' base."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    enc = relpos.create("rope", num_heads=1, head_dim=8, scaling=scaling, max_position_embeddings=8)
+    q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 30, 8)
+    q_pos, k_pos = torch.tensor([[3, 4]]), torch.arange(30)[None]
+    qr, kr = enc.rotate_qk(q, k, q_pos, k_pos)
+    inv_freq, _ = rope_frequencies(8, scaling=scaling, seq_len=30, max_position_embeddings=8)
+    ang_q, ang_k = rope_angles(q_pos, inv_freq)[:, None], rope_angles(k_pos, inv_freq)[:, None]
+    torch.testing.assert_close(qr, apply_rotary(q, ang_q.cos(), ang_q.sin()))
+    torch.testing.assert_close(kr, apply_rotary(k, ang_k.cos(), ang_k.sin()))
+
+
 # ---------------------------------------------------------------------------- relative property
 
 
@@ -269,77 +330,3 @@ def test_rope_angles_above_2_pow_24_are_accurate_to_1e_6(p_max: int) -> None:
 
 
 # ---------------------------------------------------------------------------- xPos (section 10)
-
-
-def test_xpos_zeta_for_head_dim_8_matches_r7() -> None:
-    enc = relpos.create("xpos", num_heads=1, head_dim=8)
-    torch.testing.assert_close(enc.zeta, _t(R7_ZETA_D8), rtol=1e-6, atol=0.0)
-
-
-def test_xpos_zeta_for_head_dim_128_spans_r7_first_and_last() -> None:
-    zeta = relpos.create("xpos", num_heads=1, head_dim=128).zeta
-    assert zeta.shape == (64,)
-    torch.testing.assert_close(zeta[0], torch.tensor(0.285714286), rtol=1e-6, atol=0.0)
-    torch.testing.assert_close(zeta[-1], torch.tensor(0.988839286), rtol=1e-6, atol=0.0)
-
-
-def _xpos_reference(q: torch.Tensor, k: torch.Tensor, n: int, m: torch.Tensor) -> torch.Tensor:
-    """sum_i zeta_i^((n - m) / 512) * <R(n theta_i) q_i, R(m theta_i) k_i> / sqrt(d), fp64,
-    interleaved pairs (2i, 2i+1) as in torchscale. q (d,), k (L, d) -> (L,)."""
-    d = q.shape[-1]
-    i2 = torch.arange(0, d, 2, dtype=torch.float64)
-    theta = 10000.0 ** (-i2 / d)
-    zeta = (i2 + 0.4 * d) / (1.4 * d)
-
-    def rot(v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        v0, v1 = v[..., 0::2], v[..., 1::2]
-        return torch.stack((v0 * a.cos() - v1 * a.sin(), v0 * a.sin() + v1 * a.cos()), dim=-1)
-
-    m = m.double()
-    term = (rot(q.double(), n * theta)[None] * rot(k.double(), m[:, None] * theta)).sum(-1)
-    factor = zeta[None, :] ** ((n - m)[:, None] / 512.0)
-    return (factor * term).sum(-1) / math.sqrt(d)
-
-
-@pytest.mark.parametrize("n", [0, 37, 599])
-def test_xpos_score_is_rope_term_times_zeta_to_the_distance_over_512(n: int) -> None:
-    # Decoding-shaped call (one query): relpos.scores asks for causal=True when Lq > 1.
-    torch.manual_seed(n)
-    enc = relpos.create("xpos", num_heads=1, head_dim=8)
-    q = torch.randn(1, 1, 1, 8)
-    k = torch.randn(1, 1, n + 1, 8)
-    m = torch.arange(n + 1)
-    got = relpos.scores(q, k, enc, q_pos=torch.tensor([n]), k_pos=m)[0, 0, 0]
-    expected = _xpos_reference(q[0, 0, 0], k[0, 0], n, m)
-    # Measured 3.6e-6 at n = 599 (scores up to ~4).
-    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=2e-5)
-
-
-@pytest.mark.parametrize("shift", [1, 1000, 2**25])
-def test_xpos_scores_are_invariant_to_shifting_query_and_keys_together(shift: int) -> None:
-    # Measured: 1.7e-5 for a shift of 1000 (fp32 angles), 3.2e-6 at 2^25 (fp64 angle path).
-    torch.manual_seed(0)
-    enc = relpos.create("xpos", num_heads=1, head_dim=8)
-    q = torch.randn(1, 1, 1, 8)
-    k = torch.randn(1, 1, 600, 8)
-    m = torch.arange(600)
-    base = relpos.scores(q, k, enc, q_pos=torch.tensor([599]), k_pos=m)
-    moved = relpos.scores(q, k, enc, q_pos=torch.tensor([599 + shift]), k_pos=m + shift)
-    torch.testing.assert_close(moved, base, rtol=0.0, atol=1e-4)
-
-
-@pytest.mark.parametrize("pair", range(4))
-def test_xpos_score_at_distance_2048_carries_zeta_to_the_fourth_per_pair(pair: int) -> None:
-    # R.7: with B = 512 the per-pair score factor at distance 2048 is zeta_i^4. Put q and k on
-    # pair i only; the xPos score divided by the plain (interleaved) RoPE score is that factor.
-    r7_zeta4 = [0.00666389, 0.0464666, 0.170788, 0.455281]
-    xpos = relpos.create("xpos", num_heads=1, head_dim=8)
-    rope = relpos.create("rope", num_heads=1, head_dim=8, layout="interleaved")
-    q = torch.zeros(1, 1, 1, 8)
-    k = torch.zeros(1, 1, 1, 8)
-    q[..., 2 * pair] = 1.0
-    k[..., 2 * pair] = 1.0
-    k[..., 2 * pair + 1] = 1.0
-    pos = {"q_pos": torch.tensor([2048 + 100]), "k_pos": torch.tensor([100])}
-    ratio = relpos.scores(q, k, xpos, **pos) / relpos.scores(q, k, rope, **pos)
-    torch.testing.assert_close(ratio[0, 0, 0, 0], torch.tensor(r7_zeta4[pair]), rtol=1e-4, atol=0)

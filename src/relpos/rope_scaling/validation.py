@@ -8,66 +8,19 @@ keys, and returns a normalised copy for the functions in ``relpos.rope_scaling``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from .rope_scaling import _COMMON_KEYS, _NEEDS_ORIGINAL, LENGTH_DEPENDENT, ROPE_SCALING
+from .methods import ROPE_SCALING
+from .scaling_type import COMMON_KEYS, is_number
 
-# Per type: (required keys, optional keys), besides _COMMON_KEYS.
-_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "default": (frozenset(), frozenset()),
-    "linear": (frozenset({"factor"}), frozenset()),
-    "ntk": (frozenset({"factor"}), frozenset()),
-    "dynamic": (frozenset({"factor"}), frozenset()),
-    "yarn": (
-        frozenset(),
-        frozenset(
-            {
-                "factor",
-                "original_max_position_embeddings",
-                "attention_factor",
-                "beta_fast",
-                "beta_slow",
-                "mscale",
-                "mscale_all_dim",
-                "truncate",
-            }
-        ),
-    ),
-    "llama3": (
-        frozenset({"factor", "low_freq_factor", "high_freq_factor"}),
-        frozenset({"original_max_position_embeddings"}),
-    ),
-    "longrope": (
-        frozenset({"short_factor", "long_factor"}),
-        frozenset({"original_max_position_embeddings", "factor", "attention_factor"}),
-    ),
-    "proportional": (frozenset(), frozenset({"factor"})),
-}
-assert set(_KEYS) == set(ROPE_SCALING)
+__all__ = ["LENGTH_DEPENDENT", "is_length_dependent", "resolve_type", "validate_scaling"]
+
+#: the types whose frequencies depend on the sequence length (``dynamic``, ``longrope``)
+LENGTH_DEPENDENT = frozenset(name for name, t in ROPE_SCALING.items() if t.length_dependent)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_number(
-    params: Mapping, key: str, rope_type: str, *, minimum: float, strict: bool = False
-) -> None:
-    """``params[key]`` (when present and not None) is a finite number ``>= minimum``."""
-    value = params.get(key)
-    if value is None:
-        return
-    ok = _is_number(value) and (value > minimum if strict else value >= minimum)
-    if not ok:
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(
-            f"rope scaling {rope_type!r}: {key!r} must be a number {bound}, got {value!r}"
-        )
-
-
-def _resolve_type(scaling: Mapping) -> str:
+def resolve_type(scaling: Mapping) -> str:
     """The scaling type from ``rope_type`` or the legacy ``type`` key (default: ``default``)."""
     rope_type = scaling.get("rope_type")
     legacy = scaling.get("type")
@@ -92,6 +45,7 @@ def validate_scaling(
     head_dim: int | None = None,
     max_position_embeddings: int | None = None,
     partial_rotary_factor: float | None = None,
+    require_original: bool = True,
 ) -> dict[str, Any]:
     """Check an HF ``rope_scaling`` / ``rope_parameters`` dict and return a normalized copy.
 
@@ -107,6 +61,9 @@ def validate_scaling(
         max_position_embeddings: the model-config length. ``original_max_position_embeddings``
             is filled from it for ``yarn`` / ``llama3`` / ``longrope`` when missing (as HF does).
         partial_rotary_factor: the model-level value, used when the dict has none.
+        require_original: with False, a missing ``original_max_position_embeddings`` (and no
+            ``max_position_embeddings``) is left to the caller (an option check that cannot
+            see the model length).
 
     Returns:
         a new dict with ``rope_type`` set, the legacy ``type`` key dropped, list values copied,
@@ -119,12 +76,12 @@ def validate_scaling(
             f"scaling must be a dict (an HF rope_scaling / rope_parameters) or None, "
             f"got {scaling!r}"
         )
-    rope_type = _resolve_type(scaling)
-    required, optional = _KEYS[rope_type]
+    rope_type = resolve_type(scaling)
+    record = ROPE_SCALING[rope_type]
+    required, optional = record.required, record.optional
     received = set(scaling)
-    allowed = required | optional | _COMMON_KEYS
-    expected = f"required {sorted(required)}, optional {sorted(optional | _COMMON_KEYS - {'type'})}"
-    unknown = received - allowed
+    expected = f"required {sorted(required)}, optional {sorted(optional | COMMON_KEYS - {'type'})}"
+    unknown = received - record.allowed
     if unknown:
         raise ValueError(
             f"rope scaling {rope_type!r} has unknown keys {sorted(unknown)}; expected keys: "
@@ -146,79 +103,35 @@ def validate_scaling(
 
     # Model-level values that may live inside the dict.
     theta = params.get("rope_theta")
-    if theta is not None and not (_is_number(theta) and theta > 1):
+    if theta is not None and not (is_number(theta) and theta > 1):
         raise ValueError(
             f"rope scaling {rope_type!r}: 'rope_theta' must be a number > 1, got {theta!r}"
         )
     prf = params.get("partial_rotary_factor")
     if prf is not None:
         low_ok = prf >= 0 if rope_type == "proportional" else prf > 0
-        if not (_is_number(prf) and low_ok and prf <= 1):
+        if not (is_number(prf) and low_ok and prf <= 1):
             interval = "[0, 1]" if rope_type == "proportional" else "(0, 1]"
             raise ValueError(
                 f"rope scaling {rope_type!r}: 'partial_rotary_factor' must be in {interval}, "
                 f"got {prf!r}"
             )
 
-    # Type-specific ranges.
-    if rope_type == "proportional":
-        _check_number(params, "factor", rope_type, minimum=0.0, strict=True)
-    elif rope_type != "default":
-        _check_number(params, "factor", rope_type, minimum=1.0)
-    _check_number(params, "attention_factor", rope_type, minimum=0.0, strict=True)
-    if rope_type == "yarn":
-        _check_number(params, "beta_fast", rope_type, minimum=0.0, strict=True)
-        _check_number(params, "beta_slow", rope_type, minimum=0.0, strict=True)
-        _check_number(params, "mscale", rope_type, minimum=0.0)
-        _check_number(params, "mscale_all_dim", rope_type, minimum=0.0)
-        beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
-        if beta_fast < beta_slow:
-            raise ValueError(
-                f"rope scaling 'yarn': 'beta_fast' ({beta_fast}) must be >= 'beta_slow' "
-                f"({beta_slow})"
-            )
-        if "truncate" in params and not isinstance(params["truncate"], bool):
-            raise ValueError(
-                f"rope scaling 'yarn': 'truncate' must be True or False, got {params['truncate']!r}"
-            )
-    if rope_type == "llama3":
-        _check_number(params, "low_freq_factor", rope_type, minimum=0.0, strict=True)
-        _check_number(params, "high_freq_factor", rope_type, minimum=0.0, strict=True)
-        if not params["high_freq_factor"] > params["low_freq_factor"]:
-            raise ValueError(
-                f"rope scaling 'llama3': 'high_freq_factor' ({params['high_freq_factor']}) must "
-                f"be > 'low_freq_factor' ({params['low_freq_factor']})"
-            )
-    if rope_type == "longrope":
-        if prf is None:
-            prf = 1.0 if partial_rotary_factor is None else partial_rotary_factor
-        dim = None if head_dim is None else int(head_dim * prf)
-        for key in ("short_factor", "long_factor"):
-            value = params[key]
-            if not (
-                isinstance(value, list) and value and all(_is_number(x) and x > 0 for x in value)
-            ):
-                raise ValueError(
-                    f"rope scaling 'longrope': {key!r} must be a list of positive numbers, got "
-                    f"{scaling[key]!r}"
-                )
-            if dim is not None and len(value) != (dim + 1) // 2:
-                raise ValueError(
-                    f"rope scaling 'longrope': {key!r} must have one entry per frequency, "
-                    f"(dim + 1) // 2 = {(dim + 1) // 2} for dim = int(head_dim * "
-                    f"partial_rotary_factor) = {dim}, got {len(value)}"
-                )
+    if prf is None:
+        prf = 1.0 if partial_rotary_factor is None else partial_rotary_factor
+    record.check(params, rope_type, head_dim=head_dim, partial_rotary_factor=prf)
 
-    if rope_type in _NEEDS_ORIGINAL:
+    if record.needs_original:
         original = params.get("original_max_position_embeddings")
         if original is None:
-            if max_position_embeddings is None:
+            if max_position_embeddings is not None:
+                params["original_max_position_embeddings"] = max_position_embeddings
+            elif require_original:
                 raise ValueError(
                     f"rope scaling {rope_type!r} needs the pretraining length: give "
                     f"'original_max_position_embeddings' in the scaling dict or "
                     f"max_position_embeddings"
                 )
-            params["original_max_position_embeddings"] = max_position_embeddings
         elif isinstance(original, bool) or not isinstance(original, int) or original <= 0:
             raise ValueError(
                 f"rope scaling {rope_type!r}: 'original_max_position_embeddings' must be a "
@@ -240,4 +153,4 @@ def is_length_dependent(scaling: Mapping[str, Any] | None) -> bool:
             f"scaling must be a dict (an HF rope_scaling / rope_parameters) or None, "
             f"got {scaling!r}"
         )
-    return _resolve_type(scaling) in LENGTH_DEPENDENT
+    return ROPE_SCALING[resolve_type(scaling)].length_dependent
