@@ -273,18 +273,36 @@ def test_missing_separators_named_when_positions_come_from_tokens():
     assert model(ids, pos=(intra, segment)).shape == (2, ids.shape[1], VOCAB)
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, "8", True, None], ids=repr)
-def test_bad_max_intra(bad):
-    with pytest.raises(ValueError, match="max_intra"):
+# policy (relpos.validation): TypeError for a wrong type, ValueError for a wrong value
+@pytest.mark.parametrize(
+    ("bad", "exc"),
+    [(0, ValueError), (-3, ValueError), (2.5, TypeError), ("8", TypeError), (True, TypeError),
+     (None, TypeError)],  # fmt: skip
+    ids=repr,
+)
+def test_bad_max_intra(bad, exc):
+    with pytest.raises(exc, match="max_intra"):
         relpos.create("bipe-rope", num_heads=2, head_dim=4, max_intra=bad)
 
 
 @pytest.mark.parametrize(
-    "bad", [[], ".", [1.5], [True], ["."], [-1], 13, [torch.tensor([1, 2])]], ids=repr
+    ("bad", "exc"),
+    [([], ValueError), (".", TypeError), ([1.5], TypeError), ([True], TypeError),
+     (["."], TypeError), ([-1], ValueError), (13, TypeError),
+     ([torch.tensor([1, 2])], TypeError)],  # fmt: skip
+    ids=repr,
 )
-def test_bad_separators(bad):
-    with pytest.raises(ValueError, match="separators"):
+def test_bad_separators(bad, exc):
+    with pytest.raises(exc, match="separators"):
         relpos.create("bipe-rope", num_heads=2, head_dim=4, separators=bad)
+
+
+def test_separators_are_a_corpus_option():
+    """The lab fills ``separators`` from its tokenizer: BiPE declares it (no signature
+    sniffing), and the declared option is the constructor keyword."""
+    cls = relpos.registry.encoding_class("bipe-rope")
+    assert set(cls.corpus_options) == {"separators"}
+    assert set(cls.corpus_options) <= set(cls.option_specs)
 
 
 def test_separators_accept_integer_like_ids():
