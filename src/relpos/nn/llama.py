@@ -20,7 +20,6 @@ the logits of the last ``n`` positions and ``token_nll`` scores targets chunk by
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encodings.base import Encoding
+from ..encodings.options import Refused
 from ..registry import create, encoding_class
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
@@ -163,7 +163,8 @@ class LlamaLM(nn.Module):
         encoding: registry name (default ``"rope"``) or a ``relpos.Encoding`` instance.
         encoding_options: options for ``relpos.create``; the model's ``rope_base`` (as
             ``base``), ``rope_layout`` (as ``layout``) and ``max_position_embeddings`` are
-            added for every one of those keywords the encoding accepts and the options omit.
+            added for every one of those options the encoding declares (and does not refuse)
+            and the options omit.
         backend: attention backend (``"auto"``: SDPA for rotary encodings).
 
     ``forward(tokens (B, L), pos=None, cache=None, *, last=None) -> logits (B, L|last, vocab)``.
@@ -191,24 +192,25 @@ class LlamaLM(nn.Module):
         self.lm_head = None
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        for name, module in self.named_modules():
-            # encodings with their own layers (FIRE's MLP) keep their own init
-            if isinstance(module, (nn.Linear, nn.Embedding)) and ".encoding" not in name:
+        # the model initialises the layers it builds; the encoding (built by relpos.create,
+        # or passed in already trained) keeps the initialisation it has (FIRE's MLP)
+        encoding_modules = {id(m) for m in enc.modules()}
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in encoding_modules:
                 nn.init.normal_(module.weight, std=0.02)
 
     # ------------------------------------------------------------------ the encoding
     def encoding_defaults(self, name: str) -> dict[str, Any]:
         """The model-level options ``set_encoding`` adds for encoding ``name``: ``base``,
-        ``layout`` and ``max_position_embeddings``, each only if its constructor takes it."""
-        cls = encoding_class(name)
-        params = inspect.signature(cls.__init__).parameters
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        ``layout`` and ``max_position_embeddings``, each only if the encoding declares it
+        (``option_specs``) and does not refuse it (``Refused``: LieRE has no base)."""
+        specs = encoding_class(name).option_specs
         model = {
             "base": self.config.rope_base,
             "layout": self.config.rope_layout,
             "max_position_embeddings": self.config.max_position_embeddings,
         }
-        return {k: v for k, v in model.items() if takes_any or k in params}
+        return {k: v for k, v in model.items() if k in specs and not isinstance(specs[k], Refused)}
 
     def _build_encoding(self, encoding: str | Encoding, options: dict[str, Any]) -> Encoding:
         if isinstance(encoding, Encoding):
