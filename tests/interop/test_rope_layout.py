@@ -1,4 +1,4 @@
-"""relpos.layout: q/k projection rows between interleaved and half-split RoPE (spec P1).
+"""relpos.interop.rope_layout: q/k rows between interleaved and half-split RoPE (spec P1).
 
 The reference permutations are written out from the spec (P1's ``perm`` and the GGUF
 un-permute of evaluation.md section 3), never taken from relpos.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import relpos
-from relpos.layout import (
+from relpos.interop.rope_layout import (
     half_to_interleaved,
     interleaved_to_half,
     interleaved_to_half_permutation,
