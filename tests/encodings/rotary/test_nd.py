@@ -325,3 +325,45 @@ def test_rope_mixed_refuses_a_scaling_by_name_and_rotates_partially():
     out = enc.rotate(x, torch.tensor([[[1.0, 2.0], [3.0, -1.0], [0.5, 7.0]]]), "q")
     torch.testing.assert_close(out[..., 8:], x[..., 8:], rtol=0, atol=0)
     assert not torch.allclose(out[..., :8], x[..., :8])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "linear", "factor": 3.0},
+    ],
+    ids=lambda p: p["rope_type"],
+)
+def test_scaled_mrope_matches_transformers_qwen2_vl(params):
+    """Qwen2-VL with a scaling in ``rope_parameters`` (transformers computes the scaled
+    frequencies, then assigns the sections): the same rotation, on a video between texts whose
+    ids pass the trained length (dynamic NTK engages)."""
+    tf = pytest.importorskip("transformers")
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as mod
+
+    head_dim, section, trained = 64, [8, 12, 12], 32
+    cfg = tf.Qwen2VLTextConfig(hidden_size=128, num_attention_heads=2, head_dim=head_dim,
+                               max_position_embeddings=trained,
+                               rope_parameters={**params, "rope_theta": 1e4,
+                                                "mrope_section": section})  # fmt: skip
+    emb = mod.Qwen2VLRotaryEmbedding(cfg)
+    ids = multimodal_position_ids([("text", 30), ("video", (2, 4, 6), 3), ("text", 12)],
+                                  spatial_merge=2)  # fmt: skip
+    assert int(ids.max()) + 1 > trained
+    L = ids.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.randn(1, 2, L, head_dim, generator=gen),
+        torch.randn(1, 2, L, head_dim, generator=gen),
+    )
+    cos, sin = emb(q, ids.T[:, None, :])
+    ref_q, ref_k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+    enc = relpos.create("m-rope", num_heads=2, head_dim=head_dim, base=1e4, mrope_section=section,
+                        scaling=dict(params), max_position_embeddings=trained)  # fmt: skip
+    got_q, got_k = enc.rotate_qk(q, k, ids[None], ids[None])
+    torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k, ref_k, rtol=1e-5, atol=1e-5)
+    plain = relpos.create("m-rope", num_heads=2, head_dim=head_dim, base=1e4, mrope_section=section)
+    assert not torch.allclose(plain.rotate(k, ids[None], "k"), ref_k, atol=1e-3)  # it scaled
