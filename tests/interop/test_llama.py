@@ -178,6 +178,16 @@ def test_bad_arguments_name_what_is_expected():
         model(torch.randn(2, 3))
     with pytest.raises(ValueError, match="last must be a positive int"):
         model(tokens(4), last=0)
+    with pytest.raises(TypeError, match="last must be a positive int"):
+        model(tokens(4), last=1.5)
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, 96\]"):
+        model(torch.tensor([[1, 97]]))  # out of the vocabulary: was an IndexError
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, 96\].*-1"):
+        model.generate(torch.tensor([[3, -1]]), 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(tokens(4), -1)
+    with pytest.raises(TypeError, match="LlamaConfig.depth"):
+        tiny(depth=2.0)
     with pytest.raises(ValueError, match="start must be an int"):
         model.token_nll(tokens(4), start=3)
     with pytest.raises(ValueError, match="adds to the token embeddings"):

