@@ -151,6 +151,17 @@ def test_multimodal_position_ids_hand_example():
         multimodal_position_ids([("image", (3, 4))], spatial_merge=2)
     with pytest.raises(ValueError, match="kind"):
         multimodal_position_ids([("audio", 3)])
+    # sizes are ints, never truncated or parsed (policy: TypeError for the type)
+    with pytest.raises(TypeError, match=r"image grid\[0\]"):
+        multimodal_position_ids([("image", (2.5, 4))])
+    with pytest.raises(TypeError, match="text segment length"):
+        multimodal_position_ids([("text", "3")])
+    with pytest.raises(ValueError, match="spatial_merge"):
+        multimodal_position_ids([("image", (2, 4))], spatial_merge=0)  # was ZeroDivisionError
+    with pytest.raises(ValueError, match="video interval"):
+        multimodal_position_ids([("video", (2, 2, 2), -1.0)])
+    with pytest.raises(TypeError, match=r"sizes\[1\]"):
+        grid_positions(2, 3.0)
 
 
 def test_grid_and_scale_positions():
