@@ -36,6 +36,7 @@ __all__ = [
     "check_generator",
     "describe_int",
     "describe_float",
+    "check_token_ids",
 ]
 
 
@@ -207,6 +208,24 @@ def check_finite_tensor(value: object, name: str, *, floating: bool | None = Non
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} must be finite (no NaN or inf)")
     return value
+
+
+def check_token_ids(tokens: object, vocab_size: int, name: str = "tokens") -> Tensor:
+    """Token ids: an int64/int32 tensor ``(B, L)`` with every id in ``[0, vocab_size)``
+    (``TypeError`` for a non-tensor or a non-integer dtype, ``ValueError`` for the shape or an
+    id out of range; one host sync for the range, skipped on ``meta`` tensors)."""
+    form = f"an int64/int32 tensor of shape (B, L) with ids in [0, {vocab_size})"
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"{name} must be {form}, {_got(tokens)}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be {form}, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name} must be {form}, got shape {tuple(tokens.shape)}")
+    if tokens.numel() and tokens.device.type != "meta":
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must be {form}, got ids {low}..{high}")
+    return tokens
 
 
 def check_int_tensor(value: object, name: str, *, dims: tuple[int, ...] = (1, 2)) -> Tensor:
