@@ -402,3 +402,40 @@ def test_without_matplotlib_analyze_writes_the_json_and_says_so(tmp_path, capsys
     assert code == 0
     assert (out / "base_bound.json").is_file() and not (out / "base_bound.png").exists()
     assert "matplotlib is not installed" in stdout
+
+
+@pytest.fixture(scope="module")
+def finished_longctx(tmp_path_factory, data_file):
+    out = tmp_path_factory.mktemp("longctx") / "run"
+    assert main([*TINY, "--data", str(data_file), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [("results.json", '{"rows": [1, 2]}'), ("results.json", "[]"), ("run.json", "{")],
+)
+def test_a_corrupt_file_on_resume_is_one_line_before_the_model_loads(
+    tmp_path, data_file, capsys, finished_longctx, no_model_loading, name, text
+):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished_longctx, out)
+    (out / name).write_text(text)
+    code, stdout, err = run(capsys, *TINY, "--data", str(data_file), "--out", str(out), "--resume")
+    assert code == 2 and err.count("\n") == 1 and stdout == ""
+    assert str(out / name) in err or f"its {name} is corrupt" in err
+    assert "use --force to start over" in err
+
+
+def test_resume_accepts_the_same_data_from_another_folder(
+    tmp_path, data_file, capsys, finished_longctx, monkeypatch
+):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished_longctx, out)
+    monkeypatch.chdir(data_file.parent)
+    code, _, err = run(capsys, *TINY, "--data", data_file.name, "--out", str(out), "--resume")
+    assert code == 0, err

@@ -40,6 +40,7 @@ except ImportError:  # the lab extra is missing: the commands say so before any 
     load_model = safe_open = save_model = None
 
 from ..io import atomic_write
+from ..optional import require
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -58,6 +59,11 @@ class CorruptCheckpointError(ValueError):
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
         super().__init__(f"checkpoint file {os.fspath(path)} {problem}; {FORCE_HINT}")
         self.path = Path(path)
+
+
+def _need_safetensors() -> None:
+    if save_model is None:
+        require("relpos checkpoints", {"safetensors": MODEL_FILE})
 
 
 def _is_int(value: Any, minimum: int = 0) -> bool:
@@ -138,6 +144,7 @@ def read_state(out_dir: str | os.PathLike) -> dict[str, Any]:
 def _model_id(path: Path) -> str | None:
     """The ``checkpoint_id`` in a safetensors header (``CorruptCheckpointError`` if the file
     is truncated or no safetensors file)."""
+    _need_safetensors()
     if not path.is_file():
         raise CorruptCheckpointError(path, "is missing")
     try:
@@ -192,6 +199,7 @@ def save_checkpoint(
     state: dict[str, Any],
 ) -> None:
     """Write ``model``, ``optimizer`` and ``state`` (JSON-able) to ``out_dir`` atomically."""
+    _need_safetensors()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_id = uuid.uuid4().hex

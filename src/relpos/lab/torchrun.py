@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..optional import require
 from .distributed import env_world_size
 from .runtime import exit_code
 from .train import TrainConfig, TrainingInterrupted, train
@@ -61,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        needs = {"safetensors": "checkpoints in --out"} if args.out else {}
+        if args.tokenizer == "bpe":
+            needs["tokenizers"] = "--tokenizer bpe"
+        require("python -m relpos.lab.torchrun", needs)
         names = {f.name for f in dataclasses.fields(TrainConfig)}
         config = TrainConfig(**{k: v for k, v in vars(args).items() if k in names})
         corpus = load_corpus(

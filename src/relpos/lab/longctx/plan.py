@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,11 @@ class LongctxPlan:
     clear: bool = False
     model: str = "smollm2"
     data: str | None = None
+    #: what identifies the held-out text: the resolved path of ``--data`` and a hash of its
+    #: content (None: the built-in Shakespeare)
+    data_key: dict[str, str] | None = None
+    #: what an earlier run in ``out_dir`` measured (``--resume``: validated by the plan)
+    previous: dict[str, list] = field(default_factory=lambda: {"rows": [], "trials": []})
 
     @property
     def trials(self) -> int:
@@ -186,7 +193,7 @@ class LongctxPlan:
             "ppl_tokens": self.ppl_tokens,
             "max_new_tokens": self.max_new_tokens,
             "model": self.model,
-            "data": self.data,
+            "data": self.data_key,
             "max_length": max(self.lengths),
         }
 
@@ -315,7 +322,7 @@ def plan_longctx(
             {"gguf": f"--model {model}", "tokenizers": f"the tokenizer of --model {model}"},
         )
     check_lengths(lens, model, seeds=n_seeds, ppl_tokens=n_ppl, data=data)
-    return LongctxPlan(
+    plan = LongctxPlan(
         methods=names,
         lengths=lens,
         depths=deps,
@@ -328,4 +335,68 @@ def plan_longctx(
         clear=clear,
         model=model,
         data=data,
+        data_key=data_key(data),
     )
+    if resume and (out / RUN_FILE).exists():
+        plan.previous = read_previous(plan)
+    return plan
+
+
+def data_key(data: str | os.PathLike | None) -> dict[str, str] | None:
+    """The resolved path and a content hash of ``--data`` (so the same text named another
+    way, or from another folder, resumes, and an edited one does not)."""
+    if data is None:
+        return None
+    from ..data import read_texts
+
+    digest = hashlib.sha256()
+    for name, text in sorted(read_texts(data).items()):
+        digest.update(f"{Path(name).name}:{len(text)}:".encode())
+        digest.update(text.encode("utf-8"))
+    return {"path": str(Path(data).resolve()), "fingerprint": digest.hexdigest()[:16]}
+
+
+def _same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    old, new = dict(old), dict(new)
+    old_data, new_data = old.pop("data", None), new.pop("data", None)
+    if isinstance(old_data, dict) and isinstance(new_data, dict):
+        same_data = old_data.get("fingerprint") == new_data.get("fingerprint")
+    else:
+        same_data = old_data == new_data
+    return same_data and old == new
+
+
+def read_previous(plan: LongctxPlan) -> dict[str, list]:
+    """What the run in ``plan.out_dir`` measured, for ``--resume``: ``run.json`` must hold the
+    same settings, ``results.json`` (if any) rows and trials. ``ValueError`` naming the file
+    and ``--force`` for a corrupt one, before the model is loaded or anything written."""
+    path = plan.out_dir / RUN_FILE
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        old = None
+    if not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
+        raise ValueError(f"--resume: {path} is corrupt; use --force to start over")
+    if not _same_settings(old["settings"], plan.settings()):
+        raise ValueError(
+            f"--resume: {plan.out_dir} was run with other settings ({old.get('settings')}); "
+            "use --force to replace it"
+        )
+    results = plan.out_dir / "results.json"
+    if not results.exists():
+        return {"rows": [], "trials": []}
+    try:
+        saved = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        saved = None
+    ok = isinstance(saved, dict) and all(
+        isinstance(saved.get(k, []), list) and all(isinstance(r, dict) for r in saved.get(k, []))
+        for k in ("rows", "trials")
+    )
+    rows_ok = ok and all(
+        isinstance(r.get("method"), str) and isinstance(r.get("length"), int)
+        for r in saved.get("rows", [])
+    )
+    if not rows_ok:
+        raise ValueError(f"--resume: {results} is corrupt; use --force to start over")
+    return {"rows": list(saved.get("rows", [])), "trials": list(saved.get("trials", []))}
