@@ -439,3 +439,27 @@ def test_resume_accepts_the_same_data_from_another_folder(
     monkeypatch.chdir(data_file.parent)
     code, _, err = run(capsys, *TINY, "--data", data_file.name, "--out", str(out), "--resume")
     assert code == 0, err
+
+
+def test_sigterm_keeps_the_measurements_and_exits_143(tmp_path, data_file, capsys, monkeypatch):
+    import os
+    import signal
+
+    import relpos.lab.longctx.command as command
+
+    real = command.run_longctx
+
+    def measure_then_sigterm(*args, on_measurement, **kwargs):
+        def save_then_stop(state):
+            on_measurement(state)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        return real(*args, on_measurement=save_then_stop, **kwargs)
+
+    monkeypatch.setattr(command, "run_longctx", measure_then_sigterm)
+    out = tmp_path / "run"
+    code, _, err = run(capsys, *TINY, "--data", str(data_file), "--out", str(out))
+    assert code == 143 and "--resume" in err and "Traceback" not in err
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["method"], r["length"]) for r in rows] == [("baseline", 300)]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -5,6 +5,9 @@
   once. The previous handlers come back on exit. Main thread only (elsewhere a no-op).
 * ``Progress``: a rich progress bar (step, loss, tokens/s, ETA), a no-op when disabled or when
   rich is not installed.
+* ``RaiseOnSignal``: while active, SIGINT and SIGTERM raise ``Interrupted`` (a
+  ``KeyboardInterrupt`` that knows its signal) at once, for loops that save after every
+  measurement and need no step to finish (``relpos longctx``).
 * ``exit_code(signum)``: the shell's convention for a command stopped by a signal,
   ``128 + signum`` (130 for Ctrl-C, 143 for SIGTERM).
 """
@@ -15,13 +18,48 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["SignalStop", "Progress", "exit_code"]
+__all__ = ["SignalStop", "RaiseOnSignal", "Interrupted", "Progress", "exit_code"]
 
 
 def exit_code(signum: int | None) -> int:
     """``128 + signum`` (SIGTERM: 143); 130 (SIGINT's) when no signal is known (Ctrl-C
     raised as ``KeyboardInterrupt`` outside ``SignalStop``)."""
     return 128 + (signal.SIGINT if signum is None else int(signum))
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by ``RaiseOnSignal``'s handlers; ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+class RaiseOnSignal:
+    """Installs SIGINT/SIGTERM handlers that raise ``Interrupted(signum)`` (main thread only);
+    the previous handlers come back on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    @staticmethod
+    def _handle(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    def __enter__(self) -> RaiseOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
 
 class SignalStop:

@@ -12,7 +12,7 @@ import torch
 from ...arguments import optional_int
 from ...optional import missing_plot_note
 from ..report import run_metadata
-from ..runtime import exit_code
+from ..runtime import RaiseOnSignal, exit_code
 from .methods import METHODS, ROPE_SCALINGS
 from .models import load_model
 from .plan import plan_longctx
@@ -132,20 +132,21 @@ def run_command(args: Any) -> int:
         write_outputs(plan.out_dir, current, meta, final=final)
 
     try:
-        state = run_longctx(
-            plan,
-            model,
-            tokenizer,
-            heldout,
-            state=state,
-            prompts=prompts,
-            on_measurement=save,
-            log=None if args.no_progress else print,
-        )
-    except KeyboardInterrupt:
+        with RaiseOnSignal():
+            state = run_longctx(
+                plan,
+                model,
+                tokenizer,
+                heldout,
+                state=state,
+                prompts=prompts,
+                on_measurement=save,
+                log=None if args.no_progress else print,
+            )
+    except KeyboardInterrupt as stop:
         save(state, final=True)
         print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
-        return exit_code(None)
+        return exit_code(getattr(stop, "signum", None))
     save(state, final=True)
     print_table(state.rows, config.max_position_embeddings)
     print(f"wall time {meta['wall_seconds']:.0f} s")
