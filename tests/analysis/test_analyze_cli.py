@@ -110,7 +110,10 @@ def test_frequencies_presets_serialise_infinite_wavelengths_as_null(capsys, tmp_
         (["decay", "--max-distance", "ten"], "--max-distance must be a positive int, got 'ten'"),
         (["decay", "--encodings", "rope,nosuch"], "unknown encoding 'nosuch'"),
         (["decay", "--encodings", "rope,,xpos"], "--encodings has an empty name"),
-        (["decay", "--key-correlation", "2"], "--key-correlation must be a finite number >= -1 and <= 1"),
+        (
+            ["decay", "--key-correlation", "2"],
+            "--key-correlation must be a finite number >= -1 and <= 1",
+        ),
         (["resolution", "--lengths", "16,1"], "--lengths must be an int >= 2, got 1"),
         (["base-bound", "--context", "1024,x"], "--context must be a positive int, got 'x'"),
         (["base-bound", "--head-dim", "127"], "--head-dim must be even, got 127"),
