@@ -61,7 +61,12 @@ class AttentionCall:
         batch-specific was prepared)."""
         assert self.ctx is not None
         dev = self.q.device
-        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and not self.ctx.extra
+        shared = (
+            self.q_pos.shape[0] == 1
+            and self.k_pos.shape[0] == 1
+            and not self.ctx.extra
+            and self.ctx.data is None  # precomputed data may differ per batch row (q @ E^T)
+        )
         b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
         h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
         return b, h, i[None, None, :, None], j[None, None, None, :]

@@ -222,13 +222,14 @@ def test_bad_options_name_the_argument() -> None:
         ({"rpe_on": "kk"}, "rpe_on"),
         ({"mode": "bias", "rpe_on": "kv"}, "rpe_on"),
         ({"ratio": 0}, "ratio"),
-        ({"ratio": True}, "ratio"),
         ({"skip": -1}, "skip"),
         ({"init_std": -1.0}, "init_std"),
     ]
     for options, name in bad:
         with pytest.raises(ValueError, match=name):
             relpos.create("irpe", num_heads=2, head_dim=4, **options)
+    with pytest.raises(TypeError, match="ratio"):  # a bool is the wrong type (the policy)
+        relpos.create("irpe", num_heads=2, head_dim=4, ratio=True)
     with pytest.raises(TypeError, match="shared_head"):
         relpos.create("irpe", num_heads=2, head_dim=4, shared_head=1)
     with pytest.raises(ValueError, match="cross_rows"):
@@ -422,9 +423,7 @@ def test_prepare_is_linear_in_length_and_buckets() -> None:
     enc = _make(dict(method="cross", mode="contextual", rpe_on="qkv", skip=1, shared_head=False))
     q, k, _, qp, kp = _problem("batch", 1)
     ctx = enc.prepare(q, k, qp, kp)
-    assert {n: tuple(t.shape) for n, t in ctx.extra.items()} == {
-        "k0": (B, H, 23, enc.num_buckets),
-        "k1": (B, H, 23, enc.num_buckets),
-        "q0": (B, H, 24, enc.num_buckets),  # per-head tables: keys repeated to H heads
-        "q1": (B, H, 24, enc.num_buckets),
-    }
+    assert not ctx.extra  # typed per-call data (IRPEData), no string keys
+    assert [tuple(t.shape) for t in ctx.data.key_terms] == [(B, H, 23, enc.num_buckets)] * 2
+    # per-head tables: keys repeated to H heads
+    assert [tuple(t.shape) for t in ctx.data.query_terms] == [(B, H, 24, enc.num_buckets)] * 2
