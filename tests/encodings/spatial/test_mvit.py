@@ -138,3 +138,14 @@ def test_former_mvit_names_create_the_same_encoding(old, new, cls):
         k: v.shape for k, v in b.state_dict().items()
     }
     b.load_state_dict(a.state_dict())  # checkpoints saved under the old name load
+
+
+def test_parameter_names_are_the_official_ones():
+    enc = relpos.create("mvitv2", num_heads=H, head_dim=D, kv_size=7)
+    assert {k: tuple(v.shape) for k, v in enc.state_dict().items()} == {
+        "rel_pos_h": (27, D),
+        "rel_pos_w": (27, D),
+    }
+    enc3 = relpos.create("mvitv2-3d", num_heads=H, head_dim=D)
+    assert set(enc3.state_dict()) == {"rel_pos_t", "rel_pos_h", "rel_pos_w"}
+    assert enc.family == enc3.family == "spatial"

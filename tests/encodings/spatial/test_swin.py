@@ -232,3 +232,19 @@ def test_swin_v2_bias_lies_in_0_16():
     table = enc.bias_table().detach()
     assert table.shape == (15 * 15, H)
     assert float(table.min()) > 0 and float(table.max()) < 16
+
+
+def test_parameter_names_are_the_official_ones_and_the_family_is_the_folder():
+    shapes = {
+        "swin-2d": {"relative_position_bias_table": (13 * 13, H)},
+        "swin-3d": {"relative_position_bias_table": (15 * 13 * 13, H)},
+        "swin-v2": {
+            "cpb_mlp.0.weight": (512, 2),
+            "cpb_mlp.0.bias": (512,),
+            "cpb_mlp.2.weight": (H, 512),
+        },
+    }
+    for name, expected in shapes.items():
+        enc = relpos.create(name, num_heads=H, head_dim=D)
+        assert {k: tuple(v.shape) for k, v in enc.state_dict().items()} == expected, name
+        assert enc.family == "spatial"
