@@ -22,6 +22,7 @@ from ...functional import t5_bucket
 from ...registry import register
 from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import BiasContext
+from ..contextual.table_ops import gather_rows
 from ..options import Bool, Custom, Float, Int
 from .boxes import BoxEncoding, box_centres, padding_boxes
 from .layoutlmv2 import T5_BUCKET_OPTIONS, check_t5_bucket_range
@@ -334,14 +335,14 @@ class DocPolarBERT(BoxEncoding):
         if self.has_relative_attention_bias:
             rel = ctx.k_pos[b, j] - ctx.q_pos[b, i]
             bucket = t5_bucket(rel, num_buckets=self.rel_pos_bins, max_distance=self.max_rel_pos)
-            terms.append(d.q_1d[b, h, i, bucket])
+            terms.append(gather_rows(d.q_1d, b, h, i, bucket))
         if self.has_spatial_attention_bias or self.has_angle_attention_bias:
             qc, kc = d.q_centre, d.k_centre  # scalar gathers per coordinate
             dx, dy = kc[b, j, 0] - qc[b, i, 0], kc[b, j, 1] - qc[b, i, 1]
             pad = (d.q_pad[b, i] + d.k_pad[b, j]) > 0
             if self.has_spatial_attention_bias:
                 dist = torch.sqrt(dx * dx + dy * dy)
-                term = d.q_dist[b, h, i, distance_bucket(dist, d.edges)]
+                term = gather_rows(d.q_dist, b, h, i, distance_bucket(dist, d.edges))
                 terms.append(torch.where(pad, torch.zeros_like(term), term))
             if self.has_angle_attention_bias:
                 qb, kb = d.q_boxes, d.k_boxes
@@ -350,7 +351,7 @@ class DocPolarBERT(BoxEncoding):
                 overlap_y = torch.minimum(qb[b, i, 3] - kb[b, j, 1], kb[b, j, 3] - qb[b, i, 1]) >= 0
                 angle = polar_angle_bucket(dx, dy, overlap_x, overlap_y, self.rel_2d_angle_bins)
                 itself = j == i + (ctx.k_pos.shape[1] - ctx.q_pos.shape[1])
-                term = d.q_angle[b, h, i, torch.where(itself, 0, angle)]
+                term = gather_rows(d.q_angle, b, h, i, torch.where(itself, 0, angle))
                 masked = torch.where(pad, torch.zeros_like(term), term)
                 terms.append(torch.where(itself, term, masked))
         out = terms[0]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ...registry import register
 from ...validation import check_int
 from ..base import BiasContext
+from ..contextual.table_ops import gather_rows
 from ..options import Bool
 from .grid import GridEncoding, GridSize
 
@@ -68,9 +69,10 @@ class MViTv2(GridEncoding):
 
     The term reads the **unscaled** query, as the official code does (``attn = (q * scale)
     @ k^T`` then ``+ q . R``): it is not multiplied by the call's ``scale``. ``precompute``
-    computes ``q @ R_a^T`` ``(B, H, Lq, 2 max - 1)`` per axis; ``bias`` gathers it: no
-    ``(L, L, D)`` tensor. ``relative`` is True only when no axis is pooled
-    (``q_size == kv_size``): the distance is then a function of ``q_pos - k_pos``.
+    computes ``q @ R_a^T`` ``(B, H, Lq, 2 max - 1)`` per axis; ``bias`` gathers it
+    (``contextual.table_ops.gather_rows``): no ``(L, L, D)`` tensor. ``relative`` is True
+    only when no axis is pooled (``q_size == kv_size``): the distance is then a function of
+    ``q_pos - k_pos``.
 
     Args:
         q_size: the query grid, an int or one int per axis (default: ``default_size``).
@@ -122,7 +124,7 @@ class MViTv2(GridEncoding):
         for a, name in enumerate(self.axis_names):
             # scalar gathers per axis (FlexAttention's score_mod)
             dist = getattr(self, f"dist_{name}")[ctx.q_pos[b, i, a], ctx.k_pos[b, j, a]]
-            term = ctx.data.q_rel[a][b, h, i, dist]
+            term = gather_rows(ctx.data.q_rel[a], b, h, i, dist)
             out = term if out is None else out + term
         assert out is not None
         return out
