@@ -65,7 +65,7 @@ class AttentionCall:
             self.q_pos.shape[0] == 1
             and self.k_pos.shape[0] == 1
             and not self.ctx.extra
-            and self.ctx.data is None  # precomputed data may differ per batch row (q @ E^T)
+            and self.ctx.data is None  # per-call data (e.g. q @ W^T) is per batch row
         )
         b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
         h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
@@ -93,7 +93,13 @@ class AttentionCall:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:
         ``(B|1, H, T, S)``."""
         assert self.encoding is not None and self.ctx is not None
-        return self.encoding.bias(self.ctx, *self.index_grids(i, j))
+        return self.encoding.bias(self.bias_context(i, j), *self.index_grids(i, j))
+
+    def bias_context(self, i: Tensor, j: Tensor) -> BiasContext:
+        """The context the encoding's ``bias`` reads over query indices ``i (T,)`` and key
+        indices ``j (S,)`` (``Encoding.block_context``: per-block precomputation)."""
+        assert self.encoding is not None and self.ctx is not None
+        return self.encoding.block_context(self.ctx, i, j)
 
     def allowed_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
         """``mask_mod`` over query rows ``q_start:q_end`` and keys ``0:k_end``: bool,
