@@ -24,8 +24,9 @@ values (``rpe_on``, the official option):
   query term: its bucket is that of ``p_j - p_i``); on values:
   ``out_i += sum_j p_ij W_v[h, bucket(i, j), :]`` (``W_v (H|1, nb, D)``).
 
-Memory: ``precompute`` computes ``q @ W_k`` ``(B, H, Lq, nb)`` (and ``k @ W_q``), ``bias``
-gathers at the pair's bucket: O(L nb) as in the official code, never ``(L, L, D)``. The
+Memory: the tables are read through ``contextual.table.TableRead``: ``q @ W_k``
+``(B, H, T, nb)`` per query block (and ``k @ W_q`` per call); ``bias`` gathers at the pair's
+bucket: O(L nb) as in the official code, never ``(L, L, D)``. The
 value term scatter-adds the softmax weights of a query block into buckets ``(B, H, T, nb)``
 and multiplies by ``W_v``: O(T S + T nb D).
 
@@ -52,7 +53,8 @@ from ...validation import check_float, check_int, check_str
 from ..base import BiasContext, Encoding
 from ..options import Bool, Choice, Custom, Float, Int
 from ..spatial.grid import grid_coordinates
-from .table_ops import gather_rows, weighted_rows
+from .table import RowIndex, TableRead, query_block_context
+from .table_ops import weighted_rows
 
 __all__ = [
     "METHODS",
@@ -225,6 +227,12 @@ class _LookupTable(nn.Module):
     def table(self) -> Tensor:
         return getattr(self, self._name)
 
+    def rows(self) -> Tensor:
+        """A contextual q / k table as rows of embeddings: ``(nb, D)`` shared, ``(H, nb, D)``
+        per head (the official layout ``(H|1, D, nb)`` transposed)."""
+        rows = self.table.transpose(-1, -2)
+        return rows[0] if rows.shape[0] == 1 else rows
+
 
 class _CrossTables(nn.Module):
     """The official ``iRPE_Cross``: a rows table and a columns table, terms summed."""
@@ -252,13 +260,13 @@ def _check_rpe_on(value: object, name: str) -> str:
 
 @dataclass
 class IRPEData:
-    """Per-call data of iRPE's contextual mode: one entry per table (two for ``cross``).
+    """Per-call data of iRPE's contextual mode: one entry per table (two for ``cross``), as
+    ``contextual.table.TableRead``: ``on_keys[n]``, ``W_k`` read by the queries (products
+    ``q @ W_k (B, H, T, nb)`` per query block), and ``on_queries[n]``, ``W_q`` read by the keys
+    (``k @ W_q (B, Hk|H, Lk, nb)``); empty where iRPE is not on that role."""
 
-    ``key_terms[n] = q @ W_k (B, H, Lq, nb)`` and ``query_terms[n] = k @ W_q
-    (B, Hk|H, Lk, nb)`` (empty in the bias mode or where iRPE is not on that role)."""
-
-    key_terms: list[Tensor]
-    query_terms: list[Tensor]
+    on_keys: list[TableRead]
+    on_queries: list[TableRead]
 
 
 @register("irpe")
@@ -419,18 +427,19 @@ class IRPE(Encoding):
     def precompute(
         self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]
     ) -> IRPEData | None:
-        """Contextual mode: ``q @ W_k (B, H, Lq, nb)`` and ``k @ W_q (B, Hk|H, Lk, nb)`` for
-        each table (``IRPEData``); None in the bias mode."""
+        """Contextual mode: the key tables read by the queries and the query tables read by
+        the keys (``IRPEData``); None in the bias mode."""
         if self.mode != "contextual":
             return None
-        key_terms = [torch.matmul(q, t.table.to(q.dtype)) for t in self.tables("k")]
-        query_terms = []
-        for t in self.tables("q"):
-            kk = k
-            if t.table.shape[0] > 1 and k.shape[1] != q.shape[1]:
-                kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            query_terms.append(torch.matmul(kk, t.table.to(q.dtype)))
-        return IRPEData(key_terms=key_terms, query_terms=query_terms)
+        return IRPEData(
+            on_keys=[TableRead.queries(q, t.rows().to(q.dtype), 0) for t in self.tables("k")],
+            on_queries=[
+                TableRead.keys(k, t.rows().to(q.dtype), 0, self.num_heads) for t in self.tables("q")
+            ],
+        )
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        return query_block_context(ctx, i)  # q_block @ W_k for the block's queries
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         dr, dc = self.offsets(ctx, b, i, j)
@@ -443,11 +452,9 @@ class IRPE(Encoding):
                 if self.mode == "bias":
                     term = t.table[self._head(h, t.table), ids]
                 elif role == "k":
-                    term = gather_rows(ctx.data.key_terms[n], b, h, i, ids) * ctx.scale
+                    term = ctx.data.on_keys[n].read(b, h, i, RowIndex(ids, None, 0)) * ctx.scale
                 else:
-                    kw = ctx.data.query_terms[n]
-                    hk = h // (self.num_heads // kw.shape[1])
-                    term = gather_rows(kw, b, hk, j, ids) * ctx.scale
+                    term = ctx.data.on_queries[n].read(b, h, j, RowIndex(ids, None, 0)) * ctx.scale
                 out = term if out is None else out + term
         assert out is not None
         return out

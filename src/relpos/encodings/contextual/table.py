@@ -59,7 +59,7 @@ Encodings whose rows are not a function of the distance (iRPE's buckets, 2-D tab
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import torch
@@ -75,6 +75,7 @@ __all__ = [
     "TableRead",
     "TableData",
     "TableEncoding",
+    "query_block_context",
     "distance_range",
     "scaled_sum",
 ]
@@ -365,3 +366,29 @@ class TableEncoding(Encoding):
             return ctx  # not a block of consecutive queries: read the call's products
         rows = data.rows.restrict(ctx.q_pos[:, start:end], ctx.k_pos[:, j], self.both_signs)
         return replace(ctx, data=data.for_block(start, end, rows))
+
+
+def query_block_context(ctx: BiasContext, i: Tensor) -> BiasContext:
+    """``block_context`` of encodings whose table rows are not a function of the distance
+    (iRPE's buckets, MViTv2's per-axis tables, DocPolarBERT's box buckets): their ``ctx.data``
+    is a dataclass whose ``TableRead`` fields (alone or in tuples / lists) cover every row of
+    their tables. For a block of consecutive query indices ``i (T,)`` each read by the
+    queries is formed for the block's queries only, ``(B, H, T, R)``; key reads and other
+    fields are shared. Anything else (no data, indices that are not one consecutive block):
+    the call's ``ctx``."""
+    data = ctx.data
+    if data is None or not is_dataclass(data) or i.dim() != 1 or i.numel() == 0:
+        return ctx
+    start, end = int(i[0]), int(i[-1]) + 1
+    if end - start != i.numel():
+        return ctx
+
+    def block(value: Any) -> Any:
+        if isinstance(value, TableRead) and value.by == "q":
+            return value.block(start, end, value.first, value.table.shape[-2])
+        if isinstance(value, (tuple, list)) and any(isinstance(v, TableRead) for v in value):
+            return type(value)(block(v) for v in value)
+        return value
+
+    changes = {f.name: block(getattr(data, f.name)) for f in fields(data)}
+    return replace(ctx, data=replace(data, **changes))

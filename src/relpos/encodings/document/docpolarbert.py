@@ -22,7 +22,7 @@ from ...functional import t5_bucket
 from ...registry import register
 from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import BiasContext
-from ..contextual.table_ops import gather_rows
+from ..contextual.table import RowIndex, TableRead, query_block_context
 from ..options import Bool, Custom, Float, Int
 from .boxes import BoxEncoding, box_centres, padding_boxes
 from .layoutlmv2 import T5_BUCKET_OPTIONS, check_t5_bucket_range
@@ -166,14 +166,15 @@ def _check_distance_edges(value: object, name: str) -> str | tuple[float, ...]:
 class DocPolarBERTData:
     """Per-call data of ``docpolarbert`` (fields of switched-off terms are None).
 
-    ``q_1d``, ``q_dist``, ``q_angle``: the scaled-later products ``q @ E^T``
-    ``(B, H, Lq, rows)`` of the 1-D, distance and angle tables; ``q_boxes (B, Lq, 4)``,
+    ``q_1d``, ``q_dist``, ``q_angle``: the 1-D, distance and angle tables read by the
+    queries (``contextual.table.TableRead``: ``q @ E^T (B, H, T, rows)`` per query block,
+    multiplied by the call's scale in ``bias``); ``q_boxes (B, Lq, 4)``,
     ``k_boxes (B, Lk, 4)``; ``q_centre``, ``k_centre`` ``(B, L, 2)`` float32; ``q_pad``,
     ``k_pad`` ``(B, L)`` 0/1 int64 (no box); ``edges`` the distance edges of the call."""
 
-    q_1d: Tensor | None = None
-    q_dist: Tensor | None = None
-    q_angle: Tensor | None = None
+    q_1d: TableRead | None = None
+    q_dist: TableRead | None = None
+    q_angle: TableRead | None = None
     edges: Tensor | None = None
     q_boxes: Tensor | None = None
     k_boxes: Tensor | None = None
@@ -309,7 +310,7 @@ class DocPolarBERT(BoxEncoding):
     ) -> DocPolarBERTData:
         data = DocPolarBERTData()
         if self.has_relative_attention_bias:
-            data.q_1d = torch.matmul(q, self.rel_pos_bias.weight.to(q.dtype))
+            data.q_1d = TableRead.queries(q, self.rel_pos_bias.weight.t().to(q.dtype), 0)
         if not (self.has_spatial_attention_bias or self.has_angle_attention_bias):
             return data
         boxes = self.query_key_boxes(q, k, inputs)
@@ -319,15 +320,18 @@ class DocPolarBERT(BoxEncoding):
         # 0/1 integers, not bool: boolean logic does not lower in a CPU FlexAttention score_mod
         data.q_pad, data.k_pad = padding_boxes(qb).long(), padding_boxes(kb).long()
         if self.has_spatial_attention_bias:
-            data.q_dist = torch.matmul(q, self.rel_pos_2D_embedding.weight.t().to(q.dtype))
+            data.q_dist = TableRead.queries(q, self.rel_pos_2D_embedding.weight.to(q.dtype), 0)
             if self.edges_mode == "call":
                 edges = distance_quantile_edges(qb, kb, num_buckets=self.rel_2d_pos_bins)
                 data.edges = edges.to(q.device)
             else:
                 data.edges = self.distance_edges
         if self.has_angle_attention_bias:
-            data.q_angle = torch.matmul(q, self.rel_pos_angle_embedding.weight.t().to(q.dtype))
+            data.q_angle = TableRead.queries(q, self.rel_pos_angle_embedding.weight.to(q.dtype), 0)
         return data
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        return query_block_context(ctx, i)  # q_block @ E^T for the block's queries
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         d = ctx.data
@@ -335,14 +339,14 @@ class DocPolarBERT(BoxEncoding):
         if self.has_relative_attention_bias:
             rel = ctx.k_pos[b, j] - ctx.q_pos[b, i]
             bucket = t5_bucket(rel, num_buckets=self.rel_pos_bins, max_distance=self.max_rel_pos)
-            terms.append(gather_rows(d.q_1d, b, h, i, bucket))
+            terms.append(d.q_1d.read(b, h, i, RowIndex(bucket, None, 0)))
         if self.has_spatial_attention_bias or self.has_angle_attention_bias:
             qc, kc = d.q_centre, d.k_centre  # scalar gathers per coordinate
             dx, dy = kc[b, j, 0] - qc[b, i, 0], kc[b, j, 1] - qc[b, i, 1]
             pad = (d.q_pad[b, i] + d.k_pad[b, j]) > 0
             if self.has_spatial_attention_bias:
                 dist = torch.sqrt(dx * dx + dy * dy)
-                term = gather_rows(d.q_dist, b, h, i, distance_bucket(dist, d.edges))
+                term = d.q_dist.read(b, h, i, RowIndex(distance_bucket(dist, d.edges), None, 0))
                 terms.append(torch.where(pad, torch.zeros_like(term), term))
             if self.has_angle_attention_bias:
                 qb, kb = d.q_boxes, d.k_boxes
@@ -351,7 +355,7 @@ class DocPolarBERT(BoxEncoding):
                 overlap_y = torch.minimum(qb[b, i, 3] - kb[b, j, 1], kb[b, j, 3] - qb[b, i, 1]) >= 0
                 angle = polar_angle_bucket(dx, dy, overlap_x, overlap_y, self.rel_2d_angle_bins)
                 itself = j == i + (ctx.k_pos.shape[1] - ctx.q_pos.shape[1])
-                term = gather_rows(d.q_angle, b, h, i, torch.where(itself, 0, angle))
+                term = d.q_angle.read(b, h, i, RowIndex(torch.where(itself, 0, angle), None, 0))
                 masked = torch.where(pad, torch.zeros_like(term), term)
                 terms.append(torch.where(itself, term, masked))
         out = terms[0]

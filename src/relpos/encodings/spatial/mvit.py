@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ...registry import register
 from ...validation import check_int
 from ..base import BiasContext
-from ..contextual.table_ops import gather_rows
+from ..contextual.table import RowIndex, TableRead, query_block_context
 from ..options import Bool
 from .grid import GridEncoding, GridSize
 
@@ -51,9 +51,11 @@ def mvit_relative_distance(q_size: int, k_size: int) -> Tensor:
 
 @dataclass
 class MViTv2Data:
-    """Per-call data of MViTv2: ``q @ R_a^T`` for each axis ``a``, ``(B, H, Lq, 2 max - 1)``."""
+    """Per-call data of MViTv2: the table ``R_a`` of each axis ``a`` read by the queries
+    (``contextual.table.TableRead``; products ``q @ R_a^T (B, H, Lq, 2 max - 1)``, formed
+    per query block)."""
 
-    q_rel: tuple[Tensor, ...]
+    reads: tuple[TableRead, ...]
 
 
 class MViTv2(GridEncoding):
@@ -69,10 +71,10 @@ class MViTv2(GridEncoding):
 
     The term reads the **unscaled** query, as the official code does (``attn = (q * scale)
     @ k^T`` then ``+ q . R``): it is not multiplied by the call's ``scale``. ``precompute``
-    computes ``q @ R_a^T`` ``(B, H, Lq, 2 max - 1)`` per axis; ``bias`` gathers it
-    (``contextual.table_ops.gather_rows``): no ``(L, L, D)`` tensor. ``relative`` is True
-    only when no axis is pooled (``q_size == kv_size``): the distance is then a function of
-    ``q_pos - k_pos``.
+    reads ``R_a`` with the queries (``contextual.table.TableRead``: ``q @ R_a^T``
+    ``(B, H, T, 2 max - 1)`` per query block); ``bias`` gathers it: no ``(L, L, D)``
+    tensor. ``relative`` is True only when no axis is pooled (``q_size == kv_size``): the
+    distance is then a function of ``q_pos - k_pos``.
 
     Args:
         q_size: the query grid, an int or one int per axis (default: ``default_size``).
@@ -117,14 +119,17 @@ class MViTv2(GridEncoding):
         self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]
     ) -> MViTv2Data:
         tables = (getattr(self, f"rel_pos_{name}") for name in self.axis_names)
-        return MViTv2Data(q_rel=tuple(torch.matmul(q, t.t().to(q.dtype)) for t in tables))
+        return MViTv2Data(reads=tuple(TableRead.queries(q, t.to(q.dtype), 0) for t in tables))
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        return query_block_context(ctx, i)  # q_block @ R_a^T for the block's queries
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         out = None
         for a, name in enumerate(self.axis_names):
             # scalar gathers per axis (FlexAttention's score_mod)
             dist = getattr(self, f"dist_{name}")[ctx.q_pos[b, i, a], ctx.k_pos[b, j, a]]
-            term = gather_rows(ctx.data.q_rel[a], b, h, i, dist)
+            term = ctx.data.reads[a].read(b, h, i, RowIndex(dist, None, 0))
             out = term if out is None else out + term
         assert out is not None
         return out
