@@ -51,7 +51,11 @@ def flex_available() -> bool:
 
 
 def _score_mod(call: AttentionCall):
-    enc, ctx = call.encoding, call.ctx
+    enc = call.encoding
+    dev = call.q.device
+    ctx = call.bias_context(
+        torch.arange(call.q.shape[2], device=dev), torch.arange(call.k.shape[2], device=dev)
+    )
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         return score + enc.bias(ctx, b, h, i, j).to(score.dtype)

@@ -222,13 +222,14 @@ def test_bad_options_name_the_argument() -> None:
         ({"rpe_on": "kk"}, "rpe_on"),
         ({"mode": "bias", "rpe_on": "kv"}, "rpe_on"),
         ({"ratio": 0}, "ratio"),
-        ({"ratio": True}, "ratio"),
         ({"skip": -1}, "skip"),
         ({"init_std": -1.0}, "init_std"),
     ]
     for options, name in bad:
         with pytest.raises(ValueError, match=name):
             relpos.create("irpe", num_heads=2, head_dim=4, **options)
+    with pytest.raises(TypeError, match="ratio"):  # a bool is the wrong type (the policy)
+        relpos.create("irpe", num_heads=2, head_dim=4, ratio=True)
     with pytest.raises(TypeError, match="shared_head"):
         relpos.create("irpe", num_heads=2, head_dim=4, shared_head=1)
     with pytest.raises(ValueError, match="cross_rows"):
@@ -422,9 +423,34 @@ def test_prepare_is_linear_in_length_and_buckets() -> None:
     enc = _make(dict(method="cross", mode="contextual", rpe_on="qkv", skip=1, shared_head=False))
     q, k, _, qp, kp = _problem("batch", 1)
     ctx = enc.prepare(q, k, qp, kp)
-    assert {n: tuple(t.shape) for n, t in ctx.extra.items()} == {
-        "k0": (B, H, 23, enc.num_buckets),
-        "k1": (B, H, 23, enc.num_buckets),
-        "q0": (B, H, 24, enc.num_buckets),  # per-head tables: keys repeated to H heads
-        "q1": (B, H, 24, enc.num_buckets),
+    assert not ctx.extra  # typed per-call data (IRPEData), no string keys
+    nb = enc.num_buckets
+    assert [tuple(t.compute().shape) for t in ctx.data.on_keys] == [(B, H, 23, nb)] * 2
+    # per-head tables: every query head reads its own table with its group's keys
+    assert [tuple(t.compute().shape) for t in ctx.data.on_queries] == [(B, H, 24, nb)] * 2
+    # a block of queries forms its own products only: (B, H, T, nb)
+    block = enc.block_context(ctx, torch.arange(5, 12), torch.arange(24))
+    assert [tuple(t.products.shape) for t in block.data.on_keys] == [(B, H, 7, nb)] * 2
+    assert block.data.on_queries is ctx.data.on_queries or all(
+        a is b for a, b in zip(block.data.on_queries, ctx.data.on_queries, strict=True)
+    )
+
+
+def test_parameter_names_are_the_official_ones_and_the_family_is_the_folder() -> None:
+    """State dicts keep the official ``iRPE`` names (released checkpoints load)."""
+    enc = relpos.create("irpe", num_heads=4, head_dim=8)
+    assert {k: tuple(v.shape) for k, v in enc.state_dict().items()} == {
+        "rpe_k.lookup_table_weight": (1, 8, 49)
     }
+    cross = relpos.create("irpe", num_heads=4, head_dim=6, method="cross", rpe_on="qkv", skip=1)
+    # (1, D, nb) on queries and keys, (1, nb, D) on values; nb = 2 * 3 + 1 + 1 (skip)
+    assert {k: tuple(v.shape) for k, v in cross.state_dict().items()} == {
+        f"rpe_{r}.rp_{a}.lookup_table_weight": (1, 8, 6) if r == "v" else (1, 6, 8)
+        for r in "qkv"
+        for a in ("rows", "cols")
+    }
+    bias = relpos.create("irpe-bias", num_heads=4, head_dim=8)
+    assert {k: tuple(v.shape) for k, v in bias.state_dict().items()} == {
+        "rpe_k.lookup_table_bias": (4, 49)
+    }
+    assert {e.family for e in (enc, cross, bias)} == {"contextual"}

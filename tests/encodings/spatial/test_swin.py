@@ -1,6 +1,7 @@
-"""Swin (2-D, 3-D), Swin-V2 and MViTv2 relative positions, CoordConv channels: the reference
-values of ``../shared/spec/formulas-bias.md`` sections 15-16 and dense references written
-from the formulas (loops over token pairs), forward and backward."""
+"""Swin (2-D, 3-D) and Swin-V2 relative position biases (``relpos.encodings.spatial.swin``):
+the reference values of ``../shared/spec/formulas-bias.md`` section 15, the official index
+construction and resize recipe transcribed, and dense references written from the formulas
+(loops over token pairs), forward and backward."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.encodings.spatial.windows import (
-    add_coord_channels,
-    mvit_relative_distance,
+from relpos.encodings.spatial.swin import (
     resize_relative_position_table,
     swin_relative_position_index,
     swin_v2_coordinates_table,
@@ -72,11 +71,6 @@ def test_swin_index_matches_official_construction(window):
     assert torch.equal(swin_relative_position_index(window), _official_swin_index(window))
 
 
-def test_window_coordinates_are_row_major():
-    coords = swin_window_coordinates((2, 3))
-    assert coords.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
-
-
 # ------------------------------------------------------------------------------ Swin bias
 @pytest.mark.parametrize("name,window", [("swin-2d", (3, 4)), ("swin-3d", (2, 3, 2))])
 def test_swin_bias_on_a_full_window_is_table_at_official_index(name, window):
@@ -129,40 +123,6 @@ def test_swin_is_relative_inside_the_window():
         q, q, enc, q_pos=pos + torch.tensor([2, 1]), k_pos=pos + torch.tensor([2, 1])
     )
     torch.testing.assert_close(moved, ref)
-
-
-@pytest.mark.parametrize("name", ["swin-2d", "swin-v2", "mvit2"])
-def test_coordinates_outside_the_window_raise_per_axis(name):
-    enc = relpos.create(
-        name,
-        num_heads=H,
-        head_dim=D,
-        **{
-            "swin-2d": {"window_size": (3, 5)},
-            "swin-v2": {"window_size": (3, 5)},
-            "mvit2": {"q_size": (3, 5)},
-        }[name],
-    )
-    q = torch.randn(1, H, 2, D)
-    ok = torch.tensor([[[2, 4], [0, 0]]])  # axis 1 reaches 4 < 5
-    relpos.scores(q, q, enc, q_pos=ok, k_pos=ok)
-    for bad in (
-        torch.tensor([[[3, 0], [0, 0]]]),
-        torch.tensor([[[0, 5], [0, 0]]]),
-        torch.tensor([[[0, -1], [0, 0]]]),
-    ):
-        with pytest.raises(ValueError, match="max_positions"):
-            relpos.scores(q, q, enc, q_pos=bad, k_pos=ok)
-
-
-def test_bad_window_sizes_name_the_argument():
-    for bad in (0, (7,), (7, 7, 7), (7, 2.5), "7", True):
-        with pytest.raises(ValueError, match="window_size"):
-            relpos.create("swin-2d", num_heads=H, head_dim=D, window_size=bad)
-    with pytest.raises(ValueError, match="window_size"):
-        relpos.create("swin-v2", num_heads=H, head_dim=D, window_size=1)  # W - 1 = 0
-    with pytest.raises(ValueError, match="kv_size"):
-        relpos.create("mvit2", num_heads=H, head_dim=D, kv_size=(4, 0))
 
 
 # ------------------------------------------------------------------------------ resize
@@ -274,124 +234,17 @@ def test_swin_v2_bias_lies_in_0_16():
     assert float(table.min()) > 0 and float(table.max()) < 16
 
 
-# ------------------------------------------------------------------------------ MViTv2
-@pytest.mark.parametrize(
-    "q,k,expected",
-    [
-        (3, 3, [[2, 1, 0], [3, 2, 1], [4, 3, 2]]),
-        (2, 4, [[3, 2, 1, 0], [5, 4, 3, 2]]),
-        (4, 2, [[2, 0], [3, 1], [4, 2], [5, 3]]),
-    ],
-)
-def test_mvit_distance_matrices_match_spec(q, k, expected):
-    assert mvit_relative_distance(q, k).tolist() == expected
-
-
-@pytest.mark.parametrize("q,k", [(3, 2), (5, 3), (7, 7), (2, 7)])
-def test_mvit_distances_fit_the_table(q, k):
-    dist = mvit_relative_distance(q, k)
-    assert int(dist.min()) >= 0 and int(dist.max()) < 2 * max(q, k) - 1
-
-
-def _official_cal_rel_pos_spatial(attn, q, q_shape, k_shape, rel_pos_h, rel_pos_w):
-    """facebookresearch/mvit ``cal_rel_pos_spatial`` (no class token), transcribed."""
-    q_h, q_w = q_shape
-    k_h, k_w = k_shape
-    dist_h = mvit_relative_distance(q_h, k_h)
-    dist_w = mvit_relative_distance(q_w, k_w)
-    rh, rw = rel_pos_h[dist_h], rel_pos_w[dist_w]
-    b, n_head, _, dim = q.shape
-    r_q = q.reshape(b, n_head, q_h, q_w, dim)
-    rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, rh)
-    rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, rw)
-    attn = attn.view(b, n_head, q_h, q_w, k_h, k_w)
-    attn = attn + rel_h[:, :, :, :, :, None] + rel_w[:, :, :, :, None, :]
-    return attn.view(b, n_head, q_h * q_w, k_h * k_w)
-
-
-@pytest.mark.parametrize("q_size,kv_size", [((4, 4), (4, 4)), ((4, 4), (2, 2)), ((3, 5), (6, 2))])
-def test_mvit2_matches_official_on_full_grids_forward_and_backward(q_size, kv_size):
-    torch.manual_seed(0)
-    enc = relpos.create("mvit2", num_heads=H, head_dim=D, q_size=q_size, kv_size=kv_size)
-    assert enc.relative == (q_size == kv_size)
-    gen = torch.Generator().manual_seed(4)
-    nq, nk = math.prod(q_size), math.prod(kv_size)
-    q = torch.randn(2, H, nq, D, generator=gen, requires_grad=True)
-    k = torch.randn(2, H, nk, D, generator=gen)
-    q_pos = swin_window_coordinates(q_size)[None]
-    k_pos = swin_window_coordinates(kv_size)[None]
-    got = relpos.scores(q, k, enc, q_pos=q_pos, k_pos=k_pos)
-    ref = _official_cal_rel_pos_spatial(
-        _content(q, k, D**-0.5), q, q_size, kv_size, enc.rel_pos_h, enc.rel_pos_w
-    )
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    weight = torch.randn(got.shape, generator=gen)
-    wrt = [q, enc.rel_pos_h, enc.rel_pos_w]
-    grads = torch.autograd.grad((got * weight).sum(), wrt)
-    refs = torch.autograd.grad((ref * weight).sum(), wrt)
-    for g, r in zip(grads, refs, strict=True):
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
-
-
-def test_mvit2_term_reads_the_unscaled_query():
-    """Official: ``attn = (q * scale) @ k^T`` then ``+ q . R`` with the raw q."""
-    torch.manual_seed(0)
-    enc = relpos.create("mvit2", num_heads=H, head_dim=D, q_size=(3, 3))
-    q = torch.randn(1, H, 9, D)
-    pos = swin_window_coordinates((3, 3))[None]
-    a = relpos.scores(q, q, enc, q_pos=pos, k_pos=pos, scale=0.5) - _content(q, q, 0.5)
-    b = relpos.scores(q, q, enc, q_pos=pos, k_pos=pos, scale=0.1) - _content(q, q, 0.1)
-    torch.testing.assert_close(a, b)
-    one = torch.einsum("d,d->", q[0, 1, 4], enc.rel_pos_h[mvit_relative_distance(3, 3)[1, 2]])
-    one = one + torch.einsum("d,d->", q[0, 1, 4], enc.rel_pos_w[mvit_relative_distance(3, 3)[1, 0]])
-    torch.testing.assert_close(a[0, 1, 4, 6], one)  # query (1, 1), key (2, 0)
-
-
-def test_mvit2_3d_adds_a_temporal_term_of_the_same_form():
-    torch.manual_seed(0)
-    enc = relpos.create("mvit2-3d", num_heads=H, head_dim=D, q_size=(2, 3, 3), kv_size=(1, 3, 3))
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(1, H, 18, D, generator=gen)
-    k = torch.randn(1, H, 9, D, generator=gen)
-    qp = swin_window_coordinates((2, 3, 3))[None]
-    kp = swin_window_coordinates((1, 3, 3))[None]
-    got = _bias(enc, q, k, qp, kp)
-    expected = torch.zeros(1, H, 18, 9)
-    tables = (enc.rel_pos_t, enc.rel_pos_h, enc.rel_pos_w)
-    dists = [mvit_relative_distance(a, b) for a, b in zip((2, 3, 3), (1, 3, 3), strict=True)]
-    for i in range(18):
-        for j in range(9):
-            for a in range(3):
-                row = tables[a][dists[a][qp[0, i, a], kp[0, j, a]]]
-                expected[0, :, i, j] += q[0, :, i] @ row
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-# ------------------------------------------------------------------------------ CoordConv
-def test_coord_channels_values():
-    x = torch.randn(2, 3, 4, 5)
-    out = add_coord_channels(x)
-    assert out.shape == (2, 5, 4, 5)
-    torch.testing.assert_close(out[:, :3], x)
-    xs = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0])
-    ys = torch.tensor([-1.0, -1 / 3, 1 / 3, 1.0])
-    torch.testing.assert_close(out[1, 3], xs.expand(4, 5))  # columns
-    torch.testing.assert_close(out[1, 4], ys[:, None].expand(4, 5))  # rows
-
-
-def test_coord_channels_radius_and_official_centre():
-    x = torch.zeros(1, 1, 3, 3, dtype=torch.float64)
-    r = add_coord_channels(x, with_r=True)[0, 3]
-    assert r.dtype == torch.float64
-    assert r[1, 1].item() == 0.0 and r[0, 0].item() == pytest.approx(math.sqrt(2))
-    official = add_coord_channels(x, with_r=True, r_center=(0.5, 0.5))[0, 3]
-    assert official[0, 0].item() == pytest.approx(math.sqrt(2 * 1.5**2))
-
-
-def test_coord_channels_single_pixel_axis_and_errors():
-    out = add_coord_channels(torch.ones(1, 2, 1, 4))
-    assert out[0, 3].eq(0).all()  # y of a one-row map
-    with pytest.raises(ValueError, match="x"):
-        add_coord_channels(torch.ones(2, 3, 4))
-    with pytest.raises(TypeError, match="floating"):
-        add_coord_channels(torch.ones(1, 1, 2, 2, dtype=torch.long))
+def test_parameter_names_are_the_official_ones_and_the_family_is_the_folder():
+    shapes = {
+        "swin-2d": {"relative_position_bias_table": (13 * 13, H)},
+        "swin-3d": {"relative_position_bias_table": (15 * 13 * 13, H)},
+        "swin-v2": {
+            "cpb_mlp.0.weight": (512, 2),
+            "cpb_mlp.0.bias": (512,),
+            "cpb_mlp.2.weight": (H, 512),
+        },
+    }
+    for name, expected in shapes.items():
+        enc = relpos.create(name, num_heads=H, head_dim=D)
+        assert {k: tuple(v.shape) for k, v in enc.state_dict().items()} == expected, name
+        assert enc.family == "spatial"

@@ -1,6 +1,6 @@
-"""LayoutLMv2 and DocPolarBERT layout encodings: bucket functions on hand-checked boxes,
-transformers' LayoutLMv2 encoder as an oracle, and a dense transcription of DocPolarBERT's
-official pipeline (buthaya/docpolarbert ``DocPolarBERTEncoder`` + ``SelfAttention``)."""
+"""DocPolarBERT (``relpos.encodings.document.docpolarbert``): angle and distance buckets on
+hand-checked boxes, quantile edges, and a dense transcription of DocPolarBERT's official
+pipeline (buthaya/docpolarbert ``DocPolarBERTEncoder`` + ``SelfAttention``)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import relpos
-from relpos.encodings.document.layout import (
+from relpos.encodings.document.boxes import example_boxes
+from relpos.encodings.document.docpolarbert import (
     distance_bucket,
     distance_quantile_edges,
-    example_boxes,
     page_distance_edges,
     polar_angle_bucket,
     quantile_edges,
@@ -25,127 +24,12 @@ H, D = 4, 8
 
 
 def _bias(enc, q, k, boxes, q_pos=None, k_pos=None, **extra):
+    """The encoding's additive term: ``relpos.scores`` minus the scaled content term."""
     content = torch.einsum("bhid,bhjd->bhij", q, k) * D**-0.5
     inputs = {"boxes": boxes, **extra}
     return relpos.scores(q, k, enc, q_pos=q_pos, k_pos=k_pos, inputs=inputs) - content
 
 
-# ------------------------------------------------------------------------------ LayoutLMv2
-def _hf_layoutlmv2():
-    return pytest.importorskip("transformers.models.layoutlmv2.modeling_layoutlmv2")
-
-
-@pytest.mark.parametrize("bins,max_distance", [(32, 128), (64, 256), (16, 50)])
-def test_t5_bucket_is_layoutlmv2_relative_position_bucket(bins, max_distance):
-    hf = _hf_layoutlmv2()
-    rel = torch.arange(-3000, 3001)
-    expected = hf.relative_position_bucket(rel, num_buckets=bins, max_distance=max_distance)
-    got = t5_bucket(rel, bidirectional=True, num_buckets=bins, max_distance=max_distance)
-    assert torch.equal(got, expected)
-
-
-def test_layoutlmv2_bias_on_hand_checked_boxes():
-    """Token 0 at (10, 20, 50, 40), token 1 at (300, 25, 340, 45), positions 0 and 1.
-    From 0 to 1: x0 moves +290 (>= max 256: last bucket of the positive half, 32 + 31 = 63),
-    y1 moves +5 (32 + 5 = 37), the position +1 (16 + 1 = 17); back: 31, 5 and 1."""
-    torch.manual_seed(0)
-    enc = relpos.create("layoutlmv2", num_heads=H, head_dim=D)
-    boxes = torch.tensor([[[10, 20, 50, 40], [300, 25, 340, 45]]])
-    q = torch.randn(1, H, 2, D)
-    got = _bias(enc, q, q, boxes)
-    w1, wx, wy = enc.rel_pos_bias.weight, enc.rel_pos_x_bias.weight, enc.rel_pos_y_bias.weight
-    torch.testing.assert_close(got[0, :, 0, 1], w1[:, 17] + wx[:, 63] + wy[:, 37])
-    torch.testing.assert_close(got[0, :, 1, 0], w1[:, 1] + wx[:, 31] + wy[:, 5])
-    torch.testing.assert_close(got[0, :, 0, 0], w1[:, 0] + wx[:, 0] + wy[:, 0])
-
-
-def test_layoutlmv2_matches_the_transformers_encoder():
-    hf = _hf_layoutlmv2()
-    from transformers import LayoutLMv2Config
-
-    config = LayoutLMv2Config(
-        hidden_size=H * D, num_attention_heads=H, num_hidden_layers=1, intermediate_size=16
-    )
-    torch.manual_seed(0)
-    encoder = hf.LayoutLMv2Encoder(config)
-    for p in encoder.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    enc = relpos.create("layoutlmv2", num_heads=H, head_dim=D)
-    own = {n: t for n, t in encoder.state_dict().items() if n.startswith("rel_pos")}
-    enc.load_state_dict(own)  # the same parameter names: encoder weights load directly
-    gen = torch.Generator().manual_seed(1)
-    boxes = example_boxes(2, 40, gen) * 2  # spread past max_rel_2d_pos
-    pos = torch.stack([torch.arange(40), torch.arange(40) * 7])  # 1-D distances past 128
-    expected = encoder._calculate_1d_position_embeddings(
-        pos
-    ) + encoder._calculate_2d_position_embeddings(boxes)
-    q = torch.randn(2, H, 40, D, generator=gen)
-    torch.testing.assert_close(_bias(enc, q, q, boxes, pos, pos), expected)
-
-
-def test_layoutlmv2_queries_use_the_last_key_boxes_or_their_own():
-    torch.manual_seed(0)
-    enc = relpos.create("layoutlmv2", num_heads=H, head_dim=D)
-    boxes = example_boxes(1, 12, torch.Generator().manual_seed(2))
-    q = torch.randn(1, H, 12, D)
-    full = _bias(enc, q, q, boxes)
-    tail = _bias(enc, q[:, :, -3:], q, boxes)
-    torch.testing.assert_close(tail, full[:, :, -3:])
-    own = _bias(enc, q[:, :, :3], q, boxes, q_pos=torch.arange(3), query_boxes=boxes[:, :3])
-    torch.testing.assert_close(own, full[:, :, :3])
-
-
-def test_layoutlmv2_switches_and_gradients():
-    torch.manual_seed(0)
-    enc = relpos.create("layoutlmv2", num_heads=H, head_dim=D, has_spatial_attention_bias=False)
-    assert not hasattr(enc, "rel_pos_x_bias")
-    with pytest.raises(ValueError, match="both False"):
-        relpos.create(
-            "layoutlmv2",
-            num_heads=H,
-            head_dim=D,
-            has_relative_attention_bias=False,
-            has_spatial_attention_bias=False,
-        )
-    full = relpos.create("layoutlmv2", num_heads=H, head_dim=D)
-    boxes = example_boxes(2, 10, torch.Generator().manual_seed(3))
-    q = torch.randn(2, H, 10, D)
-    out = relpos.attention(q, q, q, full, inputs={"boxes": boxes}, backend="chunked")
-    out.square().sum().backward()
-    for name, p in full.named_parameters():
-        assert p.grad is not None and p.grad.abs().max() > 0, name  # the tables train
-
-
-# ------------------------------------------------------------------------------ box inputs
-@pytest.mark.parametrize("name", ["layoutlmv2", "docpolarbert"])
-def test_bad_boxes_name_the_input(name):
-    enc = relpos.create(name, num_heads=H, head_dim=D)
-    q = torch.randn(2, H, 5, D)
-    good = example_boxes(2, 5, torch.Generator().manual_seed(0))
-
-    def call(boxes, **kw):
-        return relpos.scores(q, q, enc, inputs={"boxes": boxes, **kw})
-
-    with pytest.raises(TypeError, match=r"inputs\['boxes'\]"):
-        call(good.float())
-    with pytest.raises(ValueError, match=r"inputs\['boxes'\]"):
-        call(good[..., :3])
-    with pytest.raises(ValueError, match=r"inputs\['boxes'\]"):
-        call(good[:, :4])
-    with pytest.raises(ValueError, match=r"inputs\['boxes'\]"):
-        call(torch.cat([good, good[:1]]))  # batch 3 for a batch of 2
-    swapped = good.clone()
-    swapped[0, 1] = torch.tensor([50, 10, 40, 20])
-    with pytest.raises(ValueError, match="x0 <= x1"):
-        call(swapped)
-    with pytest.raises(ValueError, match="query_boxes"):
-        call(good, query_boxes=good[:, :2])
-    with pytest.raises(ValueError, match="boxes"):
-        relpos.scores(q, q, enc)
-    call(good[:1])  # one set of boxes for the whole batch
-
-
-# ------------------------------------------------------------------------------ DocPolarBERT
 def test_angle_buckets_on_hand_checked_directions():
     """Query centre at the origin; y grows downwards, angles are counter-clockwise on the
     page. Same line (vertical overlap): right 1, left 3; same column: above 2, below 4;
@@ -333,10 +217,28 @@ def test_docpolarbert_switches():
         )
 
 
-def test_example_boxes_do_not_depend_on_the_length():
-    short = example_boxes(3, 5, torch.Generator().manual_seed(0))
-    long = example_boxes(3, 9, torch.Generator().manual_seed(0))
-    assert torch.equal(long[:, :5], short)
-    assert short[:, 0].eq(0).all()
-    assert (short[..., 2] >= short[..., 0]).all() and (short[..., 3] >= short[..., 1]).all()
-    assert F.relu(short.float()).equal(short.float())  # non-negative page coordinates
+def test_docpolarbert_edge_tensors_are_checked_by_name():
+    edges = torch.tensor([0.0, 10.0, 20.0, 30.0, 40.0])
+    enc = relpos.create("docpolarbert", num_heads=H, head_dim=D, distance_edges=edges)
+    torch.testing.assert_close(enc.distance_edges, edges)
+    with pytest.raises(ValueError, match="distance_edges"):
+        relpos.create(
+            "docpolarbert", num_heads=H, head_dim=D, distance_edges=edges.clone().fill_(math.nan)
+        )
+    with pytest.raises(TypeError, match="distance_edges"):
+        relpos.create("docpolarbert", num_heads=H, head_dim=D, distance_edges=edges.long())
+    with pytest.raises(TypeError, match="distance_edges"):
+        relpos.create("docpolarbert", num_heads=H, head_dim=D, distance_edges=3)
+    with pytest.raises(ValueError, match="page_size"):
+        relpos.create("docpolarbert", num_heads=H, head_dim=D, page_size=math.inf)
+
+
+def test_docpolarbert_keeps_the_official_parameter_names_and_family():
+    enc = relpos.create("docpolarbert", num_heads=H, head_dim=D)
+    assert {k: tuple(v.shape) for k, v in enc.state_dict().items()} == {
+        "rel_pos_bias.weight": (D, 32),
+        "rel_pos_2D_embedding.weight": (6, D),
+        "rel_pos_angle_embedding.weight": (14, D),
+        "distance_edges": (5,),
+    }
+    assert enc.family == "document"
