@@ -174,15 +174,15 @@ def test_set_encoding_accepts_any_registered_attention_encoding():
 
 def test_bad_arguments_name_what_is_expected():
     model = tiny()
-    with pytest.raises(ValueError, match="tokens must be an integer tensor"):
-        model(torch.randn(2, 3))
+    with pytest.raises(TypeError, match="tokens must be an int64/int32 tensor"):
+        model(torch.randn(2, 3))  # policy: a float tensor is the wrong type
     with pytest.raises(ValueError, match="last must be a positive int"):
         model(tokens(4), last=0)
     with pytest.raises(TypeError, match="last must be a positive int"):
         model(tokens(4), last=1.5)
-    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, 96\]"):
+    with pytest.raises(ValueError, match=r"tokens must be .* ids in \[0, 97\).*got ids 1\.\.97"):
         model(torch.tensor([[1, 97]]))  # out of the vocabulary: was an IndexError
-    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, 96\].*-1"):
+    with pytest.raises(ValueError, match=r"tokens must be .* ids in \[0, 97\).*got ids -1\.\.3"):
         model.generate(torch.tensor([[3, -1]]), 2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(tokens(4), -1)

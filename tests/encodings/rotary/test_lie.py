@@ -16,28 +16,9 @@ import torch
 import relpos
 from relpos.registry import encoding_class
 
+from .formulas import randn, rope_fp64, theta_fp64
+
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
-
-
-def randn(*shape, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def rope_fp64(x: torch.Tensor, pos: torch.Tensor, theta: torch.Tensor, layout: str):
-    """RoPE in float64 from the formula (spec §1): pair (a, b) -> (a c - b s, a s + b c)."""
-    x = x.double()
-    ang = pos.double()[:, None] * theta.double()  # (L, F)
-    c, s = ang.cos(), ang.sin()
-    f = theta.numel()
-    if layout == "half":
-        a, b = x[..., :f], x[..., f:]
-        return torch.cat((a * c - b * s, a * s + b * c), dim=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
-
-
-def theta_fp64(d: int, base: float = 1e4) -> torch.Tensor:
-    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
 
 
 def test_liere_generator_is_skew_with_the_stored_upper_triangle():

@@ -25,9 +25,10 @@ NTK, ...) and ``max_position_embeddings``. A scaled spectrum is RoPE's, rescaled
 ``"shared"`` (what Qwen2-VL-style models with YaRN compute), over each axis's ``2 n_a``
 channels for ``"per_axis"`` (each axis is its own RoPE); the attention factor multiplies cos
 and sin (HF). Length-dependent scalings (dynamic NTK, LongRoPE) read the largest position of
-the call over every axis, for queries and keys together (HF Qwen2-VL: ``max(position_ids) +
-1``), and cache raw keys. Without a scaling the spectrum is formed in float64; with one it
-takes ``rope_frequencies``' values (float32, equal to transformers') as float64.
+the call over every axis, for queries and keys together (``RoPE.call_length``; HF Qwen2-VL:
+``max(position_ids) + 1``), and cache raw keys. Without a scaling the spectrum is formed in
+float64; with one it takes ``rope_frequencies``' values (float32, equal to transformers') as
+float64.
 
 Angles are formed in float64; integer positions up to 2^16 are cast directly (float32 angles
 as the reference code forms them with autocast off), everything else (large positions,
@@ -50,7 +51,7 @@ from ...rope_scaling import is_length_dependent
 from ...validation import check_float, check_float_sequence
 from ..base import Encoding
 from ..options import Bool, Custom, Int, IntSequence, Refused
-from .rope import ROPE_OPTIONS, rotate_pairs
+from .rope import ROPE_OPTIONS, RoPE, rotate_pairs
 
 
 def split_pairs(total: int, parts: int) -> list[int]:
@@ -153,25 +154,6 @@ def nd_angles(pos: Tensor, freq: Tensor) -> Tensor:
     return torch.where(small, ang, reduced).to(torch.float32)
 
 
-def call_length(q_pos: Tensor, k_pos: Tensor | None = None) -> int:
-    """``max(positions) + 1`` over every axis and token of a call, queries and keys together
-    (HF's ``seq_len`` of length-dependent scalings; Qwen2-VL: ``max(position_ids) + 1``).
-    ``ValueError`` naming ``q_pos`` / ``k_pos`` for NaN or negative positions."""
-    largest = 1
-    for role, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
-        if pos is None or pos.numel() == 0:
-            continue
-        if pos.is_floating_point() and not bool(torch.isfinite(pos).all()):
-            raise ValueError(f"{role} must be finite for a length-dependent scaling")
-        if float(pos.min()) < 0:
-            raise ValueError(
-                f"{role} must be >= 0 for a length-dependent scaling (it reads the largest "
-                f"position), got {float(pos.min()):g}"
-            )
-        largest = max(largest, int(pos.max()) + 1)
-    return largest
-
-
 class SectionedRoPE(Encoding):
     """Multi-axis rotary encoding with a frequency matrix ``F (H|1, P, m)`` (module docstring).
 
@@ -237,7 +219,7 @@ class SectionedRoPE(Encoding):
         self._check_head_dim(x, role)
         pos = self.positions(pos)
         if self.length_dependent and seq_len is None:
-            seq_len = call_length(pos)
+            seq_len = RoPE.call_length((f"{role}_pos", pos))
         freq, factor = self.frequency_matrix(x.device, seq_len)
         if freq.shape[0] > 1 and x.shape[1] != freq.shape[0]:
             # per-head frequencies and grouped keys: each query head sees its own rotation
@@ -259,7 +241,9 @@ class SectionedRoPE(Encoding):
         if not self.length_dependent:
             return super().rotate_qk(q, k, q_pos, k_pos)
         # one set of frequencies for the queries and keys of a call: never mix two bases
-        seq_len = call_length(self.positions(q_pos), self.positions(k_pos))
+        seq_len = RoPE.call_length(
+            ("q_pos", self.positions(q_pos)), ("k_pos", self.positions(k_pos))
+        )
         return self._rotate_at(q, q_pos, "q", seq_len), self._rotate_at(k, k_pos, "k", seq_len)
 
     def extra_repr(self) -> str:
