@@ -1,4 +1,4 @@
-"""relpos.layout: q/k projection rows between interleaved and half-split RoPE (spec P1).
+"""relpos.interop.rope_layout: q/k rows between interleaved and half-split RoPE (spec P1).
 
 The reference permutations are written out from the spec (P1's ``perm`` and the GGUF
 un-permute of evaluation.md section 3), never taken from relpos.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import relpos
-from relpos.layout import (
+from relpos.interop.rope_layout import (
     half_to_interleaved,
     interleaved_to_half,
     interleaved_to_half_permutation,
@@ -128,7 +128,6 @@ def test_keeps_dtype_device_and_gradient():
         ((torch.randn(15, 3), 2, 8), r"weight has 15 rows but num_heads \* head_dim = 2 \* 8 = 16"),
         ((torch.randn(2, 8, 3), 2, 8), "weight must be a projection weight"),
         ((torch.randn(16, 3), 0, 8), "num_heads must be a positive int"),
-        ((torch.randn(16, 3), 2, 8.0), "head_dim must be a positive int"),
     ],
 )
 def test_bad_input_names_the_argument(args, match):
@@ -136,6 +135,15 @@ def test_bad_input_names_the_argument(args, match):
         interleaved_to_half(*args)
     with pytest.raises(ValueError, match=match):
         half_to_interleaved(*args)
+
+
+def test_a_size_of_the_wrong_type_is_a_type_error():
+    """Policy (relpos.validation): a float size is a TypeError naming it."""
+    for convert in (interleaved_to_half, half_to_interleaved):
+        with pytest.raises(TypeError, match="head_dim must be a positive int"):
+            convert(torch.randn(16, 3), 2, 8.0)
+        with pytest.raises(TypeError, match="num_heads must be a positive int"):
+            convert(torch.randn(16, 3), True, 8)
 
 
 def test_non_tensor_is_a_type_error():

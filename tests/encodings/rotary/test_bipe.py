@@ -1,4 +1,11 @@
-"""BiPE-RoPE (``bipe-rope``): the encoding, and ``TransformerLM`` driving it from token ids.
+"""BiPE-RoPE (``bipe-rope``): the spec's values, the encoding, and ``TransformerLM`` driving it
+from token ids.
+
+Spec (formulas-rotary.md §35 and R.16; the reference repo's own ``get_bilevel_ids``, Llama
+separators ``.`` = 869 and newline = 13): ids ``[5, 6, 869, 7, 8, 9, 13, 10]`` -> intra
+``[0, 1, 2, 0, 1, 2, 3, 0]``, segment ``[0, 0, 0, 1, 1, 1, 1, 2]``, checked through the
+encoding's hook and through the positions a ``TransformerLM`` actually uses (input embedding,
+cached key positions).
 
 A hand-written dense model (plain ``rope`` on segment indices + an ``nn.Embedding`` of clipped
 intra offsets, positions from a Python loop) is the reference for the model forward; KV-cache
@@ -273,18 +280,49 @@ def test_missing_separators_named_when_positions_come_from_tokens():
     assert model(ids, pos=(intra, segment)).shape == (2, ids.shape[1], VOCAB)
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, "8", True, None], ids=repr)
-def test_bad_max_intra(bad):
-    with pytest.raises(ValueError, match="max_intra"):
+# policy (relpos.validation): TypeError for a wrong type, ValueError for a wrong value
+@pytest.mark.parametrize(
+    ("bad", "exc"),
+    [
+        (0, ValueError),
+        (-3, ValueError),
+        (2.5, TypeError),
+        ("8", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],  # fmt: skip
+    ids=repr,
+)
+def test_bad_max_intra(bad, exc):
+    with pytest.raises(exc, match="max_intra"):
         relpos.create("bipe-rope", num_heads=2, head_dim=4, max_intra=bad)
 
 
 @pytest.mark.parametrize(
-    "bad", [[], ".", [1.5], [True], ["."], [-1], 13, [torch.tensor([1, 2])]], ids=repr
+    ("bad", "exc"),
+    [
+        ([], ValueError),
+        (".", TypeError),
+        ([1.5], TypeError),
+        ([True], TypeError),
+        (["."], TypeError),
+        ([-1], ValueError),
+        (13, TypeError),
+        ([torch.tensor([1, 2])], TypeError),
+    ],  # fmt: skip
+    ids=repr,
 )
-def test_bad_separators(bad):
-    with pytest.raises(ValueError, match="separators"):
+def test_bad_separators(bad, exc):
+    with pytest.raises(exc, match="separators"):
         relpos.create("bipe-rope", num_heads=2, head_dim=4, separators=bad)
+
+
+def test_separators_are_a_corpus_option():
+    """The lab fills ``separators`` from its tokenizer: BiPE declares it (no signature
+    sniffing), and the declared option is the constructor keyword."""
+    cls = relpos.registry.encoding_class("bipe-rope")
+    assert set(cls.corpus_options) == {"separators"}
+    assert set(cls.corpus_options) <= set(cls.option_specs)
 
 
 def test_separators_accept_integer_like_ids():
@@ -325,7 +363,7 @@ def test_lab_gives_bipe_the_corpus_separators_and_runs(tmp_path):
     from relpos.lab.data import load_corpus
     from relpos.lab.profiles import PROFILES
 
-    corpus = load_corpus(Path(__file__).parents[1] / "data" / "sonnets.txt")
+    corpus = load_corpus(Path(__file__).parents[2] / "data" / "sonnets.txt")
     assert ex.segment_separators(corpus) == sorted([ord("."), ord("\n")])
     tiny = replace(
         PROFILES["quick"],
@@ -350,3 +388,86 @@ def test_lab_gives_bipe_the_corpus_separators_and_runs(tmp_path):
         log=lambda s: None,
     )
     assert len(rows) == 4 and all(math.isfinite(r["ppl"]) for r in rows)
+
+
+# ----------------------------------------------------------------------- spec values (R.16)
+R16_IDS = [5, 6, 869, 7, 8, 9, 13, 10]
+R16_INTRA = [0, 1, 2, 0, 1, 2, 3, 0]
+R16_SEGMENT = [0, 0, 0, 1, 1, 1, 1, 2]
+LLAMA_SEPARATORS = [869, 13]  # spec §35: '.' and newline in the Llama tokenizer
+TRAIN_SCALE = 1024  # config/bipe_rope.json
+
+
+def r16_model() -> TransformerLM:
+    torch.manual_seed(0)
+    model = TransformerLM(
+        1000,
+        dim=32,
+        depth=2,
+        num_heads=4,
+        encoding="bipe-rope",
+        encoding_options={"separators": LLAMA_SEPARATORS},
+    )
+    with torch.no_grad():  # sharp attention: the rotary positions change the output
+        for block in model.blocks:
+            block.attn.q_proj.weight.normal_(std=0.3)
+            block.attn.kv_proj.weight.normal_(std=0.3)
+    return model.eval()
+
+
+def test_r16_positions_from_the_hook():
+    enc = relpos.create("bipe-rope", num_heads=4, head_dim=8, separators=LLAMA_SEPARATORS)
+    got = enc.positions_from_tokens(torch.tensor([R16_IDS]))
+    assert got.input.tolist() == [R16_INTRA]
+    assert got.attention.tolist() == [R16_SEGMENT]
+    # the next token would continue segment 2 at offset 1 (10 is not a separator)
+    assert got.state.tolist() == [[1, 2]]
+
+
+def test_r16_defaults_match_the_reference_config():
+    enc = relpos.create("bipe-rope", num_heads=12, head_dim=64, separators=LLAMA_SEPARATORS)
+    assert enc.max_intra == TRAIN_SCALE and enc.intra.table.shape == (TRAIN_SCALE, 768)
+    assert enc.base == 10000.0 and enc.layout == "half"  # HF Llama rotate_half
+    # offsets clip at train_scale - 1 = 1023 ...
+    rows = enc.embed(torch.tensor([[1022, 1023, 1024, 5000]]), 768)
+    torch.testing.assert_close(rows[0, 2:], enc.intra.table[1023].expand(2, 768))
+    # ... and, unlike the reference (padding_idx = -1 zeroes and freezes row 1023), relpos keeps
+    # row 1023 an ordinary learned row (the documented decision, spec §35 pitfall)
+    assert enc.intra.table[1023].abs().sum() > 0 and enc.intra.table.requires_grad
+
+
+@torch.no_grad()
+def test_r16_through_the_model_forward():
+    """The model's input is token embedding + intra row R16_INTRA, and its attention uses the
+    R16_SEGMENT positions: equal to passing them explicitly, unlike plain arange positions."""
+    model = r16_model()
+    ids = torch.tensor([R16_IDS])
+    seen = {}
+
+    def keep_input(module, args) -> None:
+        seen["x"] = args[0]
+
+    hook = model.blocks[0].register_forward_pre_hook(keep_input)
+    logits = model(ids)
+    hook.remove()
+    table = model.input_encoding.intra.table
+    expected = model.embed.weight[ids] + table[torch.tensor([R16_INTRA])]
+    torch.testing.assert_close(seen["x"], expected, rtol=0, atol=0)
+    explicit = model(ids, pos=(torch.tensor([R16_INTRA]), torch.tensor([R16_SEGMENT])))
+    torch.testing.assert_close(logits, explicit, rtol=0, atol=0)
+    arange = torch.arange(8)[None]
+    wrong = model(ids, pos=(torch.tensor([R16_INTRA]), arange))
+    assert (wrong - logits).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_r16_through_kv_cache_decoding():
+    """Token by token, the cache ends up with keys at the R.16 segment positions and the
+    logits equal the full forward (the reference code forbids a cache; relpos continues the
+    positions from the cached prefix)."""
+    model = r16_model()
+    ids = torch.tensor([R16_IDS])
+    cache = model.new_cache()
+    steps = [model(ids[:, t : t + 1], cache=cache) for t in range(len(R16_IDS))]
+    assert cache.layers[0].k_pos.tolist() == [R16_SEGMENT]
+    torch.testing.assert_close(torch.cat(steps, 1), model(ids), rtol=1e-5, atol=1e-5)

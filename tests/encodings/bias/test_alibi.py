@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from dense_reference import assert_matches_reference, dense_attention, zero_scores
 
 import relpos
 from relpos.functional import alibi_slopes
@@ -147,3 +148,130 @@ def test_alibi_bias_is_added_after_scaling_and_is_not_scaled() -> None:
     torch.testing.assert_close(s, expected, rtol=1e-5, atol=1e-6)
     s_half = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos, scale=0.5)
     torch.testing.assert_close(s_half, q @ k.transpose(-1, -2) * 0.5 + bias, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- variants
+# encoder forms, tensor-parallel shards, learnable slopes (formulas-bias.md sections 1, 22)
+
+SHARDED = [(8, 2), (8, 4), (12, 3), (12, 4), (12, 6), (20, 5), (6, 2), (6, 3), (5, 1), (24, 8)]
+
+
+@pytest.mark.parametrize(("total", "per_shard"), SHARDED)
+@pytest.mark.parametrize("form", [False, "asymmetric"])
+def test_alibi_shards_concatenate_to_the_full_models_slopes(total, per_shard, form):
+    shards = [
+        relpos.create(
+            "alibi",
+            num_heads=per_shard,
+            head_dim=8,
+            bidirectional=form,
+            head_offset=r * per_shard,
+            total_heads=total,
+        )
+        for r in range(total // per_shard)
+    ]
+    full = relpos.create("alibi", num_heads=total, head_dim=8, bidirectional=form)
+    assert torch.equal(torch.cat([s.slopes for s in shards]), alibi_slopes(total))
+    assert torch.equal(full.slopes, alibi_slopes(total))
+    assert torch.equal(torch.cat([s.future_slopes for s in shards]), full.future_slopes)
+    # and the biases: each shard's scores are its heads' slice of the full model's
+    pos = torch.arange(7)
+    full_scores = zero_scores(full, 7, 7, q_pos=pos, k_pos=pos)
+    shard_scores = torch.cat([zero_scores(s, 7, 7, q_pos=pos, k_pos=pos) for s in shards])
+    assert torch.equal(shard_scores, full_scores)
+
+
+def test_alibi_shard_of_a_non_power_of_two_model_takes_the_interleaved_slopes():
+    # total 12 (spec: [2^-1 .. 2^-8, 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5]); last shard of 4 heads
+    enc = relpos.create("alibi", num_heads=4, head_dim=8, head_offset=8, total_heads=12)
+    expected = [0.7071067812, 0.3535533906, 0.1767766953, 0.08838834765]
+    torch.testing.assert_close(enc.slopes.double(), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_alibi_shard_options_are_validated_by_name():
+    for kw, arg in [
+        ({"head_offset": 6, "total_heads": 8}, "head_offset"),
+        ({"head_offset": -1}, "head_offset"),
+        ({"total_heads": 0}, "total_heads"),
+        ({"bidirectional": "both"}, "bidirectional"),
+        ({"learnable_slopes": 1}, "learnable_slopes"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=arg):
+            relpos.create("alibi", num_heads=4, head_dim=8, **kw)
+
+
+def _bias_forms(num_heads: int, length: int, form):
+    enc = relpos.create("alibi", num_heads=num_heads, head_dim=8, bidirectional=form)
+    pos = torch.arange(length)
+    d = (pos[:, None] - pos[None, :]).double()
+    return enc, zero_scores(enc, length, length, q_pos=pos, k_pos=pos).double(), d
+
+
+def test_alibi_symmetric_string_equals_bidirectional_true():
+    _, a, _ = _bias_forms(6, 9, True)
+    _, b, d = _bias_forms(6, 9, "symmetric")
+    assert torch.equal(a, b)
+    m = alibi_slopes(6).double()[:, None, None]
+    torch.testing.assert_close(a, -m * d.abs())
+
+
+def test_alibi_asymmetric_uses_a_second_slope_set_for_future_keys():
+    enc, s, d = _bias_forms(8, 9, "asymmetric")
+    m = torch.tensor([2.0**-k for k in range(1, 9)], dtype=torch.float64)
+    future = m * 2**0.5  # the even slopes of a 16-head model: 2^-0.5, 2^-1.5, ..., 2^-7.5
+    torch.testing.assert_close(enc.future_slopes.double(), future)
+    expected = torch.where(d >= 0, -m[:, None, None] * d, -future[:, None, None] * d.abs())
+    torch.testing.assert_close(s, expected)
+    # the past side is plain (causal) ALiBi
+    _, causal, _ = _bias_forms(8, 9, False)
+    lower = (d >= 0).expand_as(s)
+    assert torch.equal(s[lower], causal[lower])
+
+
+def test_alibi_shifted_form_is_deepminds_encoder_alibi():
+    # google-deepmind/randomized_positional_encodings: -m (|i - j| - 0.5 [j < i])
+    _, s, d = _bias_forms(4, 7, "shifted")
+    m = alibi_slopes(4).double()[:, None, None]
+    torch.testing.assert_close(s, -m * (d.abs() - 0.5 * (d > 0).double()))
+
+
+def test_alibi_learnable_slopes_start_at_the_standard_slopes_and_stay_positive():
+    enc = relpos.create("alibi", num_heads=12, head_dim=8, learnable_slopes=True)
+    assert enc.learnable and set(enc.state_dict()) == {"log_slopes"}
+    torch.testing.assert_close(enc.slopes, alibi_slopes(12), rtol=1e-6, atol=0)
+    with torch.no_grad():
+        enc.log_slopes.sub_(20.0)  # far below 0 in log space: still positive slopes
+    assert (enc.slopes > 0).all()
+    asym = relpos.create(
+        "alibi", num_heads=4, head_dim=8, learnable_slopes=True, bidirectional="asymmetric"
+    )
+    assert set(asym.state_dict()) == {"log_slopes", "log_future_slopes"}
+
+
+@pytest.mark.parametrize(
+    ("form", "lq", "lk", "backends"),
+    [
+        (False, 20, 33, ["eager", "sdpa", "chunked"]),
+        ("shifted", 20, 33, ["eager", "sdpa", "chunked"]),
+        ("asymmetric", 270, 300, ["eager", "chunked"]),  # several Toeplitz blocks
+    ],
+)
+def test_alibi_learnable_slopes_gradients_agree_across_backends(form, lq, lk, backends):
+    enc = relpos.create(
+        "alibi", num_heads=4, head_dim=16, learnable_slopes=True, bidirectional=form
+    )
+    causal = form is False
+
+    def reference(q, k, v):
+        pos = torch.arange(k.shape[2])
+        d = (pos[-q.shape[2] :, None] - pos[None, :]).float()
+        m, mf = enc.slopes[:, None, None], enc.future_slopes[:, None, None]
+        if form is False:
+            bias = -m * d
+        elif form == "asymmetric":
+            bias = torch.where(d >= 0, -m * d, mf * d)
+        else:
+            bias = -m * (d.abs() - 0.5 * (d > 0).float())
+        return dense_attention(q, k, v, bias, 16**-0.5, causal)
+
+    assert_matches_reference(enc, reference, causal=causal, backends=backends, lq=lq, lk=lk)

@@ -110,3 +110,34 @@ def test_t5_encoding_reads_table_at_bucket_of_key_minus_query(bidirectional: boo
             continue
         for h in range(num_heads):
             assert s[0, h, query, key].item() == bucket + 100 * h, (rp, h)
+
+
+def test_t5_bidirectional_must_be_a_bool_not_a_truthy_string() -> None:
+    # issue 10: "no" used to become bidirectional=True
+    with pytest.raises(TypeError, match="bidirectional"):
+        relpos.create("t5", num_heads=2, head_dim=8, bidirectional="no")
+    with pytest.raises(TypeError, match="bidirectional"):
+        t5_bucket(torch.tensor([1, 2]), bidirectional="no")
+
+
+@pytest.mark.parametrize(
+    ("options", "arg"),
+    [
+        ({"bidirectional": True, "num_buckets": 2}, "num_buckets"),  # no exact bucket per side
+        ({"bidirectional": True, "num_buckets": 32, "max_distance": 8}, "max_distance"),
+        ({"bidirectional": False, "num_buckets": 32, "max_distance": 16}, "max_distance"),
+    ],
+)
+def test_t5_bucket_geometry_without_a_log_range_is_refused_by_name(options, arg) -> None:
+    # these used to fail inside math.log (ZeroDivisionError) or give buckets out of order
+    with pytest.raises(ValueError, match=arg):
+        relpos.create("t5", num_heads=2, head_dim=8, **options)
+
+
+def test_t5_smallest_valid_geometries_give_buckets_in_range() -> None:
+    rp = torch.arange(-50, 51)
+    for bidirectional, num_buckets, max_distance in [(True, 4, 2), (False, 2, 2)]:
+        got = t5_bucket(
+            rp, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        )
+        assert 0 <= int(got.min()) and int(got.max()) < num_buckets

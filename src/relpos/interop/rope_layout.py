@@ -22,15 +22,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..validation import check_int
+
 __all__ = ["interleaved_to_half", "half_to_interleaved", "interleaved_to_half_permutation"]
 
 
 def _rotary_dim(head_dim: int, rotary_dim: int | None) -> int:
-    for name, value in (("head_dim", head_dim), ("rotary_dim", rotary_dim)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_int(head_dim, "head_dim")
+    if rotary_dim is not None:
+        check_int(rotary_dim, "rotary_dim")
     r = head_dim if rotary_dim is None else rotary_dim
     if r > head_dim:
         raise ValueError(f"rotary_dim must be <= head_dim ({head_dim}), got {r}")
@@ -56,8 +56,7 @@ def _permute_rows(
 ) -> Tensor:
     if not isinstance(weight, Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    check_int(num_heads, "num_heads")
     perm = interleaved_to_half_permutation(head_dim, rotary_dim)
     if weight.dim() not in (1, 2):
         raise ValueError(

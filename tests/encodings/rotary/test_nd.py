@@ -151,6 +151,17 @@ def test_multimodal_position_ids_hand_example():
         multimodal_position_ids([("image", (3, 4))], spatial_merge=2)
     with pytest.raises(ValueError, match="kind"):
         multimodal_position_ids([("audio", 3)])
+    # sizes are ints, never truncated or parsed (policy: TypeError for the type)
+    with pytest.raises(TypeError, match=r"image grid\[0\]"):
+        multimodal_position_ids([("image", (2.5, 4))])
+    with pytest.raises(TypeError, match="text segment length"):
+        multimodal_position_ids([("text", "3")])
+    with pytest.raises(ValueError, match="spatial_merge"):
+        multimodal_position_ids([("image", (2, 4))], spatial_merge=0)  # was ZeroDivisionError
+    with pytest.raises(ValueError, match="video interval"):
+        multimodal_position_ids([("video", (2, 2, 2), -1.0)])
+    with pytest.raises(TypeError, match=r"sizes\[1\]"):
+        grid_positions(2, 3.0)
 
 
 def test_grid_and_scale_positions():
@@ -209,3 +220,161 @@ def test_nd_angles_precision_and_errors():
         relpos.scores(torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8),
                       relpos.create("rope-axial", num_heads=1, head_dim=8),
                       q_pos=torch.arange(3), k_pos=torch.arange(3))  # fmt: skip
+
+
+# ----------------------------------------------------------------------- common RoPE options
+# Each N-D encoding rotates by RoPE's spectrum (shared: over the head; per_axis: over each
+# axis's channels), so a scaling dict must give exactly what ``rope`` gives with that dict on
+# the same channels and positions. ``rope`` itself is checked against transformers in
+# tests/oracle/test_oracle_hf_rope_scaling.py.
+SCALINGS = {
+    "linear": ({"rope_type": "linear", "factor": 4.0}, {}),
+    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}, {}),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },  # fmt: skip
+        {},
+    ),
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, {"max_position_embeddings": 16}),
+}
+
+
+def _qk(heads: int, lq: int, lk: int, dim: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(1, heads, lq, dim, generator=gen), torch.randn(
+        1, heads, lk, dim, generator=gen
+    )
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+@pytest.mark.parametrize("kind", sorted(SCALINGS))
+def test_mrope_with_a_scaling_on_text_tokens_is_rope_with_that_scaling(kind, partial):
+    """Text tokens carry one id on all three axes: M-RoPE with YaRN / Llama-3 / dynamic NTK
+    / linear (and a partial rotary factor) rotates exactly as ``rope`` with the same options,
+    queries shorter than keys included (dynamic NTK reads the largest position of both)."""
+    scaling, extra = SCALINGS[kind]
+    options = {"base": 1e4, "partial_rotary_factor": partial, **extra}
+    mr = relpos.create("m-rope", num_heads=2, head_dim=32, scaling=dict(scaling), **options)
+    rope = relpos.create("rope", num_heads=2, head_dim=32, scaling=dict(scaling), **options)
+    ids = multimodal_position_ids([("text", 40)])[None]
+    q, k = _qk(2, 5, 40, 32)
+    got = mr.rotate_qk(q, k, ids[:, -5:], ids)
+    ref = rope.rotate_qk(q, k, ids[:, -5:, 0], ids[..., 0])
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    plain = relpos.create("m-rope", num_heads=2, head_dim=32, **options)
+    assert not torch.allclose(plain.rotate_qk(q, k, ids[:, -5:], ids)[1], got[1], atol=1e-3)
+    assert mr.cache_rotated_keys == (kind != "dynamic")  # length-dependent: raw keys cached
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn", "llama3"])
+def test_axial_rope_with_a_scaling_is_a_scaled_rope_on_each_axis(kind):
+    """Each axis of ``rope-axial`` is a RoPE over its section's channels; a scaling dict
+    rescales it as ``rope`` with that dict over those channels (interleaved pairs)."""
+    scaling, _ = SCALINGS[kind]
+    enc = relpos.create("rope-axial", num_heads=1, head_dim=16, base=100, scaling=dict(scaling))
+    per_axis = relpos.create("rope", num_heads=1, head_dim=8, base=100, layout="interleaved",
+                             scaling=dict(scaling))  # fmt: skip
+    pos = torch.tensor([[3, 70], [0, 2], [45, 5], [17, 33]])[None]
+    x = torch.randn(1, 1, 4, 16, generator=torch.Generator().manual_seed(1))
+    out = enc.rotate(x, pos, "q")
+    for sec, axis in ((slice(0, 8), 0), (slice(8, 16), 1)):
+        ref = per_axis.rotate(x[..., sec], pos[..., axis], "q")
+        torch.testing.assert_close(out[..., sec], ref, rtol=1e-5, atol=1e-5)
+    plain = relpos.create("rope-axial", num_heads=1, head_dim=16, base=100)
+    assert not torch.allclose(plain.rotate(x, pos, "q"), out, atol=1e-3)
+
+
+def test_axial_rope_with_a_partial_rotary_factor_rotates_the_first_channels_only():
+    enc = relpos.create("rope-axial", num_heads=1, head_dim=16, base=100, partial_rotary_factor=0.5)
+    assert enc.sections == [2, 2]
+    pos = torch.tensor([[3, 7], [0, 2], [5, 5]])[None]
+    x = torch.randn(1, 1, 3, 16, generator=torch.Generator().manual_seed(2))
+    out = enc.rotate(x, pos, "q")
+    torch.testing.assert_close(out[..., 8:], x[..., 8:], rtol=0, atol=0)
+    rope = relpos.create("rope", num_heads=1, head_dim=4, base=100, layout="interleaved")
+    for sec, axis in ((slice(0, 4), 0), (slice(4, 8), 1)):
+        torch.testing.assert_close(out[..., sec], rope.rotate(x[..., sec], pos[..., axis], "q"))
+
+
+def test_time_rope_with_linear_scaling_is_time_divided_by_the_factor():
+    scaled = relpos.create("time-rope", num_heads=1, head_dim=16, time_scale=10.0,
+                           scaling={"rope_type": "linear", "factor": 4.0})  # fmt: skip
+    plain = relpos.create("time-rope", num_heads=1, head_dim=16, time_scale=10.0)
+    tau = torch.tensor([[0.0, 1.25, 3.5, 9.75]], dtype=torch.float64)
+    x = torch.randn(1, 1, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(scaled.rotate(x, tau, "q"), plain.rotate(x, tau / 4, "q"),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_length_dependent_scaling_names_bad_positions():
+    enc = relpos.create("m-rope", num_heads=1, head_dim=16, max_position_embeddings=8,
+                        scaling={"rope_type": "dynamic", "factor": 2.0})  # fmt: skip
+    q, k = _qk(1, 3, 3, 16)
+    good = torch.zeros(1, 3, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="k_pos"):
+        enc.rotate_qk(q, k, good, good - 1)
+    with pytest.raises(ValueError, match="q_pos"):
+        enc.rotate_qk(q, k, torch.full((1, 3, 3), math.nan), good.double())
+
+
+def test_rope_mixed_refuses_a_scaling_by_name_and_rotates_partially():
+    """RoPE-Mixed learns its frequencies: a scaling dict (and the length it reads) is a
+    ValueError naming the option; a partial rotary factor rotates the first channels."""
+    with pytest.raises(ValueError, match="scaling"):
+        relpos.create("rope-mixed", num_heads=2, head_dim=16, scaling=dict(SCALINGS["yarn"][0]))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        relpos.create("rope-mixed", num_heads=2, head_dim=16, max_position_embeddings=64)
+    enc = relpos.create("rope-mixed", num_heads=2, head_dim=16, partial_rotary_factor=0.5)
+    assert enc.freq.shape == (2, 4, 2)
+    x = torch.randn(1, 2, 3, 16, generator=torch.Generator().manual_seed(4))
+    out = enc.rotate(x, torch.tensor([[[1.0, 2.0], [3.0, -1.0], [0.5, 7.0]]]), "q")
+    torch.testing.assert_close(out[..., 8:], x[..., 8:], rtol=0, atol=0)
+    assert not torch.allclose(out[..., :8], x[..., :8])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "linear", "factor": 3.0},
+    ],
+    ids=lambda p: p["rope_type"],
+)
+def test_scaled_mrope_matches_transformers_qwen2_vl(params):
+    """Qwen2-VL with a scaling in ``rope_parameters`` (transformers computes the scaled
+    frequencies, then assigns the sections): the same rotation, on a video between texts whose
+    ids pass the trained length (dynamic NTK engages)."""
+    tf = pytest.importorskip("transformers")
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as mod
+
+    head_dim, section, trained = 64, [8, 12, 12], 32
+    cfg = tf.Qwen2VLTextConfig(hidden_size=128, num_attention_heads=2, head_dim=head_dim,
+                               max_position_embeddings=trained,
+                               rope_parameters={**params, "rope_theta": 1e4,
+                                                "mrope_section": section})  # fmt: skip
+    emb = mod.Qwen2VLRotaryEmbedding(cfg)
+    ids = multimodal_position_ids([("text", 30), ("video", (2, 4, 6), 3), ("text", 12)],
+                                  spatial_merge=2)  # fmt: skip
+    assert int(ids.max()) + 1 > trained
+    L = ids.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.randn(1, 2, L, head_dim, generator=gen),
+        torch.randn(1, 2, L, head_dim, generator=gen),
+    )
+    cos, sin = emb(q, ids.T[:, None, :])
+    ref_q, ref_k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+    enc = relpos.create("m-rope", num_heads=2, head_dim=head_dim, base=1e4, mrope_section=section,
+                        scaling=dict(params), max_position_embeddings=trained)  # fmt: skip
+    got_q, got_k = enc.rotate_qk(q, k, ids[None], ids[None])
+    torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k, ref_k, rtol=1e-5, atol=1e-5)
+    plain = relpos.create("m-rope", num_heads=2, head_dim=head_dim, base=1e4, mrope_section=section)
+    assert not torch.allclose(plain.rotate(k, ids[None], "k"), ref_k, atol=1e-3)  # it scaled
