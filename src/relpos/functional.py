@@ -87,12 +87,11 @@ def rope_frequencies(
     """
     from . import rope_scaling  # the scaling types live there; it imports nothing from here
 
-    _check_int(head_dim, "head_dim")
-    if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 1.0:
-        raise ValueError(f"base must be a number > 1, got {base!r}")
+    check_int(head_dim, "head_dim")
+    base = check_float(base, "base", above=1.0)
     for name, value in (("seq_len", seq_len), ("max_position_embeddings", max_position_embeddings)):
         if value is not None:
-            _check_int(value, name)
+            check_int(value, name)
     params = rope_scaling.validate_scaling(
         scaling,
         head_dim=head_dim,
@@ -103,14 +102,13 @@ def rope_frequencies(
     base = params.get("rope_theta", base)
     partial_rotary_factor = params.get("partial_rotary_factor", partial_rotary_factor)
     proportional = rope_type == "proportional"
-    prf = partial_rotary_factor
-    if not (
-        isinstance(prf, (int, float))
-        and not isinstance(prf, bool)
-        and (0.0 <= prf <= 1.0 if proportional else 0.0 < prf <= 1.0)
-    ):
-        interval = "[0, 1] for proportional" if proportional else "(0, 1]"
-        raise ValueError(f"partial_rotary_factor must be in {interval}, got {prf!r}")
+    partial_rotary_factor = check_float(
+        partial_rotary_factor,
+        "partial_rotary_factor",
+        minimum=0.0 if proportional else None,
+        above=None if proportional else 0.0,
+        maximum=1.0,
+    )
     dim = int(head_dim * partial_rotary_factor)
     if proportional:
         if head_dim % 2:

@@ -4,8 +4,8 @@ For every registered encoding that rotates (``has_rotary``) and declares the com
 options (``"scaling" in option_specs``), each option value below is either refused with a
 ``ValueError`` that names the option, or it is honoured:
 
-* ``scaling`` (linear, YaRN, dynamic NTK): the rotation changes, and where the encoding
-  exposes RoPE's frequencies (``inv_freq``) they are the scaled ones of
+* ``scaling`` (linear, YaRN, Llama 3, dynamic NTK, LongRoPE): the rotation changes, and
+  where the encoding exposes RoPE's frequencies (``inv_freq``) they are the scaled ones of
   ``relpos.functional.rope_frequencies`` (masked pairs stay masked), and the encoding
   rotates exactly as the unscaled one given those frequencies;
 * ``base``: the same with another base;
@@ -26,6 +26,7 @@ import relpos
 from relpos.encodings.options import Refused
 from relpos.functional import rope_frequencies
 from relpos.registry import encoding_class
+from relpos.rope_scaling import is_length_dependent
 
 from .common import D, H, make_encoding, scores
 
@@ -33,6 +34,19 @@ L = 20
 LINEAR = {"rope_type": "linear", "factor": 4.0}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}  # with max_position_embeddings=8 < L
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8,
+}
+LONGROPE = {  # length-dependent: long factors past the original 8 positions (L = 20)
+    "rope_type": "longrope",
+    "short_factor": [1.0] * (D // 2),
+    "long_factor": [1.0 + i for i in range(D // 2)],
+    "original_max_position_embeddings": 8,
+}
 
 
 def _rotary_names() -> list[str]:
@@ -101,8 +115,14 @@ def _rotates_as_with(plain, changed, q, k, **length_options) -> None:
 @pytest.mark.parametrize("name", ROTARY)
 @pytest.mark.parametrize(
     ("scaling", "extra"),
-    [(LINEAR, {}), (YARN, {}), (DYNAMIC, {"max_position_embeddings": 8})],
-    ids=["linear", "yarn", "dynamic"],
+    [
+        (LINEAR, {}),
+        (YARN, {}),
+        (LLAMA3, {}),
+        (DYNAMIC, {"max_position_embeddings": 8}),
+        (LONGROPE, {}),
+    ],
+    ids=["linear", "yarn", "llama3", "dynamic", "longrope"],
 )
 def test_scaling_is_honoured_or_refused_by_name(name, scaling, extra):
     changed = _honoured_or_refused(name, "scaling", scaling=dict(scaling), **extra)
@@ -115,7 +135,7 @@ def test_scaling_is_honoured_or_refused_by_name(name, scaling, extra):
     )
     if not _uses_rope_frequencies(changed):
         return
-    seq_len = L if scaling is DYNAMIC else None
+    seq_len = L if is_length_dependent(scaling) else None
     expected, factor = rope_frequencies(
         plain.head_dim,
         plain.base,

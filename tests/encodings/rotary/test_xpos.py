@@ -214,3 +214,23 @@ def test_xpos_takes_empty_sequences(name, lq, lk, backend):
     q, k, v = randn(1, 2, lq, 8), randn(1, 2, lk, 8, seed=1), randn(1, 2, lk, 8, seed=2)
     out = relpos.attention(q, k, v, enc, backend=backend, causal=True)
     assert out.shape == (1, 2, lq, 8)
+
+
+def test_xpos_float64_queries_may_span_far_more_than_float32_ones():
+    """Float64 activations keep the envelope in float64: a query span of 200 x scale_base
+    (refused in float32) is exact against the float64 formula."""
+    d, base_len = 16, 16.0
+    enc = relpos.create("xpos", num_heads=1, head_dim=d, scale_base=base_len)
+    pos = torch.arange(0, 3200, 40)
+    q = randn(1, 1, pos.numel(), d, seed=8).double()
+    k = randn(1, 1, pos.numel(), d, seed=9).double()
+    with pytest.raises(ValueError, match="q_pos"):
+        relpos.scores(q.float(), k.float(), enc, q_pos=pos, k_pos=pos)
+    got = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos, scale=1.0)[0, 0]
+    ref = envelope_scores_fp64(
+        q[0, 0], k[0, 0], pos, pos, enc.inv_freq.double(), _xpos_rates(d, base_len), "interleaved"
+    )
+    causal = pos[None, :] <= pos[:, None]
+    scale = float(q.norm(dim=-1).max() * k.norm(dim=-1).max())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got[causal], ref[causal], rtol=0, atol=2e-6 * scale)

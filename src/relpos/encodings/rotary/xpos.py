@@ -10,8 +10,9 @@ Numerics. The centre ``c`` cancels in ``q . k``, but each factor alone spans
 float32 (the old behaviour: NaN past ~141 x scale_base of key span). Here the centre is the
 midpoint of the *query* positions of each call (per batch row), and the exponents are
 formed in float64 from ``n - c`` and ``m - c`` (exact for positions below 2^53). With the
-budget ``E`` of the activation dtype (``envelope_budget``: 80 for float32, bfloat16 and
-float64, whose envelope is formed in float32; 7.09 for float16):
+budget ``E`` of the activation dtype (``envelope_budget``: 80 for float32 and bfloat16, whose
+envelope is formed in float32; 690 for float64, whose envelope stays float64; 7.09 for
+float16):
 
 * query exponents are at most ``a_max * S_q / 2`` (``S_q``: the span of the call's query
   positions); a call where that exceeds ``E / 2`` raises ``ValueError`` naming ``q_pos``
@@ -20,12 +21,13 @@ float64, whose envelope is formed in float32; 7.09 for float16):
   call are affected (causal attention never sees them), and every logit stays finite,
   future ones included (below ``e^E |q| |k|``);
 * keys far in the past underflow to 0, where their exact contribution is below
-  ``e^{E/2 - 103}`` relative to ``|q| |k|`` (float32).
+  ``e^{E/2 - 103}`` relative to ``|q| |k|`` (float32; ``e^{E/2 - 744}`` in float64).
 
 Guarantee: for a query span ``S_q <= E / a_max`` -- ``64 x scale_base`` for xPos in float32
-(32K positions at the default 512; 1/11 of that in float16) -- every visible score is exact
-to float32 rounding at any key span and any position offset that float64 represents, and no
-logit is infinite or NaN.
+and bfloat16 (32K positions at the default 512), ``550 x scale_base`` in float64, ``5.6 x
+scale_base`` in float16 -- every visible score is exact to float32 rounding (the precision
+of RoPE's angles; float16 / bfloat16 to their own) at any key span and any position offset
+that float64 represents, and no logit is infinite or NaN.
 """
 
 from __future__ import annotations
@@ -43,9 +45,13 @@ __all__ = ["XPos", "HyperbolicRoPE", "envelope_budget"]
 
 
 def envelope_budget(dtype: torch.dtype) -> float:
-    """The largest envelope exponent ``E`` a logit of ``dtype`` may carry (``E / 2`` each on
-    q and k): 80 for float32 / bfloat16 / float64 (the envelope is formed in float32, which
-    overflows at e^88.7), ``ln(65504) - 4`` = 7.09 for float16."""
+    """The largest envelope exponent ``E`` a logit of activations of ``dtype`` may carry
+    (``E / 2`` each on q and k), below the overflow of the dtype the envelope is formed in
+    with a margin for ``|q| |k|``: 80 for float32 / bfloat16 (float32 overflows at e^88.7),
+    690 for float64 (its envelope stays float64; overflow at e^709.8), ``ln(65504) - 4 =
+    7.09`` for float16."""
+    if dtype == torch.float64:
+        return 690.0
     return min(80.0, math.log(torch.finfo(dtype).max) - 4.0)
 
 
@@ -101,13 +107,13 @@ class XPos(RoPE):
         distance; ``-ln(zeta_i) / scale_base`` for xPos."""
         return -torch.log(self.zeta.to(torch.float64)) / self.scale_base
 
-    def _envelope(self, exponent: Tensor) -> Tensor:
-        """``e^{exponent}`` as float32, ``exponent (B|1, 1, L, r/2)`` float64."""
-        return torch.exp(exponent).to(torch.float32)
-
     def _scaled(self, x: Tensor, pos: Tensor, exponent: Tensor, seq_len: int | None) -> Tensor:
+        """``x`` rotated and scaled by ``e^{exponent}`` (``(B|1, 1, L, r/2)`` float64), the
+        envelope kept in float64 for float64 activations, else float32."""
         cos, sin = self.cos_sin(pos, seq_len)
-        scale = self._envelope(exponent)
+        scale = torch.exp(exponent)
+        if x.dtype != torch.float64:
+            scale = scale.to(torch.float32)
         return rotate_pairs(x, cos * scale, sin * scale, self.layout)
 
     def rotate_qk(
