@@ -340,6 +340,7 @@ class FIRE(Encoding):
     family = "bias"
     paper = "Li et al. 2023 (FIRE)"
     has_bias = True
+    own_init_modules = ("mlp_in",)  # the scalar-input layer keeps PyTorch's init in models
     relative = False
     continuous = True
 

@@ -172,6 +172,7 @@ class DynamicPositionBias(TabulatedDistanceBias):
 
     paper = "Wang et al. 2021 (CrossFormer dynamic position bias)"
     ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU}
+    own_init_modules = ("mlp.0",)  # the scalar-input layer keeps PyTorch's init in models
 
     def __init__(
         self,
