@@ -20,6 +20,10 @@ def qkv(batch: int, length: int, grad: bool = False, seed: int = 0):
     )
 
 
+def test_plan_is_public_under_relpos_attention():
+    assert relpos.attention.plan is plan
+
+
 def test_auto_trains_fire_on_chunked_at_the_lab_training_size():
     """The lab's training size (batch 16 x L 128 x 4 heads, gradients on): FIRE's bias is a
     per-distance table while its queries lie below the threshold, and its parameters train,

@@ -253,6 +253,10 @@ def scores(
     return logits(call)
 
 
+# ``relpos.attention`` is the function at the package's top level: ``relpos.attention.plan``
+# reads as the docs spell it (also importable: ``from relpos.attention import plan``)
+attention.plan = plan  # type: ignore[attr-defined]
+
 __all__ = [
     "attention",
     "scores",

@@ -18,10 +18,18 @@ additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` 
 * ``value_term(ctx, p, b, h, i, j)`` — an extra output term ``sum_j p_ij a^V_ij`` (Shaw's
   relative value embeddings, iRPE contextual values);
 * ``prob_multiplier(ctx, b, h, i, j)`` — an element-wise factor on the softmax weights (URPE);
-* ``pieces(q, k, q_pos, k_pos)`` + ``piece_index(ctx, b, h, i, j)`` — piecewise rotary logits:
+* ``pieces(q, k, q_pos, k_pos)`` + ``key_segments(first, last)`` — piecewise rotary logits:
   the logit of pair (i, j) is ``<q^r_i, k^r_j>`` for the piece ``r = piece_index(i, j)``
   (-1 masks the pair). Dual Chunk Attention, Self-Extend and LM-Infinite are of this form;
-  one softmax over the union of pieces equals merging the pieces by log-sum-exp.
+  one softmax over the union of pieces equals merging the pieces by log-sum-exp. A schedule
+  states its layout once, as ``KeySegment`` s (key range + distance band per piece, for a
+  block of queries); ``piece_index`` is derived from them here, and the engine's piecewise
+  kernel (``relpos.attention.piecewise``) reads the same segments block by block.
+
+Position facts: ``BiasContext.distance_range`` (and ``ctx.positions``, a
+``relpos.positions.CallPositions``) give the reachable ``q_pos - k_pos`` range and whether the
+positions are ranges, computed once per call by the engine (no host sync for defaulted
+positions). Encodings read them instead of calling ``q_pos.min()`` / ``k_pos.max()``.
 
 Capability flags are instance attributes: the class gives the default, and an encoding
 whose capabilities depend on its options sets them in ``__init__`` (Shaw without value
