@@ -24,7 +24,7 @@ TINY.update(checkpoint_every=4, device="cpu")
 def torchrun(out: Path, encoding: str, *extra: str) -> subprocess.CompletedProcess:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node", "2", "-m", "relpos.lab.distributed"]
+    command += ["--nproc_per_node", "2", "-m", "relpos.lab.torchrun"]
     command += [f"--encoding={encoding}", *args, f"--data={DATA}", f"--out={out}"]
     command += ["--no-progress", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
