@@ -60,9 +60,8 @@ from _common import (
 )
 
 import relpos
-from relpos.attention.api import DENSE_BIAS_LIMIT, choose_backend
-from relpos.attention.call import prepare_call
-from relpos.attention.chunked import toeplitz_table
+from relpos.attention import plan
+from relpos.attention.api import DENSE_BIAS_LIMIT
 from relpos.functional import alibi_slopes
 
 NAME = "bias_forward"
@@ -127,11 +126,10 @@ def make_encoding(name: str):
 
 def auto_choice(q, k, v, enc) -> str:
     """The backend ``auto`` picks for this call (and the chunked path it takes)."""
-    call = prepare_call(q, k, v, enc, q_pos=None, k_pos=None, causal=True, mask=None, scale=None)
-    name = choose_backend(call)
+    name, path = plan(q, k, v, enc, causal=True)
     if name == "chunked":
-        name += "/toeplitz" if toeplitz_table(call) is not None else "/tile"
-    elif name == "sdpa" and call.has_bias:
+        name += f"/{path}"
+    elif path == "dense-bias":
         name += " (dense bias)"
     return name
 

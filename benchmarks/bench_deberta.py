@@ -55,8 +55,7 @@ from _common import (
 )
 
 import relpos
-from relpos.attention import choose_backend
-from relpos.attention.call import prepare_call
+from relpos.attention import plan
 
 NAME = "deberta"
 B, H, D = 1, 12, 64
@@ -152,11 +151,7 @@ def forward(impl: str, p: Problem) -> torch.Tensor:
 def auto_backend(L: int) -> str:
     p = Problem(L)
     q, k, v = relpos_qkv(p)
-    call = prepare_call(
-        q.detach(), k.detach(), v.detach(), p.enc, q_pos=None, k_pos=None, causal=False,
-        mask=None, scale=None,
-    )  # fmt: skip
-    return choose_backend(call)
+    return plan(q.detach(), k.detach(), v.detach(), p.enc)[0]
 
 
 def make_step(impl: str, p: Problem) -> Callable[[], None]:

@@ -61,8 +61,7 @@ from _common import (
 )
 
 import relpos
-from relpos.attention import choose_backend
-from relpos.attention.call import prepare_call
+from relpos.attention import plan
 
 NAME = "shaw"
 B, H, D = 1, 8, 64
@@ -148,20 +147,9 @@ def forward(impl: str, p: Problem) -> torch.Tensor:
 
 def relpos_path(p: Problem) -> str:
     """The backend ``auto`` picks for this problem, and the chunked path it takes."""
-    call = prepare_call(
-        p.q.detach(),
-        p.k.detach(),
-        p.v.detach(),
-        p.enc,
-        q_pos=None,
-        k_pos=None,
-        causal=True,
-        mask=None,
-        scale=None,
-    )
-    name = choose_backend(call)
+    name, path = plan(p.q.detach(), p.k.detach(), p.v.detach(), p.enc, causal=True)
     if name == "chunked":
-        name += " (probability path)" if call.needs_probabilities else " (tile path)"
+        name += f" ({path} path)"
     return name
 
 

@@ -11,11 +11,18 @@ position axes, ``m = encoding.dims``):
 Internally positions are normalised to ``(Bp, L)`` for 1-D encodings and ``(Bp, L, m)``
 otherwise, with ``Bp`` in ``{1, B}``. Integer dtypes are kept integer; floating positions
 are allowed only by encodings that say ``continuous = True``.
+
+One position fact per call: ``relpos.attention`` normalises each side once into a
+``Positions`` (the tensor plus whether it is a batch-shared integer range and its offset,
+known without a host sync when the positions were defaulted), and the pair into
+``CallPositions`` (the reachable distance range, computed at most once, lazily). Backends
+and encodings read these facts instead of rediscovering them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -97,3 +104,102 @@ def as_span(pos: Tensor) -> Span | None:
     if pos.shape[0] > 1 and not bool((pos == row).all()):
         return None
     return Span(start, row.numel())
+
+
+_UNKNOWN: Any = object()  # a fact not computed yet
+
+
+class Positions:
+    """One side's positions of a call, normalised once (``normalize_positions``).
+
+    ``tensor``: ``(Bp, L)`` or ``(Bp, L, m)``. ``span``: the integer range the positions
+    cover when they are one batch-shared ``arange`` (else None); known without a host sync
+    when the positions were defaulted, else discovered once, on first use (one sync).
+    """
+
+    def __init__(self, tensor: Tensor, span: Span | None = _UNKNOWN) -> None:
+        self.tensor = tensor
+        self._span = span
+
+    @classmethod
+    def default(cls, *, length: int, dims: int, device: torch.device, offset: int = 0) -> Positions:
+        """The positions a call gets when none are passed: ``offset .. offset + L - 1``."""
+        tensor = normalize_positions(
+            None,
+            name="",
+            batch=1,
+            length=length,
+            dims=dims,
+            continuous=False,
+            device=device,
+            offset=offset,
+        )
+        return cls(tensor, Span(offset, length) if dims == 1 and length else None)
+
+    @property
+    def length(self) -> int:
+        return self.tensor.shape[1]
+
+    @property
+    def span(self) -> Span | None:
+        """The batch-shared integer range of the positions, or None (lazy, cached)."""
+        if self._span is _UNKNOWN:
+            self._span = as_span(self.tensor)
+        return self._span
+
+    @property
+    def offset(self) -> int | None:
+        """The first position when the positions are a batch-shared range, else None."""
+        span = self.span
+        return None if span is None else span.start
+
+    def __repr__(self) -> str:
+        known = "?" if self._span is _UNKNOWN else self._span
+        return f"Positions(shape={tuple(self.tensor.shape)}, span={known})"
+
+
+class CallPositions:
+    """The query and key positions of one call and the facts derived from the pair.
+
+    ``distance_range``: the smallest and largest ``q_pos - k_pos`` over the pairs of the call
+    (per batch row), for 1-D integer positions; None for float or m-D positions or an empty
+    call. From the spans when both sides are ranges (no host sync), else one host sync, once.
+    """
+
+    def __init__(self, q: Positions, k: Positions) -> None:
+        self.q, self.k = q, k
+        self._distance_range: tuple[int, int] | None = _UNKNOWN
+        self._shared: bool = _UNKNOWN
+
+    @property
+    def distance_range(self) -> tuple[int, int] | None:
+        if self._distance_range is _UNKNOWN:
+            self._distance_range = self._compute_distance_range()
+        return self._distance_range
+
+    def _compute_distance_range(self) -> tuple[int, int] | None:
+        qp, kp = self.q.tensor, self.k.tensor
+        if qp.dim() != 2 or qp.is_floating_point() or kp.is_floating_point():
+            return None
+        if qp.shape[1] == 0 or kp.shape[1] == 0:
+            return None
+        qs, ks = self.q.span, self.k.span
+        if qs is not None and ks is not None:
+            return qs.start - (ks.start + ks.length - 1), qs.start + qs.length - 1 - ks.start
+        low = (qp.amin(1) - kp.amax(1)).min()
+        high = (qp.amax(1) - kp.amin(1)).max()
+        lo, hi = torch.stack((low, high)).tolist()
+        return int(lo), int(hi)
+
+    @property
+    def batch_shared(self) -> bool:
+        """Every batch row has the same query positions and the same key positions."""
+        if self._shared is _UNKNOWN:
+            qp, kp = self.q.tensor, self.k.tensor
+            if qp.shape[0] == 1 and kp.shape[0] == 1:
+                self._shared = True
+            elif self.q.span is not None and self.k.span is not None:
+                self._shared = True
+            else:
+                self._shared = bool((qp == qp[:1]).all() and (kp == kp[:1]).all())
+        return self._shared

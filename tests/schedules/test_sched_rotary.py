@@ -76,18 +76,18 @@ def dca_pairs(lq: int, lk: int, s: int, w: int):
 
 def lm_infinite_pairs(lq: int, lk: int, n_local: int, n_global: int, limit: int):
     """Lambda mask: j visible iff i - j < n_local or j < n_global (j <= i); local keys at their
-    true positions; starting keys beyond the window at distance min(i - j, limit), i.e. the
-    query rotated by ``limit`` against the unrotated key once the cap is reached."""
+    true positions; starting keys beyond the window at distance min(limit, kv_len - 1) (the
+    official code: the query rotated by that against the unrotated key)."""
     pq = torch.zeros(lq, lk, dtype=torch.float64)
     pk = torch.zeros(lq, lk, dtype=torch.float64)
     ok = torch.zeros(lq, lk, dtype=torch.bool)
     for a in range(lq):
         i = a + lk - lq
         for j in range(i + 1):
-            if i - j < n_local or (j < n_global and i - j < limit):
+            if i - j < n_local:
                 pq[a, j], pk[a, j], ok[a, j] = i, j, True
             elif j < n_global:
-                pq[a, j], pk[a, j], ok[a, j] = limit, 0, True
+                pq[a, j], pk[a, j], ok[a, j] = min(limit, lk - 1), 0, True
     return pq, pk, ok
 
 
@@ -336,20 +336,29 @@ def test_self_extend_equals_official_two_matrix_merge():
     close(got[..., low], logits[..., low])
 
 
-def test_lm_infinite_equals_official_lambda_attention():
+@pytest.mark.parametrize("limit", [None, 20, 60], ids=["default", "cap>window", "cap>L"])
+def test_lm_infinite_equals_official_lambda_attention(limit):
     """LM-Infinite ``Lambda_Attention_Matrix`` semantics: rotated scores inside the local
     window (``triu(-local + 1)`` of the causal matrix), stationary scores (query rotated by
     ``min(limit, kv_len - 1)``, key not rotated) on the first ``global_branch`` keys outside
-    it, everything else masked. Default limit = local (the README setting)."""
+    it, everything else masked. Default limit = local (the README setting); a cap larger
+    than the window scores *every* far starting token at ``min(limit, kv_len - 1)`` too (issue
+    10: relpos used the true distance below the cap, up to 1.9 apart in logits)."""
     n_local, n_global, L = 8, 3, 40
     enc = relpos.create(
-        "lm-infinite", num_heads=2, head_dim=8, local_branch=n_local, global_branch=n_global
+        "lm-infinite",
+        num_heads=2,
+        head_dim=8,
+        local_branch=n_local,
+        global_branch=n_global,
+        limit_distance=limit,
     )
+    cap = n_local if limit is None else limit
     q, k, v = qkv(b=1, h=2, hkv=2, lq=L, lk=L, d=8)
     freq = inv_freq64(8)
     pos = torch.arange(L).double()
     rq, rk = rotate64(q.double(), pos, freq, "half"), rotate64(k.double(), pos, freq, "half")
-    sq = rotate64(q.double(), torch.full((L,), float(min(n_local, L - 1))), freq, "half")
+    sq = rotate64(q.double(), torch.full((L,), float(min(cap, L - 1))), freq, "half")
     rot = rq @ rk.transpose(-1, -2) / math.sqrt(8)
     stationary = sq @ k.double().transpose(-1, -2) / math.sqrt(8)
     i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
@@ -358,6 +367,9 @@ def test_lm_infinite_equals_official_lambda_attention():
     logits = torch.where(local, rot, torch.where(starting, stationary, -math.inf))
     ref = torch.softmax(logits, -1) @ v.double()
     close(relpos.attention(q, k, v, enc, causal=True), ref)
+    close(relpos.attention(q, k, v, enc, causal=True, backend="chunked"), ref)
+    got = relpos.scores(q, k, enc).double()
+    close(got[..., local | starting], logits[..., local | starting])
 
 
 # ----------------------------------------------------------------------------- pinned spec values
@@ -512,24 +524,25 @@ def test_llama_model_takes_the_trained_length(name):
 
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
-    "name,options,match",
+    "name,options,match,exc",
     [
-        ("dca", {"local_window": 12, "chunk_size": 12}, "local_window"),
-        ("dca", {"pretraining_length": 1}, "pretraining_length"),
-        ("dca", {"chunk_size": 0}, "chunk_size"),
-        ("dca", {"local_window": -1}, "local_window"),
-        ("dca", {"pretraining_length": 16.0}, "pretraining_length"),
-        ("lm-infinite", {"local_branch": 0}, "local_branch"),
-        ("lm-infinite", {"global_branch": -1}, "global_branch"),
-        ("lm-infinite", {"limit_distance": True}, "limit_distance"),
-        ("self-extend", {"group_size": 0}, "group_size"),
-        ("self-extend", {"neighbor_window": 2.5}, "neighbor_window"),
-        ("self-extend", {"log_scale_base": 1.0}, "log_scale_base"),
-        ("self-extend", {"layout": "diagonal"}, "layout"),
+        ("dca", {"local_window": 12, "chunk_size": 12}, "local_window", ValueError),
+        ("dca", {"pretraining_length": 1}, "pretraining_length", ValueError),
+        ("dca", {"chunk_size": 0}, "chunk_size", ValueError),
+        ("dca", {"local_window": -1}, "local_window", ValueError),
+        ("dca", {"pretraining_length": 16.0}, "pretraining_length", TypeError),
+        ("lm-infinite", {"local_branch": 0}, "local_branch", ValueError),
+        ("lm-infinite", {"global_branch": -1}, "global_branch", ValueError),
+        ("lm-infinite", {"limit_distance": True}, "limit_distance", TypeError),
+        ("self-extend", {"group_size": 0}, "group_size", ValueError),
+        ("self-extend", {"neighbor_window": 2.5}, "neighbor_window", TypeError),
+        ("self-extend", {"log_scale_base": 1.0}, "log_scale_base", ValueError),
+        ("self-extend", {"layout": "diagonal"}, "layout", ValueError),
     ],
 )
-def test_bad_options_raise_naming_the_option(name, options, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_options_raise_naming_the_option(name, options, match, exc):
+    """relpos.validation's policy: TypeError for a wrong type, ValueError for a wrong value."""
+    with pytest.raises(exc, match=match):
         relpos.create(name, num_heads=2, head_dim=8, **options)
 
 
@@ -565,5 +578,5 @@ def test_dca_mscale_multiplies_logits_past_the_pretraining_length():
         ref = relpos.attention(q, k, v, scaled, causal=True, backend="eager")
         out = relpos.attention(q, k, v, scaled, causal=True, backend="chunked")
     close(out, ref.double())
-    with pytest.raises(ValueError, match="mscale"):
+    with pytest.raises(TypeError, match="mscale"):
         relpos.create("dca", num_heads=4, head_dim=16, mscale=1)

@@ -5,6 +5,7 @@ from .api import (
     DENSE_BIAS_LIMIT,
     attention,
     choose_backend,
+    plan,
     scores,
     supported_backends,
 )
@@ -12,6 +13,7 @@ from .api import (
 __all__ = [
     "attention",
     "scores",
+    "plan",
     "choose_backend",
     "supported_backends",
     "BACKENDS",

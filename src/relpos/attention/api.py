@@ -11,20 +11,32 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   ``flex`` on CUDA. It never builds an L x L bias above the limit.
 * a ``mask_mod`` (structured mask) follows the same size rule as a bias: evaluated densely
   for ``sdpa`` when small, per query block (``chunked``) or as a block mask (``flex``) above.
+* a bias whose parameters train (gradients on, e.g. FIRE, T5, KERPLE) and that has a
+  per-distance table for this call (``AttentionCall.distance_table``: positions are ranges,
+  the bias depends on ``q_pos - k_pos`` only, no user mask) -> ``chunked`` even when small:
+  its Toeplitz path sums the table's gradient over anti-diagonals, where a dense bias
+  scatters it back through an ``Lq x Lk`` gather (FIRE at the lab's training size, batch 16
+  x L 128 x 4 heads, trains on it without naming it);
 * encodings that change the weights themselves (``Encoding.needs_probabilities``: value
   terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
+
+``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
+inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``), without running it.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from ..encodings.base import Encoding
-from .call import AttentionCall, MaskMod, prepare_call
-from .chunked import chunked_attention
+from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
+from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
 from .sdpa import sdpa_attention
@@ -46,6 +58,17 @@ def supported_backends(encoding: Encoding | None) -> list[str]:
     return ["eager", "sdpa", "chunked", "flex"]
 
 
+def _trains_bias(call: AttentionCall) -> bool:
+    """Gradients are on and the encoding's bias has parameters that take them."""
+    enc = call.encoding
+    return (
+        torch.is_grad_enabled()
+        and enc is not None
+        and call.has_bias
+        and any(p.requires_grad for p in enc.parameters())
+    )
+
+
 def choose_backend(call: AttentionCall) -> str:
     """The backend ``auto`` uses for this call (see module docstring)."""
     B, H, Lq = call.q.shape[:3]
@@ -55,10 +78,78 @@ def choose_backend(call: AttentionCall) -> str:
     if not call.has_bias and (call.mask_mod is None or small):
         return "sdpa"
     if small:
+        if _trains_bias(call) and chunked_path(call) == "toeplitz":
+            return "chunked"
         return "sdpa"
     if call.q.device.type == "cuda" and flex_available():
         return "flex"
     return "chunked"
+
+
+def backend_path(call: AttentionCall, backend: str) -> str:
+    """The path ``backend`` takes for this call: ``"fused"`` (sdpa, no bias) or
+    ``"dense-bias"`` (sdpa, materialised bias), ``"dense"`` (eager), ``"score-mod"`` (flex),
+    or the chunked backend's ``"piecewise-sdpa"`` / ``"probabilities"`` / ``"toeplitz"`` /
+    ``"tile"``."""
+    if backend == "chunked":
+        return chunked_path(call)
+    if backend == "sdpa":
+        return "dense-bias" if call.has_bias else "fused"
+    if backend == "flex":
+        return "score-mod"
+    return "dense"
+
+
+def _check_backend(backend: object, encoding: Encoding | None) -> None:
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+    if backend != "auto" and backend not in (ok := supported_backends(encoding)):
+        assert encoding is not None
+        raise ValueError(
+            f"backend {backend!r} cannot run encoding {encoding.name!r}: it changes the "
+            f"attention weights beyond an additive score (value terms, multiplied weights or "
+            f"piecewise logits); use backend 'auto' or one of {ok}"
+        )
+
+
+def plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None = None,
+    *,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    causal: bool = False,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+    inputs: dict[str, Tensor] | None = None,
+    mask_mod: MaskMod | None = None,
+    cache: KeyValueCache | None = None,
+) -> tuple[str, str]:
+    """``(backend, path)`` that ``relpos.attention`` with these arguments would take (see
+    the module docstring for the paths). It validates and prepares the call (rotations,
+    the encoding's precomputation) but runs no attention; a ``cache`` is left unchanged.
+    Gradient mode matters (``auto`` trains learnable biases on ``chunked``): call it under
+    the same ``torch.no_grad()`` as the attention it describes."""
+    _check_backend(backend, encoding)
+    call = prepare_call(
+        q,
+        k,
+        v,
+        encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        mask=mask,
+        scale=scale,
+        inputs=inputs,
+        mask_mod=mask_mod,
+        cache=None if cache is None else copy.copy(cache),
+    )
+    name = choose_backend(call) if backend == "auto" else backend
+    return name, backend_path(call, name)
 
 
 def attention(
@@ -75,7 +166,7 @@ def attention(
     backend: str = "auto",
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
-    _rotated: bool = False,
+    cache: KeyValueCache | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -100,20 +191,16 @@ def attention(
         backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
-        _rotated: internal (relpos.nn KV cache): q and k are already rotated.
+        cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
+            ``k``, ``v`` (and ``k_pos``) are the new tokens', appended to the cache; the
+            queries attend to every cached key. Default positions continue the cache
+            (``cache.length ..``). The engine stores keys rotated when the encoding allows
+            (``cache_rotated_keys``) and rotates the whole cache on every call otherwise.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
     """
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
-    if backend != "auto" and backend not in (ok := supported_backends(encoding)):
-        assert encoding is not None
-        raise ValueError(
-            f"backend {backend!r} cannot run encoding {encoding.name!r}: it changes the "
-            f"attention weights beyond an additive score (value terms, multiplied weights or "
-            f"piecewise logits); use backend 'auto' or one of {ok}"
-        )
+    _check_backend(backend, encoding)
     call = prepare_call(
         q,
         k,
@@ -124,9 +211,9 @@ def attention(
         causal=causal,
         mask=mask,
         scale=scale,
-        rotated=_rotated,
         inputs=inputs,
         mask_mod=mask_mod,
+        cache=cache,
     )
     name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)
@@ -166,9 +253,14 @@ def scores(
     return logits(call)
 
 
+# ``relpos.attention`` is the function at the package's top level: ``relpos.attention.plan``
+# reads as the docs spell it (also importable: ``from relpos.attention import plan``)
+attention.plan = plan  # type: ignore[attr-defined]
+
 __all__ = [
     "attention",
     "scores",
+    "plan",
     "choose_backend",
     "supported_backends",
     "BACKENDS",

@@ -1,24 +1,92 @@
 """Validation and preparation shared by every backend: one ``AttentionCall`` per call.
 
 ``prepare_call`` checks shapes, dtypes, head counts and positions (errors name the argument
-and the expected form), applies the encoding's rotations, and runs its ``prepare``.
-Backends then only read the ``AttentionCall``.
+and the expected form), normalises the positions once (``relpos.positions.CallPositions``),
+applies the encoding's rotations (the one place that rotates, also for KV-cache decoding:
+``cache``), and runs its ``prepare``. Backends then only read the ``AttentionCall``.
+
+Also here, because they are properties of a call and not of one backend: the per-distance
+bias table (``AttentionCall.distance_table``, used by the sdpa and chunked backends) and the
+query-block iteration every blocked loop shares (``query_blocks`` / ``run_blocks``, which
+owns activation checkpointing).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..encodings.base import BiasContext, Encoding
-from ..positions import normalize_positions
+from ..positions import CallPositions, Positions, normalize_positions
 
 #: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), FlexAttention's convention
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class KeyValueCache(Protocol):
+    """What ``relpos.attention(..., cache=...)`` needs of a KV cache (``relpos.nn.LayerCache``).
+
+    ``length``: keys cached so far; ``append(k, v, k_pos)`` stores the new keys, values and
+    key positions and returns the whole cache ``(k, v, k_pos)``; ``rotated`` is set by the
+    engine: whether the stored keys carry the encoding's rotation."""
+
+    rotated: bool
+
+    @property
+    def length(self) -> int: ...
+
+    def append(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+class QueryBlock(NamedTuple):
+    """Query rows ``start:end`` of a blocked loop and the keys ``0:key_end`` they may see
+    (causal blocks stop at their last query's key)."""
+
+    start: int
+    end: int
+    key_end: int
+
+
+def query_blocks(
+    length_q: int,
+    length_k: int,
+    rows: int,
+    *,
+    causal: bool,
+    breaks: Callable[[int], int | None] | None = None,
+) -> Iterator[QueryBlock]:
+    """Blocks of at most ``rows`` query rows over ``length_q`` queries and ``length_k`` keys
+    (bottom-right causal alignment). ``breaks(row)``: the first row after ``row`` where a
+    block must end (None: anywhere)."""
+    offset = length_k - length_q
+    s = 0
+    while s < length_q:
+        e = min(s + rows, length_q)
+        if breaks is not None:
+            cut = breaks(s)
+            if cut is not None:
+                e = min(e, max(s + 1, cut))
+        yield QueryBlock(s, e, min(length_k, e + offset) if causal else length_k)
+        s = e
+
+
+def run_blocks(fn: Callable[..., Tensor], blocks: Iterator[QueryBlock], *tensors: Tensor) -> Tensor:
+    """``fn(block, *tensors)`` for every block, concatenated over the query rows (dim 2).
+
+    Under autograd each block runs under activation checkpointing: backward recomputes the
+    block's temporaries (its bias slice, logits) instead of storing them."""
+    grad = torch.is_grad_enabled()
+    outs = [
+        checkpoint(fn, block, *tensors, use_reentrant=False) if grad else fn(block, *tensors)
+        for block in blocks
+    ]
+    return torch.cat(outs, dim=2)
 
 
 @dataclass
@@ -39,6 +107,8 @@ class AttentionCall:
     pieces: list[tuple[Tensor, Tensor]] | None = None
     # element-wise mask over (batch, head, query index in key coordinates, key index)
     mask_mod: MaskMod | None = None
+    # the position facts of the call (spans, distance range), shared with ``ctx``
+    positions: CallPositions | None = None
 
     @property
     def has_user_mask(self) -> bool:
@@ -90,6 +160,44 @@ class AttentionCall:
             self.k.repeat_interleave(self.groups, dim=1),
             self.v.repeat_interleave(self.groups, dim=1),
         )
+
+    def blocks(
+        self, rows: int, breaks: Callable[[int], int | None] | None = None
+    ) -> Iterator[QueryBlock]:
+        """``query_blocks`` over this call's queries and keys."""
+        return query_blocks(
+            self.q.shape[2], self.k.shape[2], rows, causal=self.causal, breaks=breaks
+        )
+
+    def distance_delta(self) -> int | None:
+        """When this call's bias is a function of ``q_pos - k_pos`` and both positions are one
+        batch-shared integer range: ``position distance - index distance``, where the index
+        distance of pair ``(i, j)`` is ``i - j + Lk - Lq``. Else None (no per-distance table).
+        No host sync for defaulted positions."""
+        enc = self.encoding
+        if enc is None or self.ctx is None or not enc.has_bias or self.positions is None:
+            return None
+        if not enc.is_distance_only(self.ctx):
+            return None
+        q_span, k_span = self.positions.q.span, self.positions.k.span
+        if q_span is None or k_span is None:
+            return None
+        return (q_span.start - k_span.start) - (self.k.shape[2] - self.q.shape[2])
+
+    def distance_table(self, causal: bool) -> Tensor | None:
+        """The per-distance bias table ``(H, Lq + Lk - 1)`` if this call's bias has one (see
+        ``distance_delta``), else None. Entry ``t`` holds the bias at index distance
+        ``i - j = t - (Lk - 1)`` (``-inf`` for keys in the future if ``causal``)."""
+        delta = self.distance_delta()
+        if delta is None:
+            return None
+        assert self.encoding is not None
+        Lq, Lk = self.q.shape[2], self.k.shape[2]
+        table = self.encoding.distance_table(1 - Lq + delta, Lk - 1 + delta, self.q.device)
+        if causal:
+            future = torch.arange(Lq + Lk - 1, device=self.q.device) < Lq - 1
+            table = table.masked_fill(future, float("-inf"))
+        return table
 
     def bias_block(self, i: Tensor, j: Tensor) -> Tensor:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:
@@ -245,6 +353,14 @@ def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor
     return inputs
 
 
+def _rotate(
+    encoding: Encoding, q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The encoding's rotations of queries, keys and values (the one place that rotates)."""
+    q, k = encoding.rotate_qk(q, k, qp, kp)
+    return q, k, encoding.rotate(v, kp, "v")
+
+
 def prepare_call(
     q: Tensor,
     k: Tensor,
@@ -256,16 +372,21 @@ def prepare_call(
     causal: bool,
     mask: Tensor | None,
     scale: float | None,
-    rotated: bool = False,
     check_causal: bool = True,
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
+    cache: KeyValueCache | None = None,
 ) -> AttentionCall:
-    """Validate the arguments of ``relpos.attention`` and rotate q, k (and v, if asked).
+    """Validate the arguments of ``relpos.attention``, normalise positions and rotate q, k
+    (and v, if the encoding asks).
 
-    ``rotated=True`` (used by ``relpos.nn`` with a KV cache of rotated keys) skips the
-    rotations: q and k already carry them. ``check_causal=False`` (``relpos.scores``: logits
-    before any mask) lets causal-only encodings be inspected without a causal mask.
+    ``cache`` (KV-cache decoding, e.g. ``relpos.nn.LayerCache``): ``k``, ``v`` and ``k_pos``
+    are the new tokens' (default positions ``cache.length ..``); they are appended to the
+    cache and the queries attend to all cached keys. Encodings whose key rotation never
+    depends on the other positions (``cache_rotated_keys``) have the new keys stored rotated;
+    the others store raw keys and the whole cache is rotated on every call.
+    ``check_causal=False`` (``relpos.scores``: logits before any mask) lets causal-only
+    encodings be inspected without a causal mask.
     """
     _check_qkv(q, k, v)
     if encoding is not None and not isinstance(encoding, Encoding):
@@ -274,7 +395,9 @@ def prepare_call(
             f"got {type(encoding).__name__}"
         )
     B, H, Lq, D = q.shape
-    Lk = k.shape[2]
+    cached = 0 if cache is None else cache.length
+    Lnew = k.shape[2]
+    Lk = cached + Lnew
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if scale is None:
@@ -290,8 +413,8 @@ def prepare_call(
     dims = encoding.dims if encoding is not None else 1
     continuous = encoding.continuous if encoding is not None else True
     common = dict(batch=B, dims=dims, continuous=continuous, device=q.device)
-    qp = normalize_positions(q_pos, name="q_pos", length=Lq, offset=Lk - Lq, **common)
-    kp = normalize_positions(k_pos, name="k_pos", length=Lk, **common)
+    qp = _positions(q_pos, "q_pos", Lq, Lk - Lq, **common)
+    kp = _positions(k_pos, "k_pos", Lnew, cached, **common)
     ctx = None
     pieces = None
     if encoding is not None:
@@ -305,22 +428,70 @@ def prepare_call(
                 f"encoding {encoding.name!r} is causal-only (scores grow toward future keys); "
                 f"pass causal=True"
             )
-        encoding.check_positions(qp, "q_pos")
-        encoding.check_positions(kp, "k_pos")
+        encoding.check_positions(qp.tensor, "q_pos")
+        encoding.check_positions(kp.tensor, "k_pos")
     inputs = _check_inputs(encoding, inputs)
+    rotated = False
+    if cache is not None:
+        rotated = (
+            encoding is not None
+            and encoding.has_rotary
+            and encoding.cache_rotated_keys
+            and not encoding.piecewise
+        )
+        if rotated:
+            assert encoding is not None
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
+        cache.rotated = rotated
+        k, v, k_all = cache.append(k, v, kp.tensor)
+        kp = Positions(k_all)
+    positions = CallPositions(qp, kp)
     if encoding is not None:
         if encoding.piecewise:
-            pieces = encoding.pieces(q, k, qp, kp)
+            pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
             q, k = pieces[0]
         elif encoding.has_rotary and not rotated:
-            q, k = encoding.rotate_qk(q, k, qp, kp)
-            v = encoding.rotate(v, kp, "v")
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
         if k.shape[1] != v.shape[1]:
             # per-head rotations expand grouped keys to the query heads: values follow
             v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
         if encoding.needs_context:
-            ctx = encoding.prepare(q, k, qp, kp, inputs)
+            ctx = _prepare(encoding, q, k, positions, inputs)
             ctx.scale = float(scale)
     return AttentionCall(
-        q, k, v, encoding, ctx, qp, kp, causal, mask, float(scale), pieces, mask_mod
+        q,
+        k,
+        v,
+        encoding,
+        ctx,
+        qp.tensor,
+        kp.tensor,
+        causal,
+        mask,
+        float(scale),
+        pieces,
+        mask_mod,
+        positions,
     )
+
+
+def _positions(pos: Tensor | None, name: str, length: int, offset: int, **common) -> Positions:
+    """``pos`` normalised (``normalize_positions``), or the default range from ``offset``."""
+    if pos is None:
+        return Positions.default(
+            length=length, dims=common["dims"], device=common["device"], offset=offset
+        )
+    return Positions(normalize_positions(pos, name=name, length=length, **common))
+
+
+def _prepare(
+    encoding: Encoding, q: Tensor, k: Tensor, positions: CallPositions, inputs: dict
+) -> BiasContext:
+    """The encoding's ``prepare`` with the call's position facts (``ctx.positions``).
+    Encodings that still override ``prepare`` get the facts after their precomputation."""
+    qp, kp = positions.q.tensor, positions.k.tensor
+    if type(encoding).prepare is Encoding.prepare:
+        return encoding.prepare(q, k, qp, kp, inputs, positions=positions)
+    ctx = encoding.prepare(q, k, qp, kp, inputs)
+    ctx.positions = positions
+    return ctx

@@ -1,26 +1,32 @@
 """Memory-efficient backend for biased attention: query blocks, O(L * block) memory.
 
-Two paths, chosen per call:
+One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` reports):
 
-* **Toeplitz path** (``distance_only`` encodings whose positions are one integer range, no
-  user mask): the bias is tabulated once per distance, ``table (H, Lq + Lk - 1)`` (O(L)),
-  with ``-inf`` on future distances when causal. Each query block is processed with its rows
-  reversed, so its bias slice is a zero-copy Hankel *view* of the reversed table
-  (``as_strided`` with strides ``(H: N, row: 1, col: 1)``) handed straight to the fused SDPA
-  kernel. Causal blocks only visit keys up to their last query. A custom
-  ``autograd.Function`` recomputes each block in backward; the gradient of the table is the
-  sum of ``dS`` over anti-diagonals (a pad-and-reshape, no scatter), and autograd carries it
-  into the encoding's parameters (T5 table, KERPLE r1/r2, ...).
-* **Probability path** (encodings that change the weights themselves: value terms, URPE's
-  multiplied weights, piecewise logits): the encoding's ``fast_attention`` if it has one
-  (the RoPE schedules: pieces through the fused SDPA kernel), else each query block runs
+* **piecewise-sdpa** (piecewise rotary logits without bias or value term: the RoPE
+  schedules): the engine's piecewise kernel (``relpos.attention.piecewise``), the pieces
+  through the fused SDPA kernel at about plain-attention cost.
+* **probabilities** (encodings that change the weights themselves: value terms, URPE's
+  multiplied weights, other piecewise logits): each query block runs
   ``dense.block_attention`` (explicit logits and softmax over its keys) under activation
   checkpointing.
-* **Tile path** (any other bias, user masks, arbitrary positions): each query block computes
-  its ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
+* **toeplitz** (a bias that is a function of ``q_pos - k_pos`` for this call, positions one
+  batch-shared integer range, no user mask: ``AttentionCall.distance_table``): the bias is
+  tabulated once per distance, ``table (H, Lq + Lk - 1)`` (O(L)), with ``-inf`` on future
+  distances when causal. Each query block is processed with its rows reversed, so its bias
+  slice is a zero-copy Hankel *view* of the reversed table (``as_strided`` with strides
+  ``(H: N, row: 1, col: 1)``) handed straight to the fused SDPA kernel. Causal blocks only
+  visit keys up to their last query. A custom ``autograd.Function`` recomputes each block in
+  backward; the gradient of the table is the sum of ``dS`` over anti-diagonals (a
+  pad-and-reshape, no scatter), and autograd carries it into the encoding's parameters (T5
+  table, KERPLE r1/r2, FIRE's MLP, ...).
+* **tile** (any other bias, user masks, arbitrary positions): each query block computes its
+  ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
   block has ``T = TILE_ELEMENTS // Lk`` rows, so per-tile work (e.g. FIRE's MLP over every
   pair) takes constant memory whatever the length.
+
+Every loop walks ``relpos.attention.call.query_blocks``; the checkpointed ones run through
+``run_blocks``.
 """
 
 from __future__ import annotations
@@ -28,11 +34,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from ..positions import as_span
-from .call import AttentionCall
+from .call import AttentionCall, QueryBlock, query_blocks, run_blocks
 from .dense import block_attention
+from .piecewise import piecewise_sdpa_attention, runs_piecewise
 
 FORWARD_BLOCK = 256
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
@@ -40,10 +45,6 @@ TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias wor
 
 
 # ---------------------------------------------------------------------------- Toeplitz path
-def _key_end(q_end: int, offset: int, length_k: int, causal: bool) -> int:
-    return min(length_k, q_end + offset) if causal else length_k
-
-
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
     """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``."""
     n = w.shape[1]
@@ -76,13 +77,10 @@ class _ToeplitzAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, table, scale, causal):  # type: ignore[override]
         B, H, Lq, D = q.shape
         Lk = k.shape[2]
-        offset = Lk - Lq
         w = table.detach().flip(-1).to(q.dtype).contiguous()
         out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-        for s in range(0, Lq, FORWARD_BLOCK):
-            e = min(s + FORWARD_BLOCK, Lq)
-            kend = _key_end(e, offset, Lk, causal)
+        for s, e, kend in query_blocks(Lq, Lk, FORWARD_BLOCK, causal=causal):
             qf = q[:, :, s:e].flip(2)
             bias = _hankel(w, Lq - e, e - s, kend)
             o, l = _block_forward(qf, k[:, :, :kend], v[:, :, :kend], bias, scale)
@@ -98,7 +96,6 @@ class _ToeplitzAttention(torch.autograd.Function):
         scale, causal = ctx.scale, ctx.causal
         B, H, Lq, D = q.shape
         Lk = k.shape[2]
-        offset = Lk - Lq
         need_table = ctx.needs_input_grad[3]
         q32, k32, v32 = q.float(), k.float(), v.float()
         do32, o32 = dout.float(), out.float()
@@ -107,9 +104,7 @@ class _ToeplitzAttention(torch.autograd.Function):
         dk = torch.zeros_like(k32)
         dv = torch.zeros_like(v32)
         dw = torch.zeros_like(w) if need_table else None
-        for s in range(0, Lq, BACKWARD_BLOCK):
-            e = min(s + BACKWARD_BLOCK, Lq)
-            kend = _key_end(e, offset, Lk, causal)
+        for s, e, kend in query_blocks(Lq, Lk, BACKWARD_BLOCK, causal=causal):
             qf = q32[:, :, s:e].flip(2)
             dof = do32[:, :, s:e].flip(2)
             delta = (dof * o32[:, :, s:e].flip(2)).sum(-1, keepdim=True)
@@ -128,37 +123,12 @@ class _ToeplitzAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable, None, None
 
 
-def distance_table(call: AttentionCall, causal: bool) -> Tensor | None:
-    """The per-distance bias table ``(H, Lq + Lk - 1)`` if this call's bias has one, else None.
-
-    It has one when the encoding says the bias is a function of ``q_pos - k_pos`` for this
-    call and both positions are one batch-shared integer range. Entry ``t`` holds the bias at
-    index distance ``i - j = t - (Lk - 1)`` (``-inf`` for keys in the future if ``causal``).
-    """
-    enc = call.encoding
-    if enc is None or call.ctx is None:
-        return None
-    if not enc.is_distance_only(call.ctx):
-        return None
-    q_span, k_span = as_span(call.q_pos), as_span(call.k_pos)
-    if q_span is None or k_span is None:
-        return None
-    Lq, Lk = call.q.shape[2], call.k.shape[2]
-    # position distance = index distance + delta, index distance d = i - j + (Lk - Lq)
-    delta = (q_span.start - k_span.start) - (Lk - Lq)
-    table = enc.distance_table(1 - Lq + delta, Lk - 1 + delta, call.q.device)
-    if causal:
-        future = torch.arange(Lq + Lk - 1, device=call.q.device) < Lq - 1
-        table = table.masked_fill(future, float("-inf"))
-    return table
-
-
 def toeplitz_table(call: AttentionCall) -> Tensor | None:
     """The table the Toeplitz path uses for this call (causal ``-inf`` included), or None
-    when the call takes the tile path (no table, or a user mask)."""
+    when the call takes the tile path (no per-distance table, or a user mask)."""
     if call.has_user_mask:
         return None
-    return distance_table(call, causal=call.causal)
+    return call.distance_table(causal=call.causal)
 
 
 def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:
@@ -167,56 +137,58 @@ def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- tile path
+def _tile_rows(call: AttentionCall) -> int:
+    return max(16, TILE_ELEMENTS // max(call.k.shape[2], 1))
+
+
 def _tile_attention(call: AttentionCall) -> Tensor:
-    Lq, Lk = call.q.shape[2], call.k.shape[2]
     dev = call.q.device
-    k, v = call.expanded_kv()
-    outs = []
-    rows = max(16, TILE_ELEMENTS // max(Lk, 1))
-    for s in range(0, Lq, rows):
-        e = min(s + rows, Lq)
-        kend = _key_end(e, call.causal_offset, Lk, call.causal)
 
-        def block(qb: Tensor, kb: Tensor, vb: Tensor, s: int = s, e: int = e, kend: int = kend):
-            bias = None
-            if call.has_bias:
-                i = torch.arange(s, e, device=dev)
-                j = torch.arange(kend, device=dev)
-                bias = call.bias_block(i, j).to(qb.dtype)
-            m = call.mask_block(s, e, kend, qb.dtype)
-            if m is not None:
-                bias = m if bias is None else bias + m
-            return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=call.scale)
+    def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        s, e, kend = blk.start, blk.end, blk.key_end
+        qb, kb, vb = q[:, :, s:e], k[:, :, :kend], v[:, :, :kend]
+        bias = None
+        if call.has_bias:
+            i = torch.arange(s, e, device=dev)
+            j = torch.arange(kend, device=dev)
+            bias = call.bias_block(i, j).to(qb.dtype)
+        m = call.mask_block(s, e, kend, qb.dtype)
+        if m is not None:
+            bias = m if bias is None else bias + m
+        return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=bias, scale=call.scale)
 
-        args = (call.q[:, :, s:e], k[:, :, :kend], v[:, :, :kend])
-        if torch.is_grad_enabled():
-            outs.append(checkpoint(block, *args, use_reentrant=False))
-        else:
-            outs.append(block(*args))
-    return torch.cat(outs, dim=2)
+    return run_blocks(block, call.blocks(_tile_rows(call)), call.q, *call.expanded_kv())
 
 
 def _probability_attention(call: AttentionCall) -> Tensor:
-    Lq, Lk = call.q.shape[2], call.k.shape[2]
-    rows = max(16, TILE_ELEMENTS // max(Lk, 1))
-    outs = []
-    for s in range(0, Lq, rows):
-        e = min(s + rows, Lq)
-        kend = _key_end(e, call.causal_offset, Lk, call.causal)
-        if torch.is_grad_enabled():
-            outs.append(checkpoint(block_attention, call, s, e, kend, use_reentrant=False))
-        else:
-            outs.append(block_attention(call, s, e, kend))
-    return torch.cat(outs, dim=2)
+    def block(blk: QueryBlock, *_: Tensor) -> Tensor:
+        return block_attention(call, blk.start, blk.end, blk.key_end)
+
+    # q/k/v pass through so checkpointing sees the tensors the block reads
+    return run_blocks(block, call.blocks(_tile_rows(call)), call.q, call.k, call.v)
+
+
+# ---------------------------------------------------------------------------- the ladder
+def chunked_path(call: AttentionCall) -> str:
+    """Which path the chunked backend takes for this call (see the module docstring)."""
+    if call.pieces is not None and runs_piecewise(call):
+        return "piecewise-sdpa"
+    if call.needs_probabilities:
+        return "probabilities"
+    if not call.has_user_mask and call.distance_delta() is not None:
+        return "toeplitz"
+    return "tile"
 
 
 def chunked_attention(call: AttentionCall) -> Tensor:
     """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
-    if call.needs_probabilities:
-        assert call.encoding is not None
-        fast = call.encoding.fast_attention(call)
-        return fast if fast is not None else _probability_attention(call)
-    table = toeplitz_table(call)
-    if table is not None:
+    path = chunked_path(call)
+    if path == "piecewise-sdpa":
+        return piecewise_sdpa_attention(call)
+    if path == "probabilities":
+        return _probability_attention(call)
+    if path == "toeplitz":
+        table = call.distance_table(causal=call.causal)
+        assert table is not None
         return _toeplitz_attention(call, table)
     return _tile_attention(call)

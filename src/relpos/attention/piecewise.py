@@ -1,54 +1,47 @@
-"""Fast exact evaluation of piecewise RoPE logits (the RoPE schedules: DCA, LM-Infinite,
-Self-Extend in ``relpos.encodings.rotary_schedules``) through the fused SDPA kernel.
+"""The engine's piecewise-RoPE kernel: piecewise logits through the fused SDPA kernel.
 
-A piecewise encoding scores pair ``(i, j)`` with ``<q^r_i, k^r_j>``, ``r = piece_index(i, j)``.
-The engine's generic probability path (``attention.dense.block_attention``) materialises each
-block's logits; ``piecewise_sdpa_attention`` gets the same result from SDPA calls, laying the
-key copies of each piece out on channel slots (or, for CPU inference, one flash call per key
-range and piece merged by log-sum-exp). Encodings that declare their key ranges per query
-block (``key_segments`` returning ``KeySegment`` s) take the segment layout; any other takes
-the per-pair layout from ``piece_index``. The encodings call it from ``fast_attention``.
+A piecewise encoding (``Encoding.pieces`` / ``key_segments``; the RoPE schedules DCA,
+LM-Infinite and Self-Extend in ``relpos.encodings.rotary.schedules``) scores pair ``(i, j)``
+with ``<q^r_i, k^r_j>``, ``r = piece_index(i, j)``. The engine's generic probability path
+(``attention.dense.block_attention``) materialises each block's logits;
+``piecewise_sdpa_attention`` gets the same result from SDPA calls, laying the key copies of
+each piece out on channel slots (or, for CPU inference, one flash call per key range and
+piece merged by log-sum-exp). The chunked backend calls it for every call with pieces and
+nothing else that changes the weights (``runs_piecewise``).
+
+The layout comes from the encoding's declared segments (``Encoding.key_segments`` returning
+``KeySegment`` s per query block) when the positions are ranges and there is no user mask;
+otherwise from the element-wise ``piece_index`` (which ``Encoding`` derives from the same
+segments).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from ..positions import as_span
-from .call import AttentionCall
-
-
-@dataclass(frozen=True)
-class KeySegment:
-    """Keys at positions ``lo <= p_j < hi`` (None: unbounded), scored with ``piece`` by every
-    query ``i`` of a block with ``d_min <= p_j - p_i <= d_max`` (None: unbounded)."""
-
-    piece: int
-    lo: int | None
-    hi: int | None
-    d_min: int | None
-    d_max: int | None
-
-
-def has_key_segments(encoding: object) -> bool:
-    """The encoding declares its key ranges per query block (``key_segments(first, last)
-    -> list[KeySegment]`` and ``next_break(position)``): the segment layout applies."""
-    return callable(getattr(encoding, "key_segments", None)) and callable(
-        getattr(encoding, "next_break", None)
-    )
-
+from ..encodings.base import KeySegment
+from .call import AttentionCall, QueryBlock, run_blocks
 
 # query rows per block of piecewise_sdpa_attention: Lk / 4, at least PIECEWISE_MIN_ROWS (fewer,
 # larger kernel calls: per-call overhead dominated 256-row blocks on a busy 2-core machine), at
 # most PIECEWISE_BLOCK_ELEMENTS / Lk (the block's mask and scores)
 PIECEWISE_BLOCK_ELEMENTS = 1 << 24
 PIECEWISE_MIN_ROWS = 256
+
+
+def runs_piecewise(call: AttentionCall) -> bool:
+    """The call has pieces and nothing else that changes the weights (no bias, value term or
+    weight multiplier): ``piecewise_sdpa_attention`` computes it."""
+    enc = call.encoding
+    return (
+        enc is not None
+        and call.pieces is not None
+        and not (call.has_bias or enc.has_value_term or enc.multiplies_probs)
+    )
 
 
 def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
@@ -73,51 +66,40 @@ def piecewise_sdpa_attention(call: AttentionCall) -> Tensor:
 
     Cost: about ``R`` times the multiply-adds of plain attention over the visited keys,
     O(block x L) memory, differentiable (blocks run under activation checkpointing when
-    gradients are on). The encoding must have no bias, value term or weight multiplier,
-    and a ``piece_index`` that does not depend on the head.
+    gradients are on). The piece layout must not depend on the head.
     """
     enc = call.encoding
-    assert enc is not None and call.pieces is not None and call.ctx is not None
-    if call.has_bias or enc.has_value_term or enc.multiplies_probs:
+    if not runs_piecewise(call):
         raise ValueError("piecewise_sdpa_attention takes piecewise logits only")
-    B, _, Lq, _ = call.q.shape
+    assert enc is not None and call.pieces is not None and call.positions is not None
+    B = call.q.shape[0]
     Lk = call.k.shape[2]
     rows = max(PIECEWISE_MIN_ROWS, min(Lk // 4, PIECEWISE_BLOCK_ELEMENTS // max(Lk, 1)))
-    q_span, k_span = as_span(call.ctx.q_pos), as_span(call.ctx.k_pos)
-    segmented = (
-        has_key_segments(enc) and q_span is not None and k_span is not None
-    ) and not call.has_user_mask
-    batches = [slice(None)]
-    if not segmented and call.ctx.q_pos.shape[0] > 1 and not _shared(call):
+    q_span, k_span = call.positions.q.span, call.positions.k.span
+    tensors = [t for qk in call.pieces for t in qk] + [call.v]
+    if (
+        not call.has_user_mask
+        and q_span is not None
+        and k_span is not None
+        and enc.key_segments(q_span.start, q_span.start) is not None
+    ):
+        q0, k0 = q_span.start, k_span.start
+
+        def breaks(row: int) -> int | None:
+            cut = enc.next_break(q0 + row)
+            return None if cut is None else cut - q0
+
+        kind = _LSEBlock if _lse_ok(call) else _SegmentBlock
+        return run_blocks(kind(call, q0, k0), call.blocks(rows, breaks), *tensors)
+    if call.positions.batch_shared:
+        batches = [slice(None)]
+    else:
         batches = [slice(b, b + 1) for b in range(B)]
-    outs = []
-    for bs in batches:
-        parts, s = [], 0
-        while s < Lq:
-            e = min(s + rows, Lq)
-            if segmented:
-                assert q_span is not None and k_span is not None
-                cut = enc.next_break(q_span.start + s)
-                if cut is not None:
-                    e = min(e, max(s + 1, cut - q_span.start))
-                kind = _LSEBlock if _lse_ok(call) else _SegmentBlock
-                block = kind(call, s, e, q_span.start, k_span.start)
-            else:
-                block = _PairBlock(call, bs, s, e)
-            args = [t[bs] for qk in call.pieces for t in qk] + [call.v[bs]]
-            if torch.is_grad_enabled():
-                parts.append(checkpoint(block, *args, use_reentrant=False))
-            else:
-                parts.append(block(*args))
-            s = e
-        outs.append(torch.cat(parts, dim=2))
+    outs = [
+        run_blocks(_PairBlock(call, bs), call.blocks(rows), *(t[bs] for t in tensors))
+        for bs in batches
+    ]
     return torch.cat(outs, dim=0)
-
-
-def _shared(call: AttentionCall) -> bool:
-    assert call.ctx is not None
-    qp, kp = call.ctx.q_pos, call.ctx.k_pos
-    return bool((qp == qp[:1]).all() and (kp == kp[:1]).all())
 
 
 def _sdpa_slots(call: AttentionCall, tensors: tuple[Tensor, ...], s: int, e: int, copies):
@@ -151,14 +133,13 @@ class _PairBlock:
     """Query rows ``start:end``, per-pair layout from ``piece_index`` (a ``checkpoint``
     callable)."""
 
-    def __init__(self, call: AttentionCall, bs: slice, start: int, end: int) -> None:
-        self.call, self.bs, self.start, self.end = call, bs, start, end
+    def __init__(self, call: AttentionCall, bs: slice) -> None:
+        self.call, self.bs = call, bs
 
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e = self.call, self.start, self.end
+    def __call__(self, block: QueryBlock, *tensors: Tensor) -> Tensor:
+        call, (s, e, kend) = self.call, block
         enc, ctx = call.encoding, call.ctx
         assert enc is not None and ctx is not None
-        kend = min(call.k.shape[2], e + call.causal_offset) if call.causal else call.k.shape[2]
         dev = tensors[-1].device
         b = torch.tensor([0 if self.bs.start is None else self.bs.start], device=dev)
         b = b[:, None, None, None]
@@ -181,22 +162,28 @@ class _PairBlock:
 
 
 class _SegmentBlock:
-    """Query rows ``start:end`` with positions ``q0 + t``, keys ``k0 + j``: the layout from
+    """A block of query rows with positions ``q0 + row``, keys ``k0 + j``: the layout from
     the encoding's ``key_segments`` (slices and a distance-band mask)."""
 
-    def __init__(self, call: AttentionCall, start: int, end: int, q0: int, k0: int) -> None:
-        self.call, self.start, self.end, self.q0, self.k0 = call, start, end, q0, k0
+    def __init__(self, call: AttentionCall, q0: int, k0: int) -> None:
+        self.call, self.q0, self.k0 = call, q0, k0
 
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e, q0, k0 = self.call, self.start, self.end, self.q0, self.k0
-        enc = call.encoding
-        assert has_key_segments(enc)
+    def segments(self, s: int, e: int) -> list[KeySegment]:
+        enc = self.call.encoding
+        assert enc is not None
+        segments = enc.key_segments(self.q0 + s, self.q0 + e - 1)
+        assert segments is not None
+        return segments
+
+    def __call__(self, block: QueryBlock, *tensors: Tensor) -> Tensor:
+        call, q0, k0 = self.call, self.q0, self.k0
+        s, e = block.start, block.end
         Lk = call.k.shape[2]
         dev = tensors[-1].device
         causal_max = call.causal_offset + k0 - q0 if call.causal else None  # on p_j - p_i
         t = torch.arange(q0 + s, q0 + e, device=dev)[:, None]
         copies = []
-        for seg in enc.key_segments(q0 + s, q0 + e - 1):
+        for seg in self.segments(s, e):
             lo = 0 if seg.lo is None else min(max(seg.lo - k0, 0), Lk)
             hi = Lk if seg.hi is None else min(max(seg.hi - k0, 0), Lk)
             d_max = seg.d_max if causal_max is None else min_opt(seg.d_max, causal_max)
@@ -234,17 +221,16 @@ class _LSEBlock(_SegmentBlock):
     log-sum-exp as in the papers (ChunkLlama's ``merge_attn_outputs``). Same multiply-adds as
     plain attention; CPU inference only (``_lse_ok``)."""
 
-    def __call__(self, *tensors: Tensor) -> Tensor:
-        call, s, e, q0, k0 = self.call, self.start, self.end, self.q0, self.k0
-        enc = call.encoding
-        assert has_key_segments(enc)
+    def __call__(self, block: QueryBlock, *tensors: Tensor) -> Tensor:
+        call, q0, k0 = self.call, self.q0, self.k0
+        s, e = block.start, block.end
         Lk, dev, dtype = call.k.shape[2], tensors[-1].device, tensors[0].dtype
         first, last = q0 + s, q0 + e - 1
         causal_max = call.causal_offset + k0 - q0 if call.causal else None
         B, H, T, g = call.q.shape[0], call.q.shape[1], e - s, call.groups
         v = tensors[-1]
         outs, lses = [], []
-        for seg in enc.key_segments(first, last):
+        for seg in self.segments(s, e):
             lo = 0 if seg.lo is None else min(max(seg.lo - k0, 0), Lk)
             hi = Lk if seg.hi is None else min(max(seg.hi - k0, 0), Lk)
             d_min = seg.d_min
@@ -295,4 +281,4 @@ class _LSEBlock(_SegmentBlock):
         ).to(v.dtype)
 
 
-__all__ = ["KeySegment", "has_key_segments", "piecewise_sdpa_attention"]
+__all__ = ["KeySegment", "piecewise_sdpa_attention", "runs_piecewise"]

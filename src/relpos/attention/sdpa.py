@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall
-from .chunked import distance_table
 
 
 def dense_bias(call: AttentionCall) -> Tensor:
@@ -23,7 +22,7 @@ def dense_bias(call: AttentionCall) -> Tensor:
     dev = call.q.device
     i = torch.arange(Lq, device=dev)
     j = torch.arange(Lk, device=dev)
-    table = distance_table(call, causal=False)
+    table = call.distance_table(causal=False)
     if table is None:
         return call.bias_block(i, j)
     return table[:, i[:, None] - j[None, :] + (Lk - 1)][None]

@@ -18,10 +18,18 @@ additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` 
 * ``value_term(ctx, p, b, h, i, j)`` — an extra output term ``sum_j p_ij a^V_ij`` (Shaw's
   relative value embeddings, iRPE contextual values);
 * ``prob_multiplier(ctx, b, h, i, j)`` — an element-wise factor on the softmax weights (URPE);
-* ``pieces(q, k, q_pos, k_pos)`` + ``piece_index(ctx, b, h, i, j)`` — piecewise rotary logits:
+* ``pieces(q, k, q_pos, k_pos)`` + ``key_segments(first, last)`` — piecewise rotary logits:
   the logit of pair (i, j) is ``<q^r_i, k^r_j>`` for the piece ``r = piece_index(i, j)``
   (-1 masks the pair). Dual Chunk Attention, Self-Extend and LM-Infinite are of this form;
-  one softmax over the union of pieces equals merging the pieces by log-sum-exp.
+  one softmax over the union of pieces equals merging the pieces by log-sum-exp. A schedule
+  states its layout once, as ``KeySegment`` s (key range + distance band per piece, for a
+  block of queries); ``piece_index`` is derived from them here, and the engine's piecewise
+  kernel (``relpos.attention.piecewise``) reads the same segments block by block.
+
+Position facts: ``BiasContext.distance_range`` (and ``ctx.positions``, a
+``relpos.positions.CallPositions``) give the reachable ``q_pos - k_pos`` range and whether the
+positions are ranges, computed once per call by the engine (no host sync for defaulted
+positions). Encodings read them instead of calling ``q_pos.min()`` / ``k_pos.max()``.
 
 Capability flags are instance attributes: the class gives the default, and an encoding
 whose capabilities depend on its options sets them in ``__init__`` (Shaw without value
@@ -43,6 +51,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..positions import CallPositions, Positions
 from ..validation import check_int
 from .options import OptionSpec, check_options
 
@@ -64,6 +73,51 @@ class BiasContext:
     #: the logit scale of the call (set by the backends after ``prepare``): bias terms that
     #: read q or k (``q @ E_rel^T``) are multiplied by it, as the content term is.
     scale: float = 1.0
+    #: the call's position facts (``relpos.positions.CallPositions``), set by the engine
+    positions: CallPositions | None = None
+
+    @property
+    def distance_range(self) -> tuple[int, int] | None:
+        """Smallest and largest ``q_pos - k_pos`` of the call's pairs (1-D integer
+        positions; None for float or m-D positions or an empty call). Computed once per call
+        and without a host sync when the positions are ranges: read this instead of
+        ``q_pos.min()`` / ``k_pos.max()``."""
+        if self.positions is None:
+            self.positions = CallPositions(Positions(self.q_pos), Positions(self.k_pos))
+        return self.positions.distance_range
+
+
+@dataclass(frozen=True)
+class KeySegment:
+    """One range of keys scored with one piece (piecewise encodings, ``key_segments``).
+
+    Keys at positions ``lo <= p_j < hi`` (None: unbounded) are scored with piece ``piece`` by
+    every query ``i`` with ``d_min <= p_j - p_i <= d_max`` (None: unbounded). The bounds are
+    ints for a block of queries, or integer tensors when ``key_segments`` is evaluated
+    element-wise (``Encoding.piece_index``).
+    """
+
+    piece: int
+    lo: int | Tensor | None
+    hi: int | Tensor | None
+    d_min: int | Tensor | None
+    d_max: int | Tensor | None
+
+    def holds(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Whether this segment scores the pair ``(q_pos, k_pos)`` (broadcasting tensors)."""
+        d = k_pos - q_pos
+        hit = torch.ones(
+            torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=k_pos.device
+        )
+        if self.lo is not None:
+            hit = hit & (k_pos >= self.lo)
+        if self.hi is not None:
+            hit = hit & (k_pos < self.hi)
+        if self.d_min is not None:
+            hit = hit & (d >= self.d_min)
+        if self.d_max is not None:
+            hit = hit & (d <= self.d_max)
+        return hit
 
 
 class Encoding(nn.Module):
@@ -117,6 +171,9 @@ class Encoding(nn.Module):
     piecewise: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
+    #: submodules (by name, as in ``named_modules``) that keep their own init even when the
+    #: rest of the encoding takes the model's (FIRE's scalar-input layer ``mlp_in``)
+    own_init_modules: ClassVar[tuple[str, ...]] = ()
     required_inputs: dict[str, str] = {}
     optional_inputs: dict[str, str] = {}
     #: True when the encoding cannot run without per-call inputs even though each of them is
@@ -164,6 +221,14 @@ class Encoding(nn.Module):
         self.head_dim = check_int(head_dim, "head_dim")
         self.max_positions: int | None = None
 
+    def modules_keeping_init(self) -> list[nn.Module]:
+        """The submodules a model (``relpos.nn``) must leave as this encoding initialised
+        them: all with ``keeps_own_init``, else those named in ``own_init_modules``."""
+        if self.keeps_own_init:
+            return list(self.modules())
+        named = dict(self.named_modules())
+        return [named[name] for name in self.own_init_modules if name in named]
+
     def capabilities(self) -> dict[str, Any]:
         """This instance's capability flags (``FLAGS``) plus ``needs_inputs`` /
         ``required_inputs`` / ``learnable``, as reported by ``relpos list``."""
@@ -204,12 +269,6 @@ class Encoding(nn.Module):
         a simpler encoding at test lengths. The conformance suite uses them."""
         return {}
 
-    def fast_attention(self, call) -> Tensor | None:
-        """An optional faster exact evaluation of this call for encodings with
-        ``needs_probabilities`` (``call``: an ``AttentionCall``), used by the chunked backend
-        instead of its generic probability path; None = use the generic path."""
-        return None
-
     @classmethod
     def example_inputs(
         cls, batch: int, length_q: int, length_k: int, generator: torch.Generator
@@ -237,15 +296,19 @@ class Encoding(nn.Module):
         q_pos: Tensor,
         k_pos: Tensor,
         inputs: dict[str, Tensor] | None = None,
+        *,
+        positions: CallPositions | None = None,
     ) -> BiasContext:
         """Per-call precomputation for ``bias``. Positions are expanded to the batch of ``q``.
 
         ``inputs`` holds the per-call tensors named in ``required_inputs`` /
-        ``optional_inputs`` (already checked for presence by the backends)."""
+        ``optional_inputs`` (already checked for presence by the backends); ``positions``
+        the call's position facts (``ctx.distance_range``), passed by the engine."""
         batch = q.shape[0]
         ctx = BiasContext(
             q_pos=q_pos.expand(batch, *q_pos.shape[1:]),
             k_pos=k_pos.expand(batch, *k_pos.shape[1:]),
+            positions=positions,
         )
         ctx.data = self.precompute(q, k, ctx, inputs or {})
         return ctx
@@ -316,8 +379,41 @@ class Encoding(nn.Module):
         raise RuntimeError(f"encoding {self.name!r} is not piecewise")
 
     def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        """Piecewise encodings: which piece gives the logit of (b, h, i, j); -1 = masked."""
-        raise RuntimeError(f"encoding {self.name!r} is not piecewise")
+        """Piecewise encodings: which piece gives the logit of (b, h, i, j); -1 = masked.
+
+        Derived from ``key_segments`` evaluated for each query on its own (``first = last =
+        p_i`` as tensors): the piece of the segment that holds the pair, else -1. A schedule
+        therefore states its layout once (``key_segments``), for the element-wise form here
+        and the block-wise form of the engine's fused piecewise kernel."""
+        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
+        segments = self.key_segments(qp, qp)
+        if segments is None:
+            raise RuntimeError(f"encoding {self.name!r} is not piecewise")
+        shape = torch.broadcast_shapes(qp.shape, kp.shape)
+        out = torch.full(shape, -1, dtype=torch.long, device=kp.device)
+        for seg in segments:
+            out = torch.where(seg.holds(qp, kp), seg.piece, out)
+        return out
+
+    def key_segments(self, first: int | Tensor, last: int | Tensor) -> list[KeySegment] | None:
+        """Piecewise encodings: for a block of queries at the consecutive integer positions
+        ``first .. last``, the key ranges of every piece and the distance band in which a
+        query of the block sees them (segments of one query never overlap). None: the
+        encoding is not piecewise. Also called with integer tensors ``first = last``
+        (element-wise, ``piece_index``): write the bounds with tensor-safe arithmetic."""
+        return None
+
+    def next_break(self, position: int) -> int | None:
+        """Piecewise encodings: the first query position after ``position`` where a block of
+        queries must end for ``key_segments`` to describe it (None: anywhere)."""
+        return None
+
+    def positions_from_tokens(self, tokens: Tensor, state: Tensor | None = None) -> Any:
+        """Encodings that act on the input and in attention with positions derived from the
+        token ids (BiPE): ``tokens (B, L)`` and the state left by the previous call (KV-cache
+        decoding) -> an object with ``input``, ``attention`` and ``state`` positions. None:
+        the encoding derives no positions (models use the default ``arange``)."""
+        return None
 
     def embed(self, pos: Tensor, dim: int) -> Tensor:
         """Absolute embedding ``(B|1, L, dim)`` added to token embeddings (absolute family)."""

@@ -24,8 +24,7 @@ def attention_demo() -> int:
     import torch
 
     import relpos
-    from relpos.attention import choose_backend
-    from relpos.attention.call import prepare_call
+    from relpos.attention import plan
 
     names = relpos.available()
     print(f"relpos {relpos.__version__}: {len(names)} encodings: {', '.join(names)}")
@@ -38,10 +37,7 @@ def attention_demo() -> int:
     for name, length in (("alibi", 128), ("rope", 128), ("alibi", 2048)):
         enc = relpos.create(name, num_heads=heads, head_dim=head_dim)
         q, k, v = (torch.randn(1, heads, length, head_dim) for _ in range(3))
-        call = prepare_call(
-            q, k, v, enc, q_pos=None, k_pos=None, causal=True, mask=None, scale=None
-        )
-        backend = choose_backend(call)
+        backend, _ = plan(q, k, v, enc, causal=True)
         out = relpos.attention(q, k, v, enc, causal=True)
         ref = relpos.attention(q, k, v, enc, causal=True, backend="eager")
         err = (out - ref).abs().max().item()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ..attention import attention
@@ -91,45 +90,17 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(self.q_proj(x), self.num_heads)
         k, v = self.kv_proj(x).chunk(2, dim=-1)
         k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
-        enc = self.encoding
-        if cache is None:
-            out = attention(
-                q,
-                k,
-                v,
-                enc,
-                q_pos=pos,
-                k_pos=pos,
-                causal=causal,
-                backend=self.backend,
-                inputs=inputs,
-                mask_mod=mask_mod,
-            )
-        else:
-            if pos is None:
-                pos = torch.arange(cache.length, cache.length + L, device=x.device)[None]
-                if enc is not None and enc.dims > 1:
-                    pos = pos[..., None].expand(1, L, enc.dims)
-            elif pos.dim() == 1:
-                pos = pos[None]
-            rotate_now = enc is not None and enc.has_rotary and enc.cache_rotated_keys
-            cache.rotated = rotate_now
-            if rotate_now:
-                assert enc is not None
-                q, k = enc.rotate(q, pos, "q"), enc.rotate(k, pos, "k")
-                v = enc.rotate(v, pos, "v")
-            k_all, v_all, k_pos = cache.append(k, v, pos)
-            out = attention(
-                q,
-                k_all,
-                v_all,
-                enc,
-                q_pos=pos,
-                k_pos=k_pos,
-                causal=causal,
-                backend=self.backend,
-                inputs=inputs,
-                mask_mod=mask_mod,
-                _rotated=rotate_now,
-            )
+        out = attention(
+            q,
+            k,
+            v,
+            self.encoding,
+            q_pos=pos,
+            k_pos=pos,
+            causal=causal,
+            backend=self.backend,
+            inputs=inputs,
+            mask_mod=mask_mod,
+            cache=cache,
+        )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))

@@ -13,7 +13,8 @@ class LayerCache:
     """Cached keys ``(B, Hkv, L, D)``, values ``(B, Hkv, L, Dv)``, key positions ``(B|1, L[, m])``.
 
     ``rotated`` records whether the keys were stored after the encoding's rotation (RoPE) or
-    raw (encodings whose key rotation depends on the whole call, e.g. xPos).
+    raw (encodings whose key rotation depends on the whole call, e.g. xPos); the engine sets
+    it (``relpos.attention(..., cache=layer_cache)``, which also rotates and appends).
     """
 
     k: Tensor | None = None

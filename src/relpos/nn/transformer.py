@@ -123,16 +123,25 @@ class TransformerLM(nn.Module):
             for i in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
+        self._own_init = {
+            id(sub)
+            for enc in self.modules()
+            if isinstance(enc, Encoding)
+            for sub in enc.modules_keeping_init()
+        }
         self.apply(self._init_weights)
+        del self._own_init
         for name, p in self.named_parameters():
             if name.endswith("out_proj.weight") or name.endswith("fc_out.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)) and not hasattr(module, "_relpos_keep"):
-            if isinstance(module, nn.Linear) and module.in_features == 1:
-                return  # small MLPs inside encodings (FIRE) keep their own init
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 init (normal 0.02, zero biases) of every linear and embedding layer, except
+        those an encoding keeps as it initialised them (``Encoding.keeps_own_init`` /
+        ``own_init_modules``)."""
+        if id(module) in self._own_init:
+            return
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -182,9 +191,7 @@ class TransformerLM(nn.Module):
             if cache is not None:
                 cache.position_state = None  # explicit positions: nothing to continue from
             return pos[0], pos[1]
-        derive = getattr(self.input_encoding, "positions_from_tokens", None)
-        if derive is None:
-            return None, None
+        assert self.input_encoding is not None
         state = None
         if cache is not None and cache.length > 0:
             state = cache.position_state
@@ -194,7 +201,9 @@ class TransformerLM(nn.Module):
                     f"{name!r} cannot continue them from the tokens; pass "
                     "pos=(input_pos, attention_pos) for these tokens too"
                 )
-        derived = derive(tokens, state)
+        derived = self.input_encoding.positions_from_tokens(tokens, state)
+        if derived is None:
+            return None, None
         if cache is not None:
             cache.position_state = derived.state
         return derived.input, derived.attention

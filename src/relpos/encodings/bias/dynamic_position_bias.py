@@ -43,6 +43,7 @@ class DynamicPositionBias(TabulatedDistanceBias):
 
     paper = "Wang et al. 2021 (CrossFormer dynamic position bias)"
     ACTIVATIONS = ACTIVATIONS
+    own_init_modules = ("mlp.0",)  # the scalar-input layer keeps PyTorch's init in models
     options = {
         "width": Int(optional=True, doc="hidden units (None: num_heads * head_dim // 4)"),
         "depth": Int(minimum=1, doc="hidden layers"),

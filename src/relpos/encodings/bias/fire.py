@@ -36,6 +36,7 @@ class FIRE(Encoding):
 
     paper = "Li et al. 2023 (FIRE)"
     has_bias = True
+    own_init_modules = ("mlp_in",)  # the scalar-input layer keeps PyTorch's init in models
     relative = False
     continuous = True
     options = {

@@ -19,28 +19,26 @@ causal: a pair whose key lies after its query is masked. A query's rotation depe
 key it meets, so keys are cached unrotated (``cache_rotated_keys = False``) and every call
 rotates the whole cache.
 
-``relpos.attention.piecewise.piecewise_sdpa_attention`` (``PiecewiseRoPE.fast_attention``,
-called by the chunked backend) evaluates the same attention through the fused SDPA kernel,
-from the key ranges each schedule declares per query block (``key_segments``): about
-plain-attention cost instead of the generic path's several times.
+Each schedule states its layout once, in ``key_segments`` (``Encoding``'s hook: for a block
+of queries, the key ranges of every piece and the distance band in which a query sees them).
+The element-wise ``piece_index`` is derived from it (``Encoding.piece_index``), and the
+engine's chunked backend evaluates the same segments block by block through the fused SDPA
+kernel (``relpos.attention.piecewise``): about plain-attention cost instead of the generic
+probability path's several times.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ...attention.piecewise import KeySegment, piecewise_sdpa_attention
-from ...functional import _check_int
 from ...registry import register
-from ..base import BiasContext
+from ..base import KeySegment
+from ..options import Bool, Float, Int
 from .rope import RoPE
-
-if TYPE_CHECKING:
-    from ...attention.call import AttentionCall
 
 Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece
 
@@ -53,7 +51,8 @@ class PiecewiseRoPE(RoPE):
     """Common parent of the RoPE schedules: RoPE rotations at per-piece positions.
 
     Subclasses give ``piece_positions(q_pos, k_pos)`` (the rotary positions of queries and
-    keys for every piece) and ``piece_index`` (which piece scores pair ``(i, j)``). The
+    keys for every piece) and ``key_segments`` (which keys each piece scores; the
+    element-wise ``piece_index`` is derived from it by ``Encoding``). The
     rotations are ``RoPE.cos_sin`` + ``rotate_pairs``; a length-dependent ``scaling``
     (dynamic NTK, LongRoPE) takes one set of frequencies per call from the largest true
     position, for every piece.
@@ -81,23 +80,6 @@ class PiecewiseRoPE(RoPE):
     def scale_queries(self, q: Tensor, q_pos: Tensor) -> Tensor:
         """A per-query factor applied before rotation (identity; Self-Extend's log scale)."""
         return q
-
-    def key_segments(self, first: int, last: int) -> list[KeySegment]:
-        """For a block of queries at positions ``first .. last`` (consecutive integers):
-        the key ranges of every piece and the distance band in which a query of the block
-        sees them (``piecewise_sdpa_attention``). Must agree with ``piece_index``."""
-        raise NotImplementedError
-
-    def next_break(self, position: int) -> int | None:
-        """The first query position after ``position`` where a block of
-        ``piecewise_sdpa_attention`` must end (None: anywhere)."""
-        return None
-
-    def fast_attention(self, call: AttentionCall) -> Tensor | None:
-        """This call's attention through ``piecewise_sdpa_attention`` (the fused kernel) — the
-        same result as the engine's probability path, several times faster; the chunked
-        backend (and ``auto`` above the dense limit) calls it."""
-        return piecewise_sdpa_attention(call)
 
     def logit_factor(self, q_pos: Tensor, k_pos: Tensor) -> float:
         """A factor on every logit of the call (1; DCA's optional ``mscale``)."""
@@ -158,6 +140,13 @@ class DualChunkAttention(PiecewiseRoPE):
     paper = "An et al. 2024 (Dual Chunk Attention, ChunkLlama)"
     test_options = {"pretraining_length": 16}  # s = 12, w = 2, c = 10 (spec R.11)
 
+    options = {
+        "pretraining_length": Int(minimum=2, optional=True, doc="Lp, the trained context"),
+        "chunk_size": Int(minimum=1, optional=True, doc="s (default 3 Lp // 4)"),
+        "local_window": Int(minimum=0, optional=True, doc="w (default Lp // 8), w < s"),
+        "mscale": Bool(doc="ChunkLlama's get_mscale factor past Lp"),
+    }
+
     def __init__(
         self,
         num_heads: int,
@@ -182,16 +171,17 @@ class DualChunkAttention(PiecewiseRoPE):
             scaling=scaling,
             max_position_embeddings=max_position_embeddings,
         )
-        if not isinstance(mscale, bool):
-            raise ValueError(f"mscale must be a bool, got {mscale!r}")
         self.mscale = mscale
-        if pretraining_length is None:
-            pretraining_length = max_position_embeddings or 4096
-        lp = _check_int(pretraining_length, "pretraining_length", minimum=2)
-        s = _check_int(3 * lp // 4 if chunk_size is None else chunk_size, "chunk_size", minimum=1)
+        lp = pretraining_length
+        if lp is None:
+            lp = max_position_embeddings or 4096
+        if lp < 2:
+            raise ValueError(
+                f"pretraining_length (default: max_position_embeddings) must be >= 2, got {lp}"
+            )
+        s = 3 * lp // 4 if chunk_size is None else chunk_size
         w = lp // 8 if local_window is None else local_window
-        w = _check_int(w, "local_window", minimum=0)
-        if w >= s:
+        if s < 1 or w >= s:
             raise ValueError(
                 f"local_window must be smaller than chunk_size (chunk length = chunk_size - "
                 f"local_window >= 1), got local_window={w}, chunk_size={s}"
@@ -216,18 +206,12 @@ class DualChunkAttention(PiecewiseRoPE):
         inter = torch.full_like(q_pos, min(2 * c - 1, s))
         return [(intra, key), (successive, key), (inter, key)]
 
-    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
-        cq, ck = _floor_div(qp, self.chunk_len), _floor_div(kp, self.chunk_len)
-        piece = torch.where(ck == cq, 0, torch.where(ck == cq - 1, 1, 2))
-        return torch.where(kp > qp, -1, piece)
-
     def next_break(self, position: int) -> int | None:
         return (position // self.chunk_len + 1) * self.chunk_len  # blocks stay in one chunk
 
-    def key_segments(self, first: int, last: int) -> list[KeySegment]:
+    def key_segments(self, first: int | Tensor, last: int | Tensor) -> list[KeySegment]:
         c = self.chunk_len
-        start = (first // c) * c  # the block's chunk
+        start = (first // c) * c  # the block's chunk (next_break keeps a block in one chunk)
         return [
             KeySegment(2, None, start - c, None, 0),  # older chunks: inter
             KeySegment(1, start - c, start, None, 0),  # previous chunk: successive
@@ -250,13 +234,17 @@ class LMInfinite(PiecewiseRoPE):
 
     Lambda-shaped attention with a distance cap. Key ``j`` (position ``p_j``) is visible from
     query ``i`` iff ``0 <= p_i - p_j < local_branch`` (local branch: true RoPE, piece 0) or
-    ``p_j < global_branch`` (the starting tokens). A starting token outside the local window
-    is scored at distance ``min(p_i - p_j, limit_distance)``: the true rotation below the
-    limit, else (piece 1) the query rotated by ``limit_distance`` against the *unrotated*
-    key, as the official code does. The official code uses ``min(limit, kv_len - 1)`` as
-    that distance, which depends on the length of the call; it equals ``limit_distance``
-    whenever ``limit_distance <= local_branch`` (the README's setting), and relpos keeps the
-    per-pair cap so a KV-cache decode equals the full forward.
+    ``p_j < global_branch`` (the starting tokens). Every starting token outside the local
+    window is scored at the distance ``D' = min(limit_distance, kv_len - 1)`` (piece 1: the
+    query rotated by ``D'`` against the *unrotated* key), as the official code does
+    (``models/llama.py`` with ``lambda_attention.py``), also when ``limit_distance`` exceeds
+    the window: no starting token is scored at its true distance. ``kv_len - 1`` is the
+    largest position of the call, so ``D'`` is ``limit_distance`` once the sequence is
+    longer than the cap. With ``limit_distance <= local_branch`` (the README's setting) that
+    always holds where a starting token lies outside the window; with a larger cap, a
+    KV-cache decoding step at position ``t < limit_distance`` uses ``D' = t`` (as the
+    official code does), so it can differ from the same row of one call over a longer
+    sequence.
 
     Starting tokens are those at positions ``< global_branch`` (the first tokens of the
     sequence when positions start at 0).
@@ -273,6 +261,12 @@ class LMInfinite(PiecewiseRoPE):
 
     paper = "Han et al. 2023 (LM-Infinite)"
     test_options = {"local_branch": 8, "global_branch": 3, "limit_distance": 6}
+
+    options = {
+        "local_branch": Int(minimum=1, optional=True, doc="n_local"),
+        "global_branch": Int(minimum=0, doc="n_global, the starting tokens"),
+        "limit_distance": Int(minimum=0, optional=True, doc="distance cap (default n_local)"),
+    }
 
     def __init__(
         self,
@@ -297,31 +291,30 @@ class LMInfinite(PiecewiseRoPE):
             scaling=scaling,
             max_position_embeddings=max_position_embeddings,
         )
-        if local_branch is None:
-            local_branch = max_position_embeddings or 4096
-        self.local_branch = _check_int(local_branch, "local_branch", minimum=1)
-        self.global_branch = _check_int(global_branch, "global_branch", minimum=0)
-        limit = self.local_branch if limit_distance is None else limit_distance
-        self.limit_distance = _check_int(limit, "limit_distance", minimum=0)
+        self.local_branch = (
+            local_branch if local_branch is not None else (max_position_embeddings or 4096)
+        )
+        self.global_branch = global_branch
+        self.limit_distance = self.local_branch if limit_distance is None else limit_distance
+
+    def far_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``D' = min(limit_distance, kv_len - 1)`` (a 0-d tensor, no host sync): the distance
+        at which every starting token outside the local window is scored, as the official
+        ``models/llama.py`` does. ``kv_len - 1`` is the largest position of the call (the
+        last key's; equal to the key count - 1 when positions are ``0 .. L-1``, in a full
+        forward and in a KV-cache decoding step alike)."""
+        top = torch.maximum(q_pos.max(), k_pos.max()) if k_pos.numel() else q_pos.new_zeros(())
+        return top.clamp(min=0, max=self.limit_distance)
 
     def piece_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[Piece]:
-        capped = torch.full_like(q_pos, self.limit_distance)
-        return [(q_pos, k_pos), (capped, torch.zeros_like(k_pos))]
+        far = torch.zeros_like(q_pos) + self.far_distance(q_pos, k_pos)
+        return [(q_pos, k_pos), (far, torch.zeros_like(k_pos))]
 
-    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        qp, kp = ctx.q_pos[b, i], ctx.k_pos[b, j]
-        d = qp - kp
-        starting = torch.where(d < self.limit_distance, 0, 1)
-        piece = torch.where(kp < self.global_branch, starting, -1)
-        piece = torch.where(d < self.local_branch, 0, piece)
-        return torch.where(d < 0, -1, piece)
-
-    def key_segments(self, first: int, last: int) -> list[KeySegment]:
-        n_l, n_g, limit = self.local_branch, self.global_branch, self.limit_distance
+    def key_segments(self, first: int | Tensor, last: int | Tensor) -> list[KeySegment]:
+        n_l, n_g = self.local_branch, self.global_branch
         return [
-            KeySegment(0, first - n_l + 1, last + 1, 1 - n_l, 0),  # local window
-            KeySegment(0, None, n_g, 1 - limit, -n_l),  # starting tokens below the cap
-            KeySegment(1, None, n_g, None, -max(n_l, limit)),  # starting tokens, capped
+            KeySegment(0, first - n_l + 1, last + 1, 1 - n_l, 0),  # local window: true RoPE
+            KeySegment(1, None, n_g, None, -n_l),  # starting tokens beyond it: distance D'
         ]
 
     def extra_repr(self) -> str:
@@ -361,6 +354,12 @@ class SelfExtend(PiecewiseRoPE):
     paper = "Jin et al. 2024 (Self-Extend, LongLM)"
     test_options = {"group_size": 4, "neighbor_window": 6}  # W/G fractional: float positions
 
+    options = {
+        "group_size": Int(minimum=1, doc="G (group_size_1)"),
+        "neighbor_window": Int(minimum=1, doc="W (group_size_2)"),
+        "log_scale_base": Float(above=1.0, optional=True, doc="the repo's scale_base"),
+    }
+
     def __init__(
         self,
         num_heads: int,
@@ -384,15 +383,9 @@ class SelfExtend(PiecewiseRoPE):
             scaling=scaling,
             max_position_embeddings=max_position_embeddings,
         )
-        self.group_size = _check_int(group_size, "group_size", minimum=1)
-        self.neighbor_window = _check_int(neighbor_window, "neighbor_window", minimum=1)
-        if log_scale_base is not None and (
-            isinstance(log_scale_base, bool)
-            or not isinstance(log_scale_base, (int, float))
-            or not log_scale_base > 1
-        ):
-            raise ValueError(f"log_scale_base must be a number > 1 or None, got {log_scale_base!r}")
-        self.log_scale_base = None if log_scale_base is None else float(log_scale_base)
+        self.group_size = group_size
+        self.neighbor_window = neighbor_window
+        self.log_scale_base = log_scale_base
 
     def group_shift(self) -> float | int:
         """``W - W / G``: an int when ``G`` divides ``W``."""
@@ -414,11 +407,7 @@ class SelfExtend(PiecewiseRoPE):
         factor = torch.log1p(q_pos.to(torch.float64)) / math.log(self.log_scale_base)
         return q * factor.clamp(min=1.0)[:, None, :, None].to(q.dtype)
 
-    def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        d = ctx.q_pos[b, i] - ctx.k_pos[b, j]
-        return torch.where(d < 0, -1, torch.where(d < self.neighbor_window, 0, 1))
-
-    def key_segments(self, first: int, last: int) -> list[KeySegment]:
+    def key_segments(self, first: int | Tensor, last: int | Tensor) -> list[KeySegment]:
         w = self.neighbor_window
         return [
             KeySegment(1, None, last - w + 1, None, -w),  # grouped

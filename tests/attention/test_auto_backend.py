@@ -8,10 +8,17 @@ import math
 import pytest
 import torch
 
+from conformance.common import (
+    D,
+    H,
+    assert_close_rel,
+    attention,
+    in_table,
+    lift_positions,
+    make_encoding,
+)
 from relpos.attention import api
 from relpos.attention.call import AttentionCall, prepare_call
-
-from .common import D, H, assert_close_rel, attention, in_table, lift_positions, make_encoding
 
 
 def large_shape(enc) -> tuple[int, int]:

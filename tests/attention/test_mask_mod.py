@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import relpos
+from conformance.common import RTOL, assert_close_rel, make_encoding, random_documents
 from relpos.attention import choose_backend, supported_backends
 from relpos.attention.call import prepare_call
 from relpos.schedules import anchor_mask, anchor_mask_mod, cca_mask, cca_mask_mod, cca_positions
-
-from .common import RTOL, assert_close_rel, make_encoding, random_documents
 
 H, D = 4, 16
 
