@@ -172,7 +172,8 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     dev = call.q.device
     k, v = call.expanded_kv()
     outs = []
-    rows = max(16, TILE_ELEMENTS // max(Lk, 1))
+    least = call.encoding.block_rows(call.ctx) if call.has_bias else 16  # type: ignore[union-attr]
+    rows = max(least, TILE_ELEMENTS // max(Lk, 1))
     for s in range(0, Lq, rows):
         e = min(s + rows, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)

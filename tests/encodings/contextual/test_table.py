@@ -131,6 +131,7 @@ def test_chunked_tiles_equal_eager_forward_and_backward(name, monkeypatch) -> No
     monkeypatch.setattr(chunked, "TILE_ELEMENTS", 40 * 40)
     torch.manual_seed(1)
     enc = relpos.create(name, num_heads=H, head_dim=D, **NAMES[name]).double()
+    monkeypatch.setattr(enc, "block_rows", lambda ctx: 1)  # 16-row tiles even with key reads
     q = torch.randn(2, H, 40, D, dtype=torch.float64, requires_grad=True)
     k, v = torch.randn(2, 2, H // 2, 40, D, dtype=torch.float64).unbind(0)
     k.requires_grad_(), v.requires_grad_()
@@ -171,3 +172,20 @@ def test_state_dicts_keep_their_names_and_shapes(name) -> None:
     assert got == STATE_KEYS[name]
     fresh = relpos.create(name, num_heads=H, head_dim=D)
     fresh.load_state_dict(enc.state_dict())  # strict
+
+
+def test_block_rows_cover_the_rows_of_a_key_read() -> None:
+    """With a key read (DeBERTa's p2c, Huang's method 4) every chunked tile has at least R
+    query rows (the key read's (B, H, Lk, R) gradient is a per-tile cost); without one, the
+    default 16."""
+    q = torch.randn(1, H, 64, D)
+    pos = torch.arange(64)[None]
+    deberta = relpos.create("deberta", num_heads=H, head_dim=D)
+    ctx = deberta.prepare(q, q, pos, pos)
+    assert deberta.block_rows(ctx) == ctx.data.rows.count == 127  # |i - j| < 64 < 128 buckets
+    c2p_only = relpos.create("deberta", num_heads=H, head_dim=D, pos_att_type="c2p")
+    assert c2p_only.block_rows(c2p_only.prepare(q, q, pos, pos)) == 16
+    m4 = relpos.create("huang2020-m4", num_heads=H, head_dim=D)
+    assert m4.block_rows(m4.prepare(q, q, pos, pos)) == 127  # distances -63 .. 63
+    music = relpos.create("music-transformer", num_heads=H, head_dim=D)
+    assert music.block_rows(music.prepare(q, q, pos, pos)) == 16

@@ -356,6 +356,19 @@ class TableEncoding(Encoding):
         )
         return self.read_tables(q, k, ctx, rows)
 
+    def block_rows(self, ctx: BiasContext) -> int:
+        """At least ``R`` query rows per block when a key read is involved: each block's
+        backward writes a full ``(B, H, Lk, R)`` gradient of the key products, so a block of
+        ``T >= R`` rows keeps that fixed cost below the block's own ``T x Lk`` work (DeBERTa
+        at L = 2048: 512-row tiles instead of 128, half the time of a step)."""
+        data = ctx.data
+        if isinstance(data, TableData) and any(
+            isinstance(getattr(data, f.name), TableRead) and getattr(data, f.name).by == "k"
+            for f in fields(data)
+        ):
+            return max(16, data.rows.count)
+        return 16
+
     def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
         data = ctx.data
         if not isinstance(data, TableData) or i.dim() != 1 or j.dim() != 1 or i.numel() == 0:
