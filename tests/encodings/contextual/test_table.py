@@ -175,17 +175,17 @@ def test_state_dicts_keep_their_names_and_shapes(name) -> None:
 
 
 def test_block_rows_cover_the_rows_of_a_key_read() -> None:
-    """With a key read (DeBERTa's p2c, Huang's method 4) every chunked tile has at least R
-    query rows (the key read's (B, H, Lk, R) gradient is a per-tile cost); without one, the
-    default 16."""
+    """Chunked tiles of a table encoding have at least ``MIN_BLOCK_ROWS`` query rows, and at
+    least R with a key read (DeBERTa's p2c, Huang's method 4: the key read's (B, H, Lk, R)
+    gradient is a per-tile cost)."""
     q = torch.randn(1, H, 64, D)
     pos = torch.arange(64)[None]
     deberta = relpos.create("deberta", num_heads=H, head_dim=D)
+    least = deberta.MIN_BLOCK_ROWS
     ctx = deberta.prepare(q, q, pos, pos)
-    assert deberta.block_rows(ctx) == ctx.data.rows.count == 127  # |i - j| < 64 < 128 buckets
-    c2p_only = relpos.create("deberta", num_heads=H, head_dim=D, pos_att_type="c2p")
-    assert c2p_only.block_rows(c2p_only.prepare(q, q, pos, pos)) == 16
-    m4 = relpos.create("huang2020-m4", num_heads=H, head_dim=D)
-    assert m4.block_rows(m4.prepare(q, q, pos, pos)) == 127  # distances -63 .. 63
+    assert deberta.block_rows(ctx) == least and ctx.data.rows.count == 127
+    wide = relpos.create("huang2020-m4", num_heads=H, head_dim=D, max_position_embeddings=2048)
+    q, pos = torch.randn(1, H, 700, D), torch.arange(700)[None]
+    assert wide.block_rows(wide.prepare(q, q, pos, pos)) == 1399  # distances -699 .. 699
     music = relpos.create("music-transformer", num_heads=H, head_dim=D)
-    assert music.block_rows(music.prepare(q, q, pos, pos)) == 16
+    assert music.block_rows(music.prepare(q, q, pos, pos)) == least  # queries only
