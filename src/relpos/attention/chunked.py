@@ -172,8 +172,9 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     dev = call.q.device
     k, v = call.expanded_kv()
     outs = []
-    least = call.encoding.block_rows(call.ctx) if call.has_bias else 16  # type: ignore[union-attr]
-    rows = max(least, TILE_ELEMENTS // max(Lk, 1))
+    # an encoding may ask for longer tiles (Encoding.block_rows), up to TILE_ELEMENTS / 256 rows
+    least = min(call.encoding.block_rows(call.ctx), TILE_ELEMENTS >> 8) if call.has_bias else 16  # type: ignore[union-attr]
+    rows = max(16, least, TILE_ELEMENTS // max(Lk, 1))
     for s in range(0, Lq, rows):
         e = min(s + rows, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)
