@@ -212,7 +212,7 @@ def report(args, info: dict, results: dict, mem: dict, checks: dict) -> str:
         "dtype": "float32",
         "causal": True,
         "lengths": args.lengths,
-        "cases": CASES,
+        "cases": args.cases,
         "shaw k": SHAW_K,
         "loss": "(out * g).sum(), g fixed random",
         "warmup": args.warmup,
@@ -232,7 +232,7 @@ def report(args, info: dict, results: dict, mem: dict, checks: dict) -> str:
         "logit-sized tensors, fitted to measured steps)."
     )
     rows = []
-    for case in CASES:
+    for case in args.cases:
         for L in args.lengths:
             r = results[(case, L)]
             fits = "naive" in r
@@ -279,7 +279,9 @@ def report(args, info: dict, results: dict, mem: dict, checks: dict) -> str:
         )
     )
     out.append(f"\n### Agreement at L={args.check_length} (max |relpos - naive| / max |naive|)\n")
-    crow = [[case, row["tensor"], f"{row['rel']:.1e}"] for case in CASES for row in checks[case]]
+    crow = [
+        [case, row["tensor"], f"{row['rel']:.1e}"] for case in args.cases for row in checks[case]
+    ]
     out.append(markdown_table(["case", "tensor", "max rel diff"], crow))
     return "\n".join(out)
 
@@ -307,6 +309,9 @@ def main() -> None:
         default=16.0,
         help="skip naive steps whose estimated peak memory exceeds this (GB, 10^9 bytes)",
     )
+    parser.add_argument(
+        "--cases", nargs="+", choices=CASES, default=CASES, help="cases to run (default: all)"
+    )
     args = parser.parse_args()
     if args.lengths is None:
         args.lengths = QUICK_LENGTHS if args.quick else LENGTHS
@@ -316,11 +321,11 @@ def main() -> None:
         memory_child_main(args)
         return
     info = machine_info()
-    checks = {case: agreement(case, args.check_length) for case in CASES}
+    checks = {case: agreement(case, args.check_length) for case in args.cases}
     log(f"agreement at L={args.check_length}: {checks}")
     mem: dict = {}
     if not args.no_memory:
-        for case in CASES:
+        for case in args.cases:
             for L in args.lengths:
                 for impl in IMPLS:
                     if impl == "naive" and not naive_fits(case, L, args):
@@ -334,7 +339,7 @@ def main() -> None:
                     mem[(impl, case, L)] = m
                     log(f"memory {impl} {case} L={L}: {m}")
     results = {}
-    for case in CASES:
+    for case in args.cases:
         for L in args.lengths:
             results[(case, L)] = run_case(case, L, args)
     info["loadavg_end"] = list(os.getloadavg())
@@ -350,7 +355,7 @@ def main() -> None:
             "repeats": args.repeats,
             "naive_limit_gb": args.naive_limit_gb,
             "naive_estimate_bytes": {
-                f"{c}@{L}": naive_estimate_bytes(c, L) for c in CASES for L in args.lengths
+                f"{c}@{L}": naive_estimate_bytes(c, L) for c in args.cases for L in args.lengths
             },
             "results": {f"{c}@{L}": r for (c, L), r in results.items()},
             "memory": {f"{i}:{c}@{L}": m for (i, c, L), m in mem.items()},

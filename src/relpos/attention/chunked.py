@@ -138,7 +138,14 @@ def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------------------- tile path
 def _tile_rows(call: AttentionCall) -> int:
-    return max(16, TILE_ELEMENTS // max(call.k.shape[2], 1))
+    """Query rows per tile: ``TILE_ELEMENTS / Lk``, at least 16, and at least what the
+    encoding asks for (``Encoding.block_rows``: table encodings whose per-tile work does not
+    shrink with the tile), capped at ``TILE_ELEMENTS / 256`` rows."""
+    least = 16
+    if call.has_bias:
+        assert call.encoding is not None
+        least = max(least, min(call.encoding.block_rows(call.ctx), TILE_ELEMENTS >> 8))
+    return max(least, TILE_ELEMENTS // max(call.k.shape[2], 1))
 
 
 def _tile_attention(call: AttentionCall) -> Tensor:

@@ -329,6 +329,13 @@ class Encoding(nn.Module):
         block reaches (``contextual.table``). Default: the call's ``ctx``."""
         return ctx
 
+    def block_rows(self, ctx: BiasContext) -> int:
+        """The fewest query rows per block the chunked backend should use for this call:
+        per-block work that does not shrink with the block (a key read's ``(B, H, Lk, R)``
+        gradient, see ``contextual.table``) is then shared by at least this many rows.
+        Default 16."""
+        return 16
+
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Additive logit bias at (batch b, head h, query index i, key index j).
 

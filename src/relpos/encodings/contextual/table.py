@@ -357,6 +357,25 @@ class TableEncoding(Encoding):
         )
         return self.read_tables(q, k, ctx, rows)
 
+    #: the fewest query rows of a chunked tile for a table encoding: measured on the 2-core
+    #: CPU (docs/benchmarks.md), the unclipped Music Transformer's training step at L = 2048
+    #: takes 9.8 s in 128-row tiles, 5.2 s in 256-row and 2.1 s in 512-row tiles (per-tile
+    #: products, gathers and the SDPA call have a cost that does not shrink with the tile)
+    MIN_BLOCK_ROWS = 512
+
+    def block_rows(self, ctx: BiasContext) -> int:
+        """At least ``MIN_BLOCK_ROWS`` query rows per chunked tile, and at least ``R`` when a
+        key read is involved: each tile's backward writes a full ``(B, H, Lk, R)`` gradient of
+        the key products, so ``T >= R`` keeps that fixed cost below the tile's own ``T x Lk``
+        work (DeBERTa at L = 2048: 128-row tiles took twice the time of 512-row ones)."""
+        data = ctx.data
+        if isinstance(data, TableData) and any(
+            isinstance(getattr(data, f.name), TableRead) and getattr(data, f.name).by == "k"
+            for f in fields(data)
+        ):
+            return max(self.MIN_BLOCK_ROWS, data.rows.count)
+        return self.MIN_BLOCK_ROWS
+
     def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
         data = ctx.data
         if not isinstance(data, TableData) or i.dim() != 1 or j.dim() != 1 or i.numel() == 0:

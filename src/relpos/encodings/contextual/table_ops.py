@@ -152,10 +152,12 @@ def gather_rows(
     if rows.dim() != 4 or not _is_grid(b, h, n, 3 if by_keys else 2):
         return t[b, h, n, rows]
     sel = _select(_select(_select(t, 2, n), 0, b), 1, h)
-    index = rows.expand(sel.shape[0], sel.shape[1], rows.shape[2], rows.shape[3])
     if not by_keys:
-        return sel.gather(-1, index)
-    return sel.gather(-1, index.transpose(-1, -2)).transpose(-1, -2)
+        return sel.gather(-1, rows.expand(*sel.shape[:2], *rows.shape[2:]))
+    # key-major: gather (S, T) per head with a contiguous index (a transposed index makes the
+    # gather ~2.5x slower), then hand back the (T, S) view
+    index = rows.transpose(-1, -2).contiguous()  # (Bb|1, 1, S, T): no head copies
+    return sel.gather(-1, index.expand(*sel.shape[:2], *index.shape[2:])).transpose(-1, -2)
 
 
 def weighted_rows(p: Tensor, rows: Tensor, table: Tensor) -> Tensor:
