@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..positions import as_span
 from .call import AttentionCall
-from .dense import block_attention
+from .dense import block_attention, empty_attention
 
 FORWARD_BLOCK = 256
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
@@ -41,7 +41,15 @@ TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias wor
 
 # ---------------------------------------------------------------------------- Toeplitz path
 def _key_end(q_end: int, offset: int, length_k: int, causal: bool) -> int:
-    return min(length_k, q_end + offset) if causal else length_k
+    """Keys ``0:key_end`` that some query row before ``q_end`` may see (0 when causal with
+    ``Lq > Lk`` hides every key from the block: its rows are dead, their output 0)."""
+    return max(0, min(length_k, q_end + offset)) if causal else length_k
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the softmax statistics and of backward: float32 for half types, the
+    input dtype otherwise (float64 in, float64 throughout)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
@@ -63,9 +71,11 @@ def _block_forward(qf: Tensor, kb: Tensor, vb: Tensor, bias: Tensor, scale: floa
             qf, kb, vb, attn_mask=bias, scale=scale
         )
         return out, lse
-    s = torch.matmul(qf.float(), kb.float().transpose(-1, -2)) * scale + bias.float()
+    acc = compute_dtype(qf.dtype)
+    s = torch.matmul(qf.to(acc), kb.to(acc).transpose(-1, -2)) * scale + bias.to(acc)
     lse = torch.logsumexp(s, dim=-1)
-    out = torch.matmul(torch.exp(s - lse[..., None]), vb.float()).to(qf.dtype)
+    lse = lse.masked_fill(lse == float("-inf"), 0.0)  # dead rows: p = exp(-inf - 0) = 0
+    out = torch.matmul(torch.exp(s - lse[..., None]), vb.to(acc)).to(qf.dtype)
     return out, lse
 
 
@@ -79,15 +89,19 @@ class _ToeplitzAttention(torch.autograd.Function):
         offset = Lk - Lq
         w = table.detach().flip(-1).to(q.dtype).contiguous()
         out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+        # a dead row (every key masked) stores lse 0: its scores are all -inf, p = 0
+        lse = torch.zeros(B, H, Lq, dtype=compute_dtype(q.dtype), device=q.device)
         for s in range(0, Lq, FORWARD_BLOCK):
             e = min(s + FORWARD_BLOCK, Lq)
             kend = _key_end(e, offset, Lk, causal)
+            if kend == 0:  # causal, Lq > Lk: the block sees no key
+                out[:, :, s:e] = 0
+                continue
             qf = q[:, :, s:e].flip(2)
             bias = _hankel(w, Lq - e, e - s, kend)
             o, l = _block_forward(qf, k[:, :, :kend], v[:, :, :kend], bias, scale)
             out[:, :, s:e] = o.flip(2)
-            lse[:, :, s:e] = l.flip(2)
+            lse[:, :, s:e] = l.flip(2).to(lse.dtype)
         ctx.save_for_backward(q, k, v, table, out, lse)
         ctx.scale, ctx.causal = scale, causal
         return out
@@ -100,9 +114,10 @@ class _ToeplitzAttention(torch.autograd.Function):
         Lk = k.shape[2]
         offset = Lk - Lq
         need_table = ctx.needs_input_grad[3]
-        q32, k32, v32 = q.float(), k.float(), v.float()
-        do32, o32 = dout.float(), out.float()
-        w = table.detach().float().flip(-1).contiguous()
+        acc = lse.dtype  # compute_dtype(q.dtype): float64 calls stay float64
+        q32, k32, v32 = q.to(acc), k.to(acc), v.to(acc)
+        do32, o32 = dout.to(acc), out.to(acc)
+        w = table.detach().to(acc).flip(-1).contiguous()
         dq = torch.zeros_like(q32)
         dk = torch.zeros_like(k32)
         dv = torch.zeros_like(v32)
@@ -110,6 +125,8 @@ class _ToeplitzAttention(torch.autograd.Function):
         for s in range(0, Lq, BACKWARD_BLOCK):
             e = min(s + BACKWARD_BLOCK, Lq)
             kend = _key_end(e, offset, Lk, causal)
+            if kend == 0:  # dead rows: no gradient
+                continue
             qf = q32[:, :, s:e].flip(2)
             dof = do32[:, :, s:e].flip(2)
             delta = (dof * o32[:, :, s:e].flip(2)).sum(-1, keepdim=True)
@@ -176,6 +193,9 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     for s in range(0, Lq, rows):
         e = min(s + rows, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)
+        if kend == 0:  # causal, Lq > Lk: the block sees no key
+            outs.append(call.q.new_zeros(*call.q.shape[:2], e - s, call.v.shape[-1]))
+            continue
 
         def block(qb: Tensor, kb: Tensor, vb: Tensor, s: int = s, e: int = e, kend: int = kend):
             bias = None
@@ -203,6 +223,9 @@ def _probability_attention(call: AttentionCall) -> Tensor:
     for s in range(0, Lq, rows):
         e = min(s + rows, Lq)
         kend = _key_end(e, call.causal_offset, Lk, call.causal)
+        if kend == 0:  # causal, Lq > Lk: the block sees no key
+            outs.append(call.q.new_zeros(*call.q.shape[:2], e - s, call.v.shape[-1]))
+            continue
         if torch.is_grad_enabled():
             outs.append(checkpoint(block_attention, call, s, e, kend, use_reentrant=False))
         else:
@@ -212,6 +235,8 @@ def _probability_attention(call: AttentionCall) -> Tensor:
 
 def chunked_attention(call: AttentionCall) -> Tensor:
     """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
+    if call.q.shape[2] == 0 or call.k.shape[2] == 0:
+        return empty_attention(call)
     if call.needs_probabilities:
         assert call.encoding is not None
         fast = call.encoding.fast_attention(call)
