@@ -314,7 +314,11 @@ def prepare_call(
         encoding.check_positions(qp, "q_pos")
         encoding.check_positions(kp, "k_pos")
     inputs = _check_inputs(encoding, inputs)
-    if encoding is not None:
+    # An empty call (Lq = 0 or Lk = 0) is validated but not encoded: its output is empty or
+    # zeros whatever the rotations and biases are, and the backends return it without them
+    # (dense.empty_attention). Encodings need not handle empty positions (xPos centres its
+    # scales on k_pos.min(), graph encodings read the largest node index).
+    if encoding is not None and not (Lq == 0 or Lk == 0):
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp, kp)
             q, k = pieces[0]
