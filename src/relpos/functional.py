@@ -13,6 +13,8 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from .validation import check_bool, check_float, check_int
+
 __all__ = [
     "rope_frequencies",
     "rope_angles",
@@ -122,7 +124,7 @@ def rope_frequencies(
         )
     if partial_rotary_factor == 1.0 and head_dim % 2:
         raise ValueError(f"head_dim must be even for full rotary, got {head_dim}")
-    return rope_scaling.ROPE_SCALING[rope_type](
+    return rope_scaling.ROPE_SCALING[rope_type].compute(
         dim,
         base,
         params,
@@ -221,7 +223,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     ``c = 2 ** floor(log2 H)``: the ``c`` slopes for ``c`` heads, then the even-indexed entries
     (``0, 2, 4, ...``) of the slopes for ``2c`` heads, ``H - c`` of them. Not sorted for such H.
     """
-    _check_int(num_heads, "num_heads")
+    check_int(num_heads, "num_heads")
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -247,21 +249,35 @@ def t5_bucket(
     (future keys in the upper half). Causal: future keys fall in bucket 0. Within a side,
     distances below ``nb // 2`` get their own bucket; larger ones are log-spaced up to
     ``max_distance``, beyond which they share the last bucket. Returns int64, same shape.
+
+    The geometry needs at least one exact bucket per side and a log range after it:
+    ``nb // 2 >= 1`` (``num_buckets >= 4`` bidirectional, ``>= 2`` causal) and
+    ``max_distance > nb // 2``; other values raise ``ValueError`` naming the argument.
     """
-    _check_int(num_buckets, "num_buckets")
-    _check_int(max_distance, "max_distance")
-    if relative_position.is_floating_point():
+    check_bool(bidirectional, "bidirectional")
+    check_int(num_buckets, "num_buckets", minimum=2)
+    check_int(max_distance, "max_distance")
+    if not isinstance(relative_position, Tensor) or relative_position.is_floating_point():
         raise TypeError("relative_position must be an integer tensor")
+    nb = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = nb // 2
+    if max_exact < 1:
+        raise ValueError(
+            f"num_buckets must be >= 4 for bidirectional buckets (half per side, one exact "
+            f"bucket each), got {num_buckets}"
+        )
+    if max_distance <= max_exact:
+        raise ValueError(
+            f"max_distance must be > {max_exact} (the exact buckets of num_buckets="
+            f"{num_buckets}{', bidirectional' if bidirectional else ''}), got {max_distance}"
+        )
     rp = relative_position.to(torch.int64)
     ret = torch.zeros_like(rp)
     if bidirectional:
-        nb = num_buckets // 2
         ret = ret + (rp > 0).to(torch.int64) * nb
         n = rp.abs()
     else:
-        nb = num_buckets
         n = (-rp).clamp(min=0)
-    max_exact = nb // 2
     is_small = n < max_exact
     # log(0) is masked out by the `where`; clamp keeps it finite so no NaN warnings appear.
     n_f = n.clamp(min=1).to(torch.float32)
@@ -277,10 +293,12 @@ def sinusoidal_table(pos: Tensor, dim: int, base: float = 10000.0) -> Tensor:
 
     ``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
     Angles are formed in float64 for fractional or very large positions (see ``rope_angles``).
+    ``base`` must be a finite number > 1 and ``dim`` a positive even int.
     """
-    _check_int(dim, "dim")
+    check_int(dim, "dim")
     if dim % 2:
         raise ValueError(f"dim must be even for the sinusoidal table, got {dim}")
+    base = check_float(base, "base", above=1.0)
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     ang = rope_angles(pos, inv_freq)
     return torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2)

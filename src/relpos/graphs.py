@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .validation import check_bool, check_int
+
 
 def adjacency_from_edges(
     edges: Sequence[Tensor | Sequence[tuple[int, int]]],
@@ -34,9 +36,8 @@ def adjacency_from_edges(
             f"edges and num_nodes must have one entry per graph, got {len(edges)} and "
             f"{len(num_nodes)}"
         )
-    counts = [int(n) for n in num_nodes]
-    if any(n < 1 for n in counts):
-        raise ValueError(f"num_nodes must be positive, got {counts}")
+    check_bool(directed, "directed")
+    counts = [check_int(n, f"num_nodes[{b}]") for b, n in enumerate(num_nodes)]
     N = max(counts)
     adj = torch.zeros(len(counts), N, N, dtype=torch.bool)
     mask = torch.arange(N)[None, :] < torch.tensor(counts)[:, None]
@@ -51,12 +52,23 @@ def adjacency_from_edges(
 
 
 def check_adjacency(adjacency: object, name: str = "inputs['adjacency']") -> Tensor:
-    """Validate a ``(B, N, N)`` adjacency and return it as bool."""
-    if not isinstance(adjacency, Tensor) or adjacency.dim() != 3:
-        shape = tuple(adjacency.shape) if isinstance(adjacency, Tensor) else type(adjacency)
-        raise ValueError(f"{name} must be a (B, N, N) bool or 0/1 tensor, got {shape}")
-    if adjacency.shape[1] != adjacency.shape[2]:
-        raise ValueError(f"{name} must be square (B, N, N), got {tuple(adjacency.shape)}")
+    """Validate a ``(B, N, N)`` adjacency (bool, or integer / floating 0/1 entries) and
+    return it as bool. ``TypeError`` for a non-tensor or a complex one, ``ValueError`` naming
+    ``name`` for a wrong shape, NaN / infinite entries or entries other than 0 and 1."""
+    if not isinstance(adjacency, Tensor) or adjacency.is_complex():
+        got = adjacency.dtype if isinstance(adjacency, Tensor) else type(adjacency).__name__
+        raise TypeError(f"{name} must be a (B, N, N) bool or 0/1 tensor, got {got}")
+    if adjacency.dim() != 3 or adjacency.shape[1] != adjacency.shape[2]:
+        raise ValueError(
+            f"{name} must be a square (B, N, N) bool or 0/1 tensor, got shape "
+            f"{tuple(adjacency.shape)}"
+        )
+    if adjacency.dtype == torch.bool or adjacency.numel() == 0:
+        return adjacency
+    if adjacency.is_floating_point() and not bool(torch.isfinite(adjacency).all()):
+        raise ValueError(f"{name} must be finite 0/1 entries (no NaN or inf)")
+    if not bool(((adjacency == 0) | (adjacency == 1)).all()):
+        raise ValueError(f"{name} must hold 0/1 entries (an unweighted graph)")
     return adjacency != 0
 
 
@@ -93,8 +105,8 @@ def random_walk_probabilities(
     """GRIT's relative random-walk probabilities ``(B, N, N, K)``: channel ``k`` is
     ``M^k`` (``M = D^-1 A``, isolated nodes give a zero row), ``k = 0..K-1`` with the identity
     first when ``add_identity`` (else ``M^1..M^K``)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    check_int(steps, "steps")
+    check_bool(add_identity, "add_identity")
     adj = check_adjacency(adjacency, "adjacency").float()
     B, N, _ = adj.shape
     deg = adj.sum(-1, keepdim=True)
@@ -109,19 +121,25 @@ def random_walk_probabilities(
     return torch.stack(out, dim=-1)
 
 
-def tree_relations(parent: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def tree_relations(parent: Tensor, name: str = "parent") -> tuple[Tensor, Tensor, Tensor]:
     """Depths and lowest-common-ancestor steps of trees given by parent pointers.
 
     ``parent (B, N)`` int: the parent node of each node, ``-1`` for roots (padding nodes may
     be roots). Returns ``depth (B, N)``, ``up (B, N, N)`` = steps from ``i`` up to the lowest
     common ancestor of ``i`` and ``j``, ``down (B, N, N)`` = steps from it down to ``j``
     (``up == 0``: ``i`` is an ancestor of ``j``; ``down == 0``: a descendant). Nodes in
-    different trees get ``-1`` in both."""
-    if not isinstance(parent, Tensor) or parent.dim() != 2 or parent.is_floating_point():
-        raise ValueError(f"parent must be an integer tensor (B, N), got {parent!r}")
+    different trees get ``-1`` in both. Errors name the input as ``name``."""
+    integer = isinstance(parent, Tensor) and not (
+        parent.is_floating_point() or parent.is_complex() or parent.dtype == torch.bool
+    )
+    if not integer:
+        got = parent.dtype if isinstance(parent, Tensor) else type(parent).__name__
+        raise TypeError(f"{name} must be an integer (B, N) tensor of parent ids, got {got}")
+    if parent.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, N), got {tuple(parent.shape)}")
     B, N = parent.shape
     if parent.numel() and (int(parent.min()) < -1 or int(parent.max()) >= N):
-        raise ValueError(f"parent entries must be -1 (root) or a node index 0..{N - 1}")
+        raise ValueError(f"{name} entries must be -1 (root) or a node index 0..{N - 1}")
     par = parent.long()
     # ancestors[b, n, s] = the ancestor of n that is s steps up (n itself at s = 0), -1 above
     # the root; depth = number of steps to the root
@@ -134,7 +152,7 @@ def tree_relations(parent: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             break
         chain.append(nxt)
     else:
-        raise ValueError("parent pointers contain a cycle")
+        raise ValueError(f"{name}: the parent pointers contain a cycle")
     anc = torch.stack(chain, dim=-1)  # (B, N, S)
     depth = (anc >= 0).sum(-1) - 1
     # ancestor of every node at each absolute depth d (root at depth 0): anc[depth - d]

@@ -12,12 +12,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .validation import check_choice, check_float, check_int
+
 
 def _sizes(sizes: Sequence[int], name: str) -> list[int]:
-    out = [int(s) for s in sizes]
-    if not out or any(s < 1 for s in out):
+    """One or more positive int sizes (``TypeError`` for a non-int, ``ValueError`` else)."""
+    if not isinstance(sizes, (list, tuple)):
+        raise TypeError(f"{name} must be a tuple of positive int sizes, got {sizes!r}")
+    if not sizes:
         raise ValueError(f"{name} must be one or more positive sizes, got {list(sizes)}")
-    return out
+    return [check_int(s, f"{name}[{i}]") for i, s in enumerate(sizes)]
 
 
 def grid_positions(*sizes: int, start: Sequence[int] | int = 0) -> Tensor:
@@ -44,8 +48,8 @@ def multimodal_position_ids(
     (``text_after="max_id"``, original Qwen2-VL) or ``st + max(h, w)`` (``"max_hw"``, HF 5.x;
     the two agree for images). Returns ``(L, 3)`` int64.
     """
-    if text_after not in ("max_id", "max_hw"):
-        raise ValueError(f"text_after must be 'max_id' or 'max_hw', got {text_after!r}")
+    check_choice(text_after, "text_after", ("max_id", "max_hw"))
+    check_int(spatial_merge, "spatial_merge")
     parts: list[Tensor] = []
     st = 0
     for seg in segments:
@@ -53,9 +57,7 @@ def multimodal_position_ids(
             raise ValueError(f"each segment must be ('text', n) or (kind, grid[, interval]): {seg}")
         kind = seg[0]
         if kind == "text":
-            n = int(seg[1])
-            if n < 0:
-                raise ValueError(f"text segment length must be >= 0, got {n}")
+            n = check_int(seg[1], "text segment length", minimum=0)
             ids = torch.arange(st, st + n)
             parts.append(ids[:, None].expand(n, 3))
             st += n
@@ -72,7 +74,7 @@ def multimodal_position_ids(
         t, h, w = grid[0], grid[1] // spatial_merge, grid[2] // spatial_merge
         if h < 1 or w < 1 or grid[1] % spatial_merge or grid[2] % spatial_merge:
             raise ValueError(f"grid {grid} is not divisible by spatial_merge={spatial_merge}")
-        interval = float(seg[2]) if len(seg) > 2 else 1
+        interval = check_float(seg[2], "video interval", above=0.0) if len(seg) > 2 else 1
         coords = grid_positions(t, h, w)
         tid = (coords[:, 0].double() * interval).long()
         ids = torch.stack((tid, coords[:, 1], coords[:, 2]), dim=-1) + st

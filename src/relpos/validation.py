@@ -32,8 +32,11 @@ __all__ = [
     "check_int_sequence",
     "check_float_sequence",
     "check_finite_tensor",
+    "check_int_tensor",
+    "check_generator",
     "describe_int",
     "describe_float",
+    "check_token_ids",
 ]
 
 
@@ -204,4 +207,42 @@ def check_finite_tensor(value: object, name: str, *, floating: bool | None = Non
     if value.is_floating_point() and value.numel() and value.device.type != "meta":
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} must be finite (no NaN or inf)")
+    return value
+
+
+def check_token_ids(tokens: object, vocab_size: int, name: str = "tokens") -> Tensor:
+    """Token ids: an int64/int32 tensor ``(B, L)`` with every id in ``[0, vocab_size)``
+    (``TypeError`` for a non-tensor or a non-integer dtype, ``ValueError`` for the shape or an
+    id out of range; one host sync for the range, skipped on ``meta`` tensors)."""
+    form = f"an int64/int32 tensor of shape (B, L) with ids in [0, {vocab_size})"
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"{name} must be {form}, {_got(tokens)}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be {form}, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name} must be {form}, got shape {tuple(tokens.shape)}")
+    if tokens.numel() and tokens.device.type != "meta":
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"{name} must be {form}, got ids {low}..{high}")
+    return tokens
+
+
+def check_int_tensor(value: object, name: str, *, dims: tuple[int, ...] = (1, 2)) -> Tensor:
+    """An integer tensor (bool refused) with ``dim()`` in ``dims``; ``(L,)`` is the usual
+    unbatched form, ``(B, L)`` the batched one."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    if value.dim() not in dims:
+        forms = " or ".join({1: "(L,)", 2: "(B, L)"}.get(d, f"{d}-D") for d in dims)
+        raise ValueError(f"{name} must have shape {forms}, got {tuple(value.shape)}")
+    return value
+
+
+def check_generator(value: object, name: str = "generator") -> torch.Generator | None:
+    """``value`` if it is a ``torch.Generator`` or None, else ``TypeError``."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator or None, got {type(value).__name__}")
     return value

@@ -106,19 +106,22 @@ def test_frequencies_presets_serialise_infinite_wavelengths_as_null(capsys, tmp_
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["decay", "--max-distance", "0"], "--max-distance must be an integer >= 1, got '0'"),
-        (["decay", "--max-distance", "ten"], "--max-distance must be an integer, got 'ten'"),
+        (["decay", "--max-distance", "0"], "--max-distance must be a positive int, got 0"),
+        (["decay", "--max-distance", "ten"], "--max-distance must be a positive int, got 'ten'"),
         (["decay", "--encodings", "rope,nosuch"], "unknown encoding 'nosuch'"),
-        (["decay", "--encodings", "rope,,xpos"], "--encodings must be comma-separated"),
-        (["decay", "--key-correlation", "2"], "--key-correlation must be in [-1, 1]"),
-        (["resolution", "--lengths", "16,1"], "--lengths must be an integer >= 2, got '1'"),
-        (["base-bound", "--context", "1024,x"], "--context must be an integer, got 'x'"),
+        (["decay", "--encodings", "rope,,xpos"], "--encodings has an empty name"),
+        (
+            ["decay", "--key-correlation", "2"],
+            "--key-correlation must be a finite number >= -1 and <= 1",
+        ),
+        (["resolution", "--lengths", "16,1"], "--lengths must be an int >= 2, got 1"),
+        (["base-bound", "--context", "1024,x"], "--context must be a positive int, got 'x'"),
         (["base-bound", "--head-dim", "127"], "--head-dim must be even, got 127"),
         (["frequencies", "--scaling", "{bad"], "--scaling must be a JSON object"),
         (["frequencies", "--scaling", "[1]"], "--scaling must be a JSON object"),
         (["frequencies", "--scaling", '{"rope_type":"nosuch"}'], "nosuch"),
         (["frequencies", "--scaling", '{"rope_type":"linear"}'], "factor"),
-        (["frequencies", "--base", "1"], "--base must be in"),
+        (["frequencies", "--base", "1"], "--base must be a finite number > 1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, argv, message):

@@ -105,18 +105,19 @@ def test_plot_writes_a_png(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "kwargs,error,match",
     [
-        ({"context": 0}, "context must be an int >= 1"),
-        ({"context": 1024.0}, "context must be an int"),
-        ({"context": 1024, "head_dim": 127}, "head_dim must be even"),
-        ({"context": 1024, "grid_points": 1}, "grid_points must be an int >= 2"),
-        ({"context": 1024, "span": (3.0, 0.2)}, "span must be"),
-        ({"context": 1024, "span": (0.01, 0.02)}, "no feasible base"),
+        ({"context": 0}, ValueError, "context must be a positive int"),
+        ({"context": 1024.0}, TypeError, "context must be a positive int"),
+        ({"context": 1024, "head_dim": 127}, ValueError, "head_dim must be even"),
+        ({"context": 1024, "grid_points": 1}, ValueError, "grid_points must be an int >= 2"),
+        ({"context": 1024, "span": (3.0, 0.2)}, ValueError, "span must be"),
+        ({"context": 1024, "span": (0.01, 0.02)}, ValueError, "no feasible base"),
     ],
 )
-def test_bad_arguments_name_themselves(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_name_themselves(kwargs, error, match):
+    """One policy (relpos.validation): TypeError for a wrong type, ValueError for a value."""
+    with pytest.raises(error, match=match):
         rope_base_lower_bound(**kwargs)
 
 

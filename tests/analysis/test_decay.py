@@ -174,13 +174,13 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_bad_arguments():
     enc = relpos.create("rope", num_heads=1, head_dim=8)
-    with pytest.raises(ValueError, match="max_distance must be an int >= 1"):
+    with pytest.raises(ValueError, match="max_distance must be a positive int"):
         decay_curves(enc, 0)
     with pytest.raises(ValueError, match="samples must be an int >= 0"):
         decay_curves(enc, 8, samples=-1)
-    with pytest.raises(ValueError, match="samples must be an int >= 1"):
+    with pytest.raises(ValueError, match="samples must be a positive int"):
         expected_scores(enc, 8, samples=0)
-    with pytest.raises(ValueError, match="key_correlation must be a number in"):
+    with pytest.raises(ValueError, match="key_correlation must be a finite number >= -1 and <= 1"):
         decay_curves(enc, 8, key_correlation=1.5)
     with pytest.raises(TypeError, match="encoding must be a relpos.Encoding"):
         decay_curves("rope", 8)

@@ -82,5 +82,5 @@ def test_bad_scaling():
         frequency_profile(64, scaling={"rope_type": "linear", "factor": 2.0, "nosuch": 1})
     with pytest.raises(TypeError, match="scaling must be a dict"):
         frequency_profile(64, scaling=[("rope_type", "linear")])
-    with pytest.raises(ValueError, match="factor must be a number in"):
+    with pytest.raises(ValueError, match="factor must be a finite number >= 1"):
         scaling_presets(64, factor=0.5)

@@ -22,7 +22,8 @@ pytest.importorskip("tokenizers")
 
 from relpos.functional import apply_rotary, rope_angles  # noqa: E402
 from relpos.interop import ModelNotInstalledError, load_gguf, smollm2_path  # noqa: E402
-from relpos.interop.gguf import SMOLLM2_INSTALL_HINT, unpermute_rows  # noqa: E402
+from relpos.interop.gguf import SMOLLM2_INSTALL_HINT  # noqa: E402
+from relpos.interop.rope_layout import interleaved_to_half  # noqa: E402
 from relpos.lab.passkey import passkey_prompt, random_key, run_passkey  # noqa: E402
 
 try:
@@ -193,7 +194,7 @@ def test_half_layout_with_unpermuted_rows_gives_the_same_logits(smollm2):
     q_stored = model.blocks[0].attn.q_proj.weight
     q_half = half.blocks[0].attn.q_proj.weight
     assert not torch.equal(q_stored, q_half)
-    assert torch.equal(unpermute_rows(q_stored, 9), q_half)
+    assert torch.equal(interleaved_to_half(q_stored, 9, 64), q_half)
     # ... and the same function of the tokens.
     x = _ids(tokenizer, HAMLET)[:, :64]
     with torch.no_grad():
@@ -220,7 +221,7 @@ def test_unpermuted_rows_with_half_rope_equal_stored_rows_with_interleaved_rope(
         return q @ k.transpose(-1, -2)
 
     stored = scores(wq, wk, "interleaved")
-    half = scores(unpermute_rows(wq, heads), unpermute_rows(wk, heads), "half")
+    half = scores(interleaved_to_half(wq, heads, d), interleaved_to_half(wk, heads, d), "half")
     torch.testing.assert_close(stored, half, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(stored, scores(wq, wk, "half"), atol=1e-3)
 

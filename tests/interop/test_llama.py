@@ -60,6 +60,39 @@ def test_the_model_passes_its_base_layout_and_trained_length_to_the_encoding():
     assert model.encoding.layout == "half"
 
 
+def test_model_defaults_follow_the_declared_options_not_the_signature():
+    """``encoding_defaults`` reads ``option_specs``: an option the encoding refuses by name
+    (LieRE has no base, RoPE-Mixed no scaling length) is never passed, so every rotary
+    encoding can be set on a model."""
+    model = tiny()
+    full = {"base": 500.0, "layout": "interleaved", "max_position_embeddings": 64}
+    assert model.encoding_defaults("m-rope") == full
+    assert model.encoding_defaults("rope-axial") == full
+    assert model.encoding_defaults("rope-mixed") == {"base": 500.0, "layout": "interleaved"}
+    assert model.encoding_defaults("minkowski") == {"base": 500.0}
+    assert model.encoding_defaults("liere") == {}
+    enc = model.set_encoding("liere")
+    assert enc.name == "liere" and not hasattr(enc, "base")
+    mr = model.set_encoding("m-rope", scaling={"rope_type": "yarn", "factor": 2.0})
+    assert (mr.base, mr.layout, mr.max_position_embeddings) == (500.0, "interleaved", 64)
+
+
+def test_the_encoding_keeps_its_own_initialisation():
+    """The model re-initialises the layers it builds (normal, std 0.02), never the
+    encoding's: FIRE's MLP, or an encoding passed in already trained."""
+    torch.manual_seed(3)
+    fire = relpos.create("fire", num_heads=4, head_dim=8)
+    before = {k: v.clone() for k, v in fire.state_dict().items()}
+    config = tiny().config
+    torch.manual_seed(0)
+    model = LlamaLM(config, fire)
+    assert model.encoding is fire
+    for key, value in fire.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    std = model.blocks[0].attn.q_proj.weight.std().item()
+    assert abs(std - 0.02) < 0.005
+
+
 def test_logits_of_the_last_positions_and_chunked_nll_match_the_full_forward():
     model = tiny()
     x = tokens(33)
@@ -141,10 +174,20 @@ def test_set_encoding_accepts_any_registered_attention_encoding():
 
 def test_bad_arguments_name_what_is_expected():
     model = tiny()
-    with pytest.raises(ValueError, match="tokens must be an integer tensor"):
-        model(torch.randn(2, 3))
+    with pytest.raises(TypeError, match="tokens must be an int64/int32 tensor"):
+        model(torch.randn(2, 3))  # policy: a float tensor is the wrong type
     with pytest.raises(ValueError, match="last must be a positive int"):
         model(tokens(4), last=0)
+    with pytest.raises(TypeError, match="last must be a positive int"):
+        model(tokens(4), last=1.5)
+    with pytest.raises(ValueError, match=r"tokens must be .* ids in \[0, 97\).*got ids 1\.\.97"):
+        model(torch.tensor([[1, 97]]))  # out of the vocabulary: was an IndexError
+    with pytest.raises(ValueError, match=r"tokens must be .* ids in \[0, 97\).*got ids -1\.\.3"):
+        model.generate(torch.tensor([[3, -1]]), 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(tokens(4), -1)
+    with pytest.raises(TypeError, match="LlamaConfig.depth"):
+        tiny(depth=2.0)
     with pytest.raises(ValueError, match="start must be an int"):
         model.token_nll(tokens(4), start=3)
     with pytest.raises(ValueError, match="adds to the token embeddings"):

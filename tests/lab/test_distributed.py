@@ -24,7 +24,7 @@ TINY.update(checkpoint_every=4, device="cpu")
 def torchrun(out: Path, encoding: str, *extra: str) -> subprocess.CompletedProcess:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node", "2", "-m", "relpos.lab.distributed"]
+    command += ["--nproc_per_node", "2", "-m", "relpos.lab.torchrun"]
     command += [f"--encoding={encoding}", *args, f"--data={DATA}", f"--out={out}"]
     command += ["--no-progress", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
@@ -73,3 +73,23 @@ def test_the_global_batch_must_split_evenly_over_ranks(monkeypatch):
     config = TrainConfig(encoding="alibi", **TINY)
     with pytest.raises(ValueError, match="divisible by the number of processes"):
         train(config, load_corpus(DATA), None, progress=False)
+
+
+def imported_modules(module: str) -> set[str]:
+    """The relpos.lab modules ``module``'s source imports (at any depth of the file)."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names.add(node.module or "")
+            names.update(a.name for a in node.names if not node.module)
+    return names
+
+
+def test_the_trainer_and_the_torchrun_entry_point_do_not_import_each_other():
+    assert not {"train", "torchrun"} & imported_modules("relpos.lab.distributed")
+    assert "torchrun" not in imported_modules("relpos.lab.train")
+    assert {"train", "distributed"} <= imported_modules("relpos.lab.torchrun")

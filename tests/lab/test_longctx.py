@@ -66,7 +66,7 @@ def test_first_integer_is_the_answer():
 def test_prompts_shorter_than_the_task_text_are_refused():
     with pytest.raises(ValueError, match="shorter than the prompt without filler"):
         passkey_prompt(ByteTokenizer(), 100, key=1, depth=0.5)
-    with pytest.raises(ValueError, match="depth must be a number in"):
+    with pytest.raises(ValueError, match="depth must be a finite number >= 0 and <= 1"):
         landmark_prompt(10, 1, 1.5)
     with pytest.raises(TypeError, match="encode"):
         passkey_prompt(object(), 1000, key=1, depth=0.5)
@@ -271,7 +271,7 @@ def test_tiny_end_to_end_run_writes_results_table_and_plot(tmp_path, data_file, 
     [
         (("--methods", "baseline,nope-x9"), "unknown method 'nope-x9'"),
         (("--lengths", "abc"), "--lengths must be comma-separated numbers"),
-        (("--seeds", "-1"), "--seeds must be >= 0"),
+        (("--seeds", "-1"), "--seeds must be an int >= 0"),
         (("--model", "missing.gguf"), "--model must be smollm2, random-tiny or a .gguf file"),
         (("--profile", "huge"), "unknown profile 'huge'"),
         (("--quick", "--profile", "full"), "--quick is --profile quick"),
@@ -314,3 +314,152 @@ def test_real_model_finds_the_key_at_4k_with_baseline_and_yarn(tmp_path, capsys)
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["method"]: r["passkey_correct"] for r in rows} == {"baseline": 1, "yarn": 1}
     assert all(5 < r["ppl"] < 100 for r in rows)
+
+
+# ------------------------------------------------------------------------------ checked first
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    import relpos.lab.longctx.command as command
+
+    def refuse(name):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(command, "load_model", refuse)
+
+
+@pytest.mark.parametrize(
+    "lengths, message",
+    [
+        ("1000000000", "needs about"),  # the machine's memory, from the model's size
+        ("100", "shorter than the prompt without filler"),  # the prompt's fixed part
+        ("30000", "longer than --data"),  # more tokens than the held-out text has bytes
+    ],
+)
+def test_lengths_are_checked_before_the_model_loads(
+    tmp_path, data_file, capsys, no_model_loading, lengths, message
+):
+    out = tmp_path / "run"
+    argv = [*TINY, "--data", str(data_file), "--out", str(out), "--lengths", lengths]
+    code, stdout, err = run(capsys, *argv)
+    assert code == 2 and err.startswith("relpos: error: --lengths ") and err.count("\n") == 1
+    assert message in err and stdout == "" and not out.exists()
+
+
+def test_lengths_bound_names_what_fits(tmp_path, data_file, capsys, monkeypatch):
+    import relpos.lab.longctx.plan as plan
+
+    monkeypatch.setattr(plan, "available_memory", lambda: 2**30)  # a 1 GiB machine
+    argv = [*TINY, "--data", str(data_file), "--out", str(tmp_path / "run")]
+    _, _, err = run(capsys, *argv, "--lengths", "1000000")
+    assert "1.0 GiB available" in err and "at most about 645,277 tokens" in err
+
+
+@pytest.mark.parametrize("command", ["longctx", "analyze"])
+def test_an_out_that_cannot_be_created_is_refused_first(tmp_path, data_file, capsys, command):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    argv = [*TINY, "--data", str(data_file)] if command == "longctx" else ["analyze", "decay"]
+    code, stdout, err = run(capsys, *argv, "--out", str(blocker / "run"))
+    assert code == 2 and err.startswith("relpos: error: --out ") and err.count("\n") == 1
+    assert "is a file" in err and stdout == ""
+
+
+def without(monkeypatch, module: str) -> None:
+    import sys
+
+    for name in [n for n in sys.modules if n == module or n.startswith(module + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
+
+
+def test_a_gguf_model_without_gguf_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    without(monkeypatch, "gguf")
+    out = tmp_path / "run"
+    code, stdout, err = run(capsys, "longctx", "--model", "smollm2", "--out", str(out))
+    assert code == 2 and err.count("\n") == 1 and not out.exists() and stdout == ""
+    assert "needs gguf" in err and "pip install gguf" in err
+
+
+def test_without_matplotlib_longctx_writes_all_but_the_png(
+    tmp_path, data_file, capsys, monkeypatch
+):
+    without(monkeypatch, "matplotlib")
+    out = tmp_path / "run"
+    code, stdout, _ = run(capsys, *TINY, "--data", str(data_file), "--out", str(out))
+    assert code == 0
+    assert "matplotlib is not installed" in stdout
+    assert (out / "results.json").is_file() and (out / "report.md").is_file()
+    assert not (out / "longctx.png").exists()
+
+
+def test_without_matplotlib_analyze_writes_the_json_and_says_so(tmp_path, capsys, monkeypatch):
+    without(monkeypatch, "matplotlib")
+    out = tmp_path / "out"
+    argv = ["analyze", "base-bound", "--context", "1024", "--grid-points", "50"]
+    code, stdout, _ = run(capsys, *argv, "--out", str(out))
+    assert code == 0
+    assert (out / "base_bound.json").is_file() and not (out / "base_bound.png").exists()
+    assert "matplotlib is not installed" in stdout
+
+
+@pytest.fixture(scope="module")
+def finished_longctx(tmp_path_factory, data_file):
+    out = tmp_path_factory.mktemp("longctx") / "run"
+    assert main([*TINY, "--data", str(data_file), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [("results.json", '{"rows": [1, 2]}'), ("results.json", "[]"), ("run.json", "{")],
+)
+def test_a_corrupt_file_on_resume_is_one_line_before_the_model_loads(
+    tmp_path, data_file, capsys, finished_longctx, no_model_loading, name, text
+):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished_longctx, out)
+    (out / name).write_text(text)
+    code, stdout, err = run(capsys, *TINY, "--data", str(data_file), "--out", str(out), "--resume")
+    assert code == 2 and err.count("\n") == 1 and stdout == ""
+    assert str(out / name) in err or f"its {name} is corrupt" in err
+    assert "use --force to start over" in err
+
+
+def test_resume_accepts_the_same_data_from_another_folder(
+    tmp_path, data_file, capsys, finished_longctx, monkeypatch
+):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(finished_longctx, out)
+    monkeypatch.chdir(data_file.parent)
+    code, _, err = run(capsys, *TINY, "--data", data_file.name, "--out", str(out), "--resume")
+    assert code == 0, err
+
+
+def test_sigterm_keeps_the_measurements_and_exits_143(tmp_path, data_file, capsys, monkeypatch):
+    import os
+    import signal
+
+    import relpos.lab.longctx.command as command
+
+    real = command.run_longctx
+
+    def measure_then_sigterm(*args, on_measurement, **kwargs):
+        def save_then_stop(state):
+            on_measurement(state)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        return real(*args, on_measurement=save_then_stop, **kwargs)
+
+    monkeypatch.setattr(command, "run_longctx", measure_then_sigterm)
+    out = tmp_path / "run"
+    code, _, err = run(capsys, *TINY, "--data", str(data_file), "--out", str(out))
+    assert code == 143 and "--resume" in err and "Traceback" not in err
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["method"], r["length"]) for r in rows] == [("baseline", 300)]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

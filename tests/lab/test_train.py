@@ -200,7 +200,7 @@ def test_no_weight_decay_on_norms_biases_and_encoding_parameters():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(steps=0), "steps must be a positive integer"),
+        (dict(steps=0), "steps must be a positive int"),
         (dict(dim=30, num_heads=4), "divisible"),
         (dict(lr=-1.0), "lr"),
         (dict(min_lr_ratio=2.0), "min_lr_ratio"),

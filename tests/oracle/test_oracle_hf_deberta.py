@@ -27,7 +27,7 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import (  # noqa: E402
 )
 
 import relpos  # noqa: E402
-from relpos.encodings.contextual.disentangled import (  # noqa: E402
+from relpos.encodings.contextual.deberta import (  # noqa: E402
     deberta_log_bucket,
     deberta_relative_index,
 )
@@ -70,7 +70,7 @@ def test_relative_index_equals_transformers_build_relative_position(
         max_relative_positions=max_rel,
         clamp_buckets=False,
     )
-    assert torch.equal(enc.table_key(delta), hf_index)
+    assert torch.equal(enc.table_row(delta), hf_index)
 
 
 # ---------------------------------------------------------------------------- whole module

@@ -388,7 +388,7 @@ def test_prepare_reads_only_the_rows_the_positions_reach(name) -> None:
     q = torch.randn(1, H, 1, D)  # one decoding step against 30 keys
     k = torch.randn(1, H, 30, D)
     ctx = enc.prepare(q, k, torch.tensor([[29]]), torch.arange(30)[None])
-    assert ctx.extra["qr"].shape == (1, H, 1, 30)
+    assert ctx.data.query.compute().shape == (1, H, 1, 30)
 
 
 def test_bad_options_name_the_argument() -> None:
@@ -398,7 +398,7 @@ def test_bad_options_name_the_argument() -> None:
         relpos.create("shaw", num_heads=2, head_dim=4, max_relative_position=(1, 2, 3))
     with pytest.raises(ValueError, match="max_relative_position"):
         relpos.create("music-transformer", num_heads=2, head_dim=4, max_relative_position=0)
-    with pytest.raises(ValueError, match="max_position_embeddings"):
+    with pytest.raises(TypeError, match="max_position_embeddings"):  # a wrong type: TypeError
         relpos.create("huang2020-m4", num_heads=2, head_dim=4, max_position_embeddings=1.5)
     with pytest.raises(ValueError, match="head_dim"):
         relpos.create("nezha", num_heads=2, head_dim=5)

@@ -19,7 +19,7 @@ import torch
 
 import relpos
 from relpos.attention import chunked
-from relpos.encodings.contextual.disentangled import deberta_log_bucket, deberta_relative_index
+from relpos.encodings.contextual.deberta import deberta_log_bucket, deberta_relative_index
 
 B, H, D = 2, 4, 8
 
@@ -52,7 +52,7 @@ def test_deberta_c2p_index_matches_spec() -> None:
     )
     assert got.tolist() == C2P_IDX
     enc = relpos.create("deberta", num_heads=H, head_dim=D)  # defaults: 256 buckets, 512
-    assert enc.table_key(torch.tensor(DELTA)).tolist() == C2P_IDX
+    assert enc.table_row(torch.tensor(DELTA)).tolist() == C2P_IDX
 
 
 def test_deberta_unclamped_buckets_differ_only_beyond_max_position() -> None:
@@ -148,18 +148,23 @@ def test_deberta_default_scale_counts_position_terms() -> None:
 
 
 @pytest.mark.parametrize(
-    "options,match",
+    "options,match,exc",
     [
-        ({"pos_att_type": "p2p"}, "p2p"),
-        ({"pos_att_type": []}, "pos_att_type"),
-        ({"position_buckets": 256, "max_relative_positions": 100}, "max_relative_positions"),
-        ({"max_relative_positions": 0}, "max_relative_positions"),
-        ({"dropout": 1.5}, "dropout"),
-        ({"share_att_key": "yes"}, "share_att_key"),
+        ({"pos_att_type": "p2p"}, "p2p", ValueError),
+        ({"pos_att_type": []}, "pos_att_type", ValueError),
+        (
+            {"position_buckets": 256, "max_relative_positions": 100},
+            "max_relative_positions",
+            ValueError,
+        ),
+        ({"max_relative_positions": 0}, "max_relative_positions", ValueError),
+        ({"dropout": 1.5}, "dropout", ValueError),
+        ({"share_att_key": "yes"}, "share_att_key", TypeError),  # a wrong type: TypeError
+        ({"pos_att_type": 3}, "pos_att_type", TypeError),
     ],
 )
-def test_deberta_rejects_bad_options(options: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_deberta_rejects_bad_options(options: dict, match: str, exc: type) -> None:
+    with pytest.raises(exc, match=match):
         relpos.create("deberta", num_heads=H, head_dim=D, **options)
 
 
@@ -307,7 +312,7 @@ def test_transformer_xl_precomputes_only_the_distances_of_the_call() -> None:
     enc = _txl()
     q, k = torch.randn(B, H, 10, D), torch.randn(B, H, 30, D)
     ctx = enc.prepare(q, k, torch.arange(20, 30)[None], torch.arange(30)[None])
-    assert ctx.extra["qr"].shape == (B, H, 10, 39)  # distances -9 .. 29
-    assert ctx.extra["uk"].shape == (B, H, 30)
+    assert ctx.data.query.compute().shape == (B, H, 10, 39)  # distances -9 .. 29
+    assert ctx.data.uk.shape == (B, H, 30)
     clamped = _txl(clamp_len=4).prepare(q, k, torch.arange(20, 30)[None], torch.arange(30)[None])
-    assert clamped.extra["qr"].shape == (B, H, 10, 9)  # distances clamped to -4 .. 4
+    assert clamped.data.query.compute().shape == (B, H, 10, 9)  # distances clamped to -4 .. 4

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .output import check_int, save_figure
+from ..validation import check_int
+from .output import save_figure
 
 __all__ = [
     "FIT_COEFFICIENT",

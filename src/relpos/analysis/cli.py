@@ -7,9 +7,11 @@ Modes:
 * ``resolution``: attention resolution (Sun et al. 2022) of encodings at several lengths;
 * ``frequencies``: RoPE wavelengths per pair under frequency scalings.
 
-Every argument is parsed and checked (encodings created, scaling dicts validated) before
-anything is computed or written; numbers are parsed here, not by argparse, so a bad value is
-one ``relpos: error: ...`` line (exit 2). Files are written atomically into ``--out``.
+Every argument is parsed and checked (encodings created, scaling dicts validated, ``--out``
+creatable) before anything is computed or written; numbers are parsed with
+``relpos.arguments``, not by argparse, so a bad value is one ``relpos: error: ...`` line
+(exit 2) naming the flag. Files are written atomically into ``--out``; without matplotlib
+everything but the PNG is written, and the command says so.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_args", "run"]
+from ..arguments import parse_float, parse_int, parse_int_list, parse_names
+from ..io import check_output_dir
+from ..optional import missing_plot_note
+
+__all__ = ["add_arguments", "run_command"]
 
 MODES = ("decay", "base-bound", "resolution", "frequencies")
 
@@ -29,41 +35,13 @@ MODES = ("decay", "base-bound", "resolution", "frequencies")
 # ------------------------------------------------------------------------------ parsing
 
 
-def _int(value: str, flag: str, *, minimum: int = 1) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{flag} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def _float(value: str, flag: str, *, low: float, high: float = float("inf")) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{flag} must be a number, got {value!r}") from None
-    if not low <= number <= high:
-        raise ValueError(f"{flag} must be in [{low:g}, {high:g}], got {value!r}")
-    return number
-
-
-def _int_list(value: str, flag: str, *, minimum: int = 1) -> list[int]:
-    items = [v.strip() for v in value.split(",")]
-    if not value.strip() or any(not v for v in items):
-        raise ValueError(f"{flag} must be comma-separated integers, got {value!r}")
-    return [_int(v, flag, minimum=minimum) for v in items]
-
-
 def _encodings(value: str, num_heads: int, head_dim: int) -> list[Any]:
     import relpos
 
     names = [v.strip() for v in value.split(",")]
-    if not value.strip() or any(not n for n in names):
-        raise ValueError(f"--encodings must be comma-separated encoding names, got {value!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"--encodings lists a name twice: {value!r}")
+    names = parse_names(value, "--encodings")
     out = []
     for name in names:
         relpos.registry.encoding_class(name)  # unknown name -> ValueError listing the known ones
@@ -75,9 +53,11 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     """``--samples``, ``--key-correlation`` and ``--seed`` of the Monte-Carlo modes (checked in
     that order), as the keyword arguments ``decay_curves`` and ``encoding_resolution`` take."""
     return {
-        "samples": _int(args.samples, "--samples"),
-        "key_correlation": _float(args.key_correlation, "--key-correlation", low=-1.0, high=1.0),
-        "seed": _int(args.seed, "--seed", minimum=0),
+        "samples": parse_int(args.samples, "--samples"),
+        "key_correlation": parse_float(
+            args.key_correlation, "--key-correlation", minimum=-1.0, maximum=1.0
+        ),
+        "seed": parse_int(args.seed, "--seed", minimum=0),
     }
 
 
@@ -94,10 +74,7 @@ def _scaling(value: str) -> dict[str, Any]:
 
 
 def _out_dir(value: str) -> Path:
-    out = Path(value)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {value}: exists and is not a folder")
-    return out
+    return check_output_dir(value, "--out")
 
 
 # ------------------------------------------------------------------------------ output
@@ -136,9 +113,14 @@ def _write(out: Path, stem: str, args: argparse.Namespace, payload: dict[str, An
         "command": "relpos " + (shlex.join(argv) if argv else f"analyze {args.mode}"),
         "relpos_version": __version__,
     }
-    plot(out / f"{stem}.png")
+    note = missing_plot_note(f"{stem}.png")
+    if note is None:
+        plot(out / f"{stem}.png")
     write_json(out / f"{stem}.json", {"meta": meta, **payload})
-    print(f"wrote {out / (stem + '.png')} and {out / (stem + '.json')}")
+    if note is None:
+        print(f"wrote {out / (stem + '.png')} and {out / (stem + '.json')}")
+    else:
+        print(f"wrote {out / (stem + '.json')}; {note}")
 
 
 def _g(value: float | None, digits: int = 4) -> str:
@@ -151,9 +133,9 @@ def _g(value: float | None, digits: int = 4) -> str:
 def _decay(args: argparse.Namespace) -> int:
     from .decay import decay_curves, plot_decay
 
-    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
-    num_heads = _int(args.num_heads, "--num-heads")
-    max_distance = _int(args.max_distance, "--max-distance")
+    head_dim = parse_int(args.head_dim, "--head-dim", minimum=2)
+    num_heads = parse_int(args.num_heads, "--num-heads")
+    max_distance = parse_int(args.max_distance, "--max-distance")
     sampling = _sampling(args)
     out = _out_dir(args.out)
     encodings = _encodings(args.encodings, num_heads, head_dim)
@@ -199,11 +181,11 @@ def _decay(args: argparse.Namespace) -> int:
 def _base_bound(args: argparse.Namespace) -> int:
     from .base_bound import plot_base_bound, rope_base_lower_bound
 
-    contexts = _int_list(args.context, "--context")
-    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
+    contexts = parse_int_list(args.context, "--context")
+    head_dim = parse_int(args.head_dim, "--head-dim", minimum=2)
     if head_dim % 2:
         raise ValueError(f"--head-dim must be even, got {head_dim}")
-    grid_points = _int(args.grid_points, "--grid-points", minimum=2)
+    grid_points = parse_int(args.grid_points, "--grid-points", minimum=2)
     out = _out_dir(args.out)
 
     bounds = [
@@ -236,9 +218,9 @@ def _base_bound(args: argparse.Namespace) -> int:
 def _resolution(args: argparse.Namespace) -> int:
     from .resolution import encoding_resolution, plot_resolution
 
-    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
-    num_heads = _int(args.num_heads, "--num-heads")
-    lengths = sorted(set(_int_list(args.lengths, "--lengths", minimum=2)))
+    head_dim = parse_int(args.head_dim, "--head-dim", minimum=2)
+    num_heads = parse_int(args.num_heads, "--num-heads")
+    lengths = sorted(set(parse_int_list(args.lengths, "--lengths", minimum=2)))
     sampling = _sampling(args)
     out = _out_dir(args.out)
     encodings = _encodings(args.encodings, num_heads, head_dim)
@@ -262,10 +244,10 @@ def _resolution(args: argparse.Namespace) -> int:
 def _frequencies(args: argparse.Namespace) -> int:
     from .frequencies import default_profiles, plot_wavelengths
 
-    head_dim = _int(args.head_dim, "--head-dim", minimum=2)
-    base = _float(args.base, "--base", low=1.0 + 1e-12)
-    factor = _float(args.factor, "--factor", low=1.0)
-    original = _int(args.original, "--original")
+    head_dim = parse_int(args.head_dim, "--head-dim", minimum=2)
+    base = parse_float(args.base, "--base", above=1.0)
+    factor = parse_float(args.factor, "--factor", minimum=1.0)
+    original = parse_int(args.original, "--original")
     out = _out_dir(args.out)
     scalings = [_scaling(s) for s in args.scaling] if args.scaling else None
 
@@ -317,7 +299,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
 # ------------------------------------------------------------------------------ arguments
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``analyze`` sub-modes and their options (numbers stay strings: see module doc)."""
     sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
 
@@ -363,6 +345,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--original", default="2048", help="original context length (2048)")
 
 
-def run(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace) -> int:
     """Run ``relpos analyze MODE``; returns the exit code."""
     return _RUN[args.mode](args)

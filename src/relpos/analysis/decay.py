@@ -59,7 +59,8 @@ from torch import Tensor
 
 from .. import config
 from ..encodings.base import Encoding
-from .output import check_float, check_int, save_figure
+from ..validation import check_float, check_int
+from .output import save_figure
 
 __all__ = [
     "DecayCurves",
@@ -225,7 +226,7 @@ def _draws(
     enc = _check_encoding(encoding)
     max_distance = check_int(max_distance, "max_distance")
     samples = check_int(samples, "samples")
-    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
+    rho = check_float(key_correlation, "key_correlation", minimum=-1.0, maximum=1.0)
     h, d = enc.num_heads, enc.head_dim
     q_pos, k_pos = _key_positions(max_distance)
     qk = _random_qk(samples, h, d, max_distance + 1, rho, seed)
@@ -331,7 +332,7 @@ def decay_curves(
     enc = _check_encoding(encoding)
     max_distance = check_int(max_distance, "max_distance")
     samples = check_int(samples, "samples", minimum=0)
-    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
+    rho = check_float(key_correlation, "key_correlation", minimum=-1.0, maximum=1.0)
     h, d = enc.num_heads, enc.head_dim
     q_pos, k_pos = _key_positions(max_distance)
     ones = torch.ones(1, h, 1, d)

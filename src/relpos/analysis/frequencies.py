@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..functional import rope_frequencies
-from .output import check_float, check_int, save_figure
+from ..validation import check_float, check_int
+from .output import save_figure
 
 __all__ = [
     "FrequencyProfile",
@@ -101,7 +102,7 @@ def scaling_presets(
     evaluated at ``factor * original`` by ``default_profiles``.
     """
     head_dim = check_int(head_dim, "head_dim", minimum=2)
-    factor = check_float(factor, "factor", low=1.0)
+    factor = check_float(factor, "factor", minimum=1.0)
     original = check_int(original, "original")
     half = head_dim // 2
     step = (factor - 1.0) / (half - 1) if half > 1 else 0.0
@@ -150,7 +151,7 @@ def default_profiles(
     LongRoPE depend on), taking ``factor`` and ``original_max_position_embeddings`` from the
     dict when it has them; ``original`` is also passed as ``max_position_embeddings``.
     """
-    factor = check_float(factor, "factor", low=1.0)
+    factor = check_float(factor, "factor", minimum=1.0)
     original = check_int(original, "original")
     if scalings is None:
         scalings = list(scaling_presets(head_dim, factor, original).values())

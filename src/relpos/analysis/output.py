@@ -1,5 +1,5 @@
-"""Files of ``relpos analyze``: atomic JSON and PNG writes, and argument checks shared by the
-analysis modules.
+"""Files of ``relpos analyze``: atomic JSON and PNG writes (arguments are checked with
+``relpos.validation``).
 
 Every file is written to a temporary file in the destination folder and moved over the target
 with ``os.replace``: a crash or an exception never leaves a partial file.
@@ -14,30 +14,7 @@ from typing import Any
 
 from ..io import atomic_write
 
-__all__ = ["atomic_write", "write_json", "save_figure", "check_int", "check_float"]
-
-
-def check_int(value: object, name: str, *, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``; ``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def check_float(
-    value: object, name: str, *, low: float = -math.inf, high: float = math.inf
-) -> float:
-    """``value`` as a finite float in ``[low, high]``; ``ValueError`` naming ``name``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
-    return float(value)
+__all__ = ["atomic_write", "write_json", "save_figure"]
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import Encoding
+from ..validation import check_float, check_int
 from .decay import expected_logits, sample_count
-from .output import check_float, check_int, save_figure
+from .output import save_figure
 
 __all__ = ["attention_resolution", "Resolution", "encoding_resolution", "plot_resolution"]
 
@@ -87,7 +88,7 @@ def encoding_resolution(
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence) or not lengths:
         raise ValueError(f"lengths must be a non-empty sequence of ints >= 2, got {lengths!r}")
     lengths = [check_int(n, "lengths", minimum=2) for n in lengths]
-    rho = check_float(key_correlation, "key_correlation", low=-1.0, high=1.0)
+    rho = check_float(key_correlation, "key_correlation", minimum=-1.0, maximum=1.0)
     s = expected_logits(encoding, max(lengths) - 1, samples=samples, key_correlation=rho, seed=seed)
     values = [float(attention_resolution(s[:n])) for n in lengths]
     return Resolution(

@@ -62,7 +62,14 @@ class AttentionCall:
         batch-specific was prepared)."""
         assert self.ctx is not None
         dev = self.q.device
-        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and not self.ctx.extra
+        # ``ctx.data`` is batch-specific unless it says otherwise (``batch_shared = True``)
+        data_shared = getattr(self.ctx.data, "batch_shared", self.ctx.data is None)
+        shared = (
+            self.q_pos.shape[0] == 1
+            and self.k_pos.shape[0] == 1
+            and not self.ctx.extra
+            and data_shared
+        )
         b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
         h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
         return b, h, i[None, None, :, None], j[None, None, None, :]
@@ -89,7 +96,13 @@ class AttentionCall:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:
         ``(B|1, H, T, S)``."""
         assert self.encoding is not None and self.ctx is not None
-        return self.encoding.bias(self.ctx, *self.index_grids(i, j))
+        return self.encoding.bias(self.bias_context(i, j), *self.index_grids(i, j))
+
+    def bias_context(self, i: Tensor, j: Tensor) -> BiasContext:
+        """The context the encoding's ``bias`` reads over query indices ``i (T,)`` and key
+        indices ``j (S,)`` (``Encoding.block_context``: per-block precomputation)."""
+        assert self.encoding is not None and self.ctx is not None
+        return self.encoding.block_context(self.ctx, i, j)
 
     def allowed_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
         """``mask_mod`` over query rows ``q_start:q_end`` and keys ``0:k_end``: bool,

@@ -78,7 +78,11 @@ def _padded(length: int, device: torch.device) -> int:
 
 
 def _score_mod(call: AttentionCall):
-    enc, ctx = call.encoding, call.ctx
+    enc = call.encoding
+    dev = call.q.device
+    ctx = call.bias_context(
+        torch.arange(call.q.shape[2], device=dev), torch.arange(call.k.shape[2], device=dev)
+    )
     last_q, last_k = call.q.shape[2] - 1, call.k.shape[2] - 1
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:

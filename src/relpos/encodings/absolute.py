@@ -1,7 +1,8 @@
-"""Baselines: no positional encoding, and absolute encodings added to the token embeddings.
+"""Absolute encodings added to the token embeddings: sinusoidal and learned tables.
 
-These do not touch attention; ``relpos.nn.TransformerLM`` adds ``embed(pos, dim)`` to its
-token embeddings. They exist so the lab can compare relative encodings against them.
+These do not touch attention; ``relpos.nn.TransformerLM`` adds ``embed(pos (B|1, L), dim) ->
+(B|1, L, dim)`` to its token embeddings. They exist so the lab can compare relative
+encodings against them (NoPE, the other baseline, is ``nope.py``).
 """
 
 from __future__ import annotations
@@ -12,18 +13,9 @@ from torch import Tensor, nn
 from ..functional import sinusoidal_table
 from ..registry import register
 from .base import Encoding
+from .options import Float, Int
 
-
-@register("nope")
-class NoPE(Encoding):
-    """No positional encoding (NoPE; Kazemnejad et al. 2023, "The Impact of Positional
-    Encoding on Length Generalization in Transformers"). A causal mask alone leaks position.
-    """
-
-    family = "none"
-    paper = "Kazemnejad et al. 2023 (NoPE)"
-    relative = True
-    continuous = True
+__all__ = ["Sinusoidal", "LearnedAbsolute"]
 
 
 @register("sinusoidal")
@@ -36,7 +28,7 @@ class Sinusoidal(Encoding):
     ``scale`` defaults to ``dim ** -0.5`` (x-transformers' convention): the paper multiplies
     unit-variance token embeddings by ``sqrt(dim)`` instead; ``relpos.nn`` initialises token
     embeddings at ``N(0, 0.02^2)``, against which an unscaled PE (norm ``sqrt(dim / 2)``) would
-    drown the token identity.
+    drown the token identity. ``base > 1``, ``scale > 0``.
     """
 
     family = "absolute"
@@ -44,13 +36,17 @@ class Sinusoidal(Encoding):
     relative = False
     continuous = True
     adds_to_input = True
+    options = {
+        "base": Float(above=1.0, doc="wavelength base (10000 in the paper)"),
+        "scale": Float(above=0.0, optional=True, doc="PE multiplier (None: dim ** -0.5)"),
+    }
 
     def __init__(
         self, num_heads: int, head_dim: int, *, base: float = 10000.0, scale: float | None = None
     ) -> None:
         super().__init__(num_heads, head_dim)
-        self.base = float(base)
-        self.scale = None if scale is None else float(scale)
+        self.base = base
+        self.scale = scale
 
     def embed(self, pos: Tensor, dim: int) -> Tensor:
         scale = dim**-0.5 if self.scale is None else self.scale
@@ -61,14 +57,19 @@ class Sinusoidal(Encoding):
 class LearnedAbsolute(Encoding):
     """Learned absolute position embedding (GPT-2 / BERT style; Gehring et al. 2017).
 
-    A table ``E (max_positions, dim)`` initialised ``N(0, 0.02^2)``; ``embed(pos) = E[pos]``.
-    Positions past the table raise ``ValueError`` (``max_positions`` defaults to 1024).
+    A table ``E (max_positions, dim)`` initialised ``N(0, 0.02^2)``; ``embed(pos (B|1, L),
+    dim) = E[pos] (B|1, L, dim)``. Positions past the table raise ``ValueError``
+    (``max_positions`` defaults to 1024); ``dim`` defaults to ``num_heads * head_dim``.
     """
 
     family = "absolute"
     paper = "Gehring et al. 2017; Radford et al. 2019 (GPT-2)"
     relative = False
     adds_to_input = True
+    options = {
+        "max_positions": Int(doc="rows of the table (positions 0 .. max_positions - 1)"),
+        "dim": Int(optional=True, doc="embedding width (None: num_heads * head_dim)"),
+    }
 
     def __init__(
         self,
@@ -79,12 +80,6 @@ class LearnedAbsolute(Encoding):
         dim: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if (
-            isinstance(max_positions, bool)
-            or not isinstance(max_positions, int)
-            or max_positions <= 0
-        ):
-            raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
         self.dim = dim if dim is not None else num_heads * head_dim
         self.max_positions = max_positions
         self.table = nn.Parameter(torch.randn(max_positions, self.dim) * 0.02)
@@ -97,6 +92,3 @@ class LearnedAbsolute(Encoding):
 
     def extra_repr(self) -> str:
         return f"max_positions={self.max_positions}, dim={self.dim}"
-
-
-__all__ = ["NoPE", "Sinusoidal", "LearnedAbsolute"]

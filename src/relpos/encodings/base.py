@@ -257,6 +257,15 @@ class Encoding(nn.Module):
         dataclass declared next to the encoding. Default: None."""
         return None
 
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        """The context ``bias`` reads for one block: query indices ``i (T,)`` and key indices
+        ``j (S,)`` (consecutive). Backends call it for each block they evaluate (the chunked
+        backend per tile, inside its activation checkpoint, so the work is recomputed in
+        backward instead of stored; dense and FlexAttention once for the whole call), so an
+        encoding can do per-block work here, e.g. ``q_block @ W^T`` over the table rows the
+        block reaches (``contextual.table``). Default: the call's ``ctx``."""
+        return ctx
+
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Additive logit bias at (batch b, head h, query index i, key index j).
 

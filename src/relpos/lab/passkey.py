@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ..validation import check_float, check_int
+
 TASK_DESCRIPTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
     "them. I will quiz you about the important information there."
@@ -49,8 +51,7 @@ def information_line(key: int) -> str:
 def garbage(n_chars: int) -> str:
     """The first ``n_chars`` characters of the filler (repeated beyond the Landmark code's
     2000 copies when a prompt needs more)."""
-    if isinstance(n_chars, bool) or not isinstance(n_chars, int) or n_chars < 0:
-        raise ValueError(f"n_chars must be a non-negative int, got {n_chars!r}")
+    check_int(n_chars, "n_chars", minimum=0)
     repeats = max(GARBAGE_REPEATS, n_chars // (len(GARBAGE) + 1) + 1)
     return " ".join([GARBAGE] * repeats)[:n_chars]
 
@@ -58,10 +59,8 @@ def garbage(n_chars: int) -> str:
 def landmark_prompt(n_garbage: int, key: int, depth: float) -> str:
     """The Landmark prompt with ``n_garbage`` filler characters, ``round(depth * n_garbage)``
     of them before the information line."""
-    if not isinstance(depth, (int, float)) or isinstance(depth, bool) or not 0 <= depth <= 1:
-        raise ValueError(f"depth must be a number in [0, 1], got {depth!r}")
-    if isinstance(key, bool) or not isinstance(key, int) or key < 0:
-        raise ValueError(f"key must be a non-negative int, got {key!r}")
+    check_float(depth, "depth", minimum=0.0, maximum=1.0)
+    check_int(key, "key", minimum=0)
     prefix = round(depth * n_garbage)
     return "\n".join(
         [
@@ -124,8 +123,7 @@ def passkey_prompt(tokenizer: Any, target_tokens: int, *, key: int, depth: float
     secant steps on the real token count (the split at ``depth`` can shift it by a token or
     two). Raises ``ValueError`` when even ``n_garbage = 0`` exceeds ``target_tokens``.
     """
-    if isinstance(target_tokens, bool) or not isinstance(target_tokens, int) or target_tokens <= 0:
-        raise ValueError(f"target_tokens must be a positive int, got {target_tokens!r}")
+    check_int(target_tokens, "target_tokens")
     encode = as_encoder(tokenizer)
 
     def count(n: int) -> int:

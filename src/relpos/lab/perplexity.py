@@ -19,17 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..validation import check_int
+
 MODES = ("nonoverlapping", "sliding")
 # Tokens per forward pass during evaluation (the default batch size). 4096 keeps q and k of a
 # dim-128 model below relpos.config.FUSED_ROTARY_MIN_NUMEL, so evaluating RoPE at a new length
 # never waits for torch.compile, and bounds the logits to 4096 x vocab floats.
 EVAL_BATCH_TOKENS = 4096
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def sliding_stride(length: int) -> int:
@@ -54,7 +50,7 @@ def window_spans(
     token that predicts them: target ``t`` is ``tokens[t + 1]``.
     Returns ``(windows, stride, start)`` with the defaults resolved.
     """
-    _positive_int(length, "length")
+    check_int(length, "length")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "nonoverlapping":
@@ -63,7 +59,7 @@ def window_spans(
         stride = length
         start = 0 if start is None else start
     else:
-        stride = sliding_stride(length) if stride is None else _positive_int(stride, "stride")
+        stride = sliding_stride(length) if stride is None else check_int(stride, "stride")
         if stride > length:
             raise ValueError(f"stride ({stride}) must be <= length ({length})")
         start = length - stride if start is None else start
@@ -72,8 +68,7 @@ def window_spans(
                 f"start ({start}) must be >= length - stride ({length - stride}) in sliding "
                 "mode, so every scored token has a full window of context"
             )
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"start must be a non-negative int, got {start!r}")
+    check_int(start, "start", minimum=0)
     available = n_tokens - 1 - start  # targets t in [start, n_tokens - 1)
     if available < 1:
         raise ValueError(
@@ -81,7 +76,7 @@ def window_spans(
             f"(length {length}, mode {mode!r})"
         )
     budget = (
-        available if max_tokens is None else min(_positive_int(max_tokens, "max_tokens"), available)
+        available if max_tokens is None else min(check_int(max_tokens, "max_tokens"), available)
     )
     end = start + budget  # scored targets: [start, end)
     windows = []
@@ -140,7 +135,7 @@ def evaluate_perplexity(
     )
     if batch_size is None:
         batch_size = max(1, EVAL_BATCH_TOKENS // length)
-    _positive_int(batch_size, "batch_size")
+    check_int(batch_size, "batch_size")
     device = next(iter(model.parameters()), torch.empty(0)).device
     tokens = tokens.long()
     was_training = model.training

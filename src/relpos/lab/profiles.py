@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .. import registry
+
 P = TypeVar("P")
 
 HEADLINE = ("rope", "alibi", "kerple-log", "fire", "t5", "sinusoidal", "nope")
@@ -43,21 +45,17 @@ class Profile:
     train_tokens_per_second: Mapping[str, float] = field(default_factory=dict)
     # measured forward throughput (tokens/s) during evaluation, averaged over 1-16x lengths
     eval_tokens_per_second: Mapping[str, float] = field(default_factory=dict)
-
-    def backend(self, name: str) -> str:
-        """Attention backend for training and evaluating ``name``.
-
-        FIRE's bias is an MLP of (query, key) positions; ``auto`` materialises it densely for
-        small problems (5x slower to train than ALiBi at L=128 on CPU), while ``chunked``
-        tabulates it once per distance while every query lies below FIRE's threshold (as fast
-        as ALiBi) and works tile by tile above it.
-        """
-        return "chunked" if name == "fire" else "auto"
+    #: attention backend for training and evaluation: ``auto`` picks per encoding and size
+    #: (chunked for FIRE's per-distance MLP table at training sizes, see
+    #: ``relpos.attention``)
+    backend: str = "auto"
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
-        """Options for ``relpos.create``: a learned table long enough for every eval length
-        (its rows past the train length stay untrained, which is the point of the test)."""
-        if name == "learned":
+        """Options for ``relpos.create``, read from what the encoding declares: one that has a
+        ``max_positions`` option (a learned table) gets a table long enough for every
+        evaluation length (its rows past the train length stay untrained, which is the point
+        of the test)."""
+        if "max_positions" in registry.encoding_class(name).option_specs:
             return {"max_positions": max(train_len, max_len)}
         return {}
 

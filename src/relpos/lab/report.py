@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.output import save_figure  # PNG via atomic_write, then closed
-from ..io import atomic_write
+from ..io import atomic_write, check_output_dir
+from ..optional import installed
 
 MODE_TITLES = {
     "nonoverlapping": "non-overlapping windows (every token scored)",
@@ -77,13 +78,24 @@ def write_json_file(path: Path, data: Any) -> None:
 # ------------------------------------------------------------------------------ run folders
 
 
+def run_record_kind(path: Path, run_file: str) -> str | None:
+    """What ``path / run_file`` says about the folder: its ``"kind"``, ``"corrupt"`` when the
+    file is there but is no JSON object with a string ``kind``, or None when it is missing."""
+    record = path / run_file
+    if not record.exists():
+        return None
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "corrupt"
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        return "corrupt"
+    return data["kind"]
+
+
 def is_run_folder(path: Path, run_file: str, run_kind: str) -> bool:
     """Whether ``path / run_file`` is a JSON object with ``"kind": run_kind``."""
-    try:
-        data = json.loads((path / run_file).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == run_kind
+    return run_record_kind(path, run_file) == run_kind
 
 
 def check_run_folder(
@@ -91,14 +103,25 @@ def check_run_folder(
 ) -> bool:
     """Validate a run's ``--out`` folder (raises ``ValueError``); returns True when ``--force``
     will clear an old run. ``run_file`` / ``run_kind`` mark a folder as a run of this kind,
-    ``what`` names it in messages ("relpos run")."""
+    ``what`` names it in messages ("relpos run").
+
+    The folder must be creatable and writable (``relpos.io.check_output_dir``). A folder whose
+    ``run_file`` is corrupt (hand-edited, not JSON) is still a run folder for ``--force``,
+    which replaces it; ``--resume`` refuses it."""
     if resume and force:
         raise ValueError("--resume and --force exclude each other (continue or start over?)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} exists and is not a folder")
+    check_output_dir(out_dir, "--out")
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return False
-    if not is_run_folder(out_dir, run_file, run_kind):
+    kind = run_record_kind(out_dir, run_file)
+    if kind == "corrupt":
+        if force:
+            return True
+        raise ValueError(
+            f"--out {out_dir}: its {run_file} is corrupt (not a run record); use --force to "
+            "start over"
+        )
+    if kind != run_kind:
         raise ValueError(
             f"--out {out_dir} is not empty and holds no {what} ({run_file} missing); "
             f"choose another --out (--force only replaces {what}s)"
@@ -342,7 +365,9 @@ and ALiBi, KERPLE and FIRE stay flat.
 """
 
 
-def write_markdown(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write_markdown(
+    path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any], *, plot: bool = True
+) -> None:
     train_len = int(rows[0]["train_len"]) if rows else 0
     mults = [float(r["mult"]) for r in rows] or [1.0]
     first = rows[0] if rows else {}
@@ -368,7 +393,9 @@ def write_markdown(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, A
         "",
         markdown_tables(rows).rstrip("\n"),
         "",
-        "![perplexity vs evaluation length](ppl_vs_length.png)",
+        "![perplexity vs evaluation length](ppl_vs_length.png)"
+        if plot
+        else "(no plot: matplotlib was not installed)",
         "",
         "## How to read it",
         "",
@@ -405,7 +432,9 @@ def write_markdown(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, A
 def write_report(
     out_dir: str | os.PathLike, rows: Sequence[dict[str, Any]], meta: dict[str, Any]
 ) -> dict[str, Path]:
-    """Write results.json, results.csv, ppl_vs_length.png and report.md into ``out_dir``."""
+    """Write results.json, results.csv, ppl_vs_length.png and report.md into ``out_dir``;
+    returns their paths. Without matplotlib there is no PNG (no ``"png"`` key, and the
+    markdown says so instead of linking it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -416,9 +445,11 @@ def write_report(
     }
     write_json(paths["json"], rows, meta)
     write_csv(paths["csv"], rows)
-    if rows:
+    if rows and installed("matplotlib"):
         plot_ppl_vs_length(paths["png"], rows)
-    write_markdown(paths["md"], rows, meta)
+    else:
+        del paths["png"]
+    write_markdown(paths["md"], rows, meta, plot="png" in paths)
     return paths
 
 

@@ -13,9 +13,10 @@
   step in flight completes, the checkpoint is written, then ``TrainingInterrupted`` (a
   ``KeyboardInterrupt``) is raised; a second Ctrl-C stops at once. The old handlers are
   restored on the way out;
-* data-parallel under ``torchrun`` (``relpos.lab.distributed``): ``batch_size`` is global;
-* a rich progress bar (step, loss, tokens/s, ETA), refreshed every ``LOG_EVERY`` steps, which is
-  also the only place the loss is read back from the device.
+* data-parallel under ``torchrun`` (``relpos.lab.distributed`` helpers, entry point
+  ``relpos.lab.torchrun``): ``batch_size`` is global;
+* a rich progress bar (step, loss, tokens/s, ETA; ``relpos.lab.runtime``), refreshed every
+  ``LOG_EVERY`` steps, which is also the only place the loss is read back from the device.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -40,9 +39,12 @@ from torch import Tensor, nn
 import relpos
 from relpos.encodings.base import Encoding
 from relpos.nn import TransformerLM
+from relpos.validation import check_float, check_int
 
 from . import checkpoint as ckpt
+from . import distributed
 from .data import Corpus, sample_batch
+from .runtime import Progress, SignalStop
 
 LOG_EVERY = 10  # steps between progress updates (and loss read-backs / cross-rank averages)
 FINAL_LOSS_WINDOW = 10  # final_loss is the mean training loss of the last steps
@@ -88,21 +90,13 @@ class TrainConfig:
                 f"encoding_options must be a dict, got {type(self.encoding_options).__name__}"
             )
         for name in ("dim", "depth", "num_heads", "seq_len", "batch_size", "steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(getattr(self, name), name)
         for name in ("warmup", "checkpoint_every", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip!r}")
+            check_int(getattr(self, name), name, minimum=0)
+        check_float(self.lr, "lr", above=0.0)
+        check_float(self.min_lr_ratio, "min_lr_ratio", minimum=0.0, maximum=1.0)
+        check_float(self.weight_decay, "weight_decay", minimum=0.0)
+        check_float(self.grad_clip, "grad_clip (0 disables it)", minimum=0.0)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
 
@@ -190,10 +184,11 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 def check_compatible(
     config: TrainConfig, corpus: Corpus, state: dict[str, Any], where: str
-) -> None:
+) -> str | None:
     """Raise ValueError naming the keys where a checkpoint's ``state`` differs from ``config``
     and ``corpus`` in ways that make it unusable (``MODEL_KEYS``, vocab_size, tokenizer, the
-    training tokens); warn about other changed settings (lr, steps, ...)."""
+    training tokens). Returns the note about other changed settings (lr, steps, ...), None
+    when there are none (``train`` warns with it, or hands it to ``on_change``)."""
     saved = state["config"]
     new = config.to_json()
     differ = [k for k in MODEL_KEYS if saved.get(k) != new[k]]
@@ -212,16 +207,13 @@ def check_compatible(
         )
         raise ValueError(f"checkpoint in {where} is from an incompatible config: {details}")
     other = [k for k in new if k not in MODEL_KEYS + NEUTRAL_KEYS and saved.get(k) != new[k]]
-    if other:
-        changes = ", ".join(f"{k} {saved.get(k)!r} -> {new[k]!r}" for k in other)
-        warnings.warn(
-            f"resuming {where} with changed settings ({changes}); the result will differ from "
-            "an uninterrupted run",
-            stacklevel=3,
-        )
-
-
-_check_compatible = check_compatible  # the name extrapolate.py first used
+    if not other:
+        return None
+    changes = ", ".join(f"{k} {saved.get(k)!r} -> {new[k]!r}" for k in other)
+    return (
+        f"resuming {where} with changed settings ({changes}); the result will differ from "
+        "an uninterrupted run"
+    )
 
 
 def _saved_value(key: str, saved: dict, state: dict) -> Any:
@@ -243,86 +235,6 @@ def _new_value(key: str, new: dict, corpus: Corpus) -> Any:
     if key == "corpus":
         return f"{corpus.name}#{corpus.fingerprint()}"
     return new[key]
-
-
-class _SignalStop:
-    """Installs SIGINT/SIGTERM handlers that record the first signal (main thread only)."""
-
-    SIGNALS = ("SIGINT", "SIGTERM")
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self) -> _SignalStop:
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-class _Progress:
-    """The rich progress bar (a no-op when disabled or rich is missing)."""
-
-    def __init__(self, enabled: bool, description: str, total: int, completed: int) -> None:
-        self.bar = None
-        if not enabled:
-            return
-        try:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-        except ImportError:
-            return
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            refresh_per_second=4,
-        )
-        self.task = self.bar.add_task(
-            description, total=total, completed=completed, loss="-", tps="-"
-        )
-
-    def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def update(self, step: int, loss: float | None, tokens_per_second: float) -> None:
-        if self.bar is not None:
-            self.bar.update(
-                self.task,
-                completed=step,
-                loss="-" if loss is None else f"{loss:.4f}",
-                tps=f"{tokens_per_second:,.0f}",
-            )
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def _rng_state(device: torch.device, generator: torch.Generator) -> dict[str, Any]:
@@ -350,6 +262,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     callback: Callable[[int, Tensor], None] | None = None,
+    on_change: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train ``build_model(config, corpus.vocab_size)`` on ``corpus.train``.
 
@@ -364,6 +277,8 @@ def train(
             step's local loss, still on the device). An exception from it stops training; a
             ``KeyboardInterrupt`` from it is handled like Ctrl-C (checkpoint, then
             ``TrainingInterrupted``).
+        on_change: receives the note when a resumed checkpoint had other settings (lr,
+            steps, ...); None: a ``UserWarning`` (the CLI prints it as one line instead).
 
     Raises:
         TrainingInterrupted: on Ctrl-C / SIGTERM, after the checkpoint is written.
@@ -375,12 +290,12 @@ def train(
             f"the training split has {corpus.train.numel()} tokens; seq_len ({config.seq_len}) "
             "needs more"
         )
-    from . import distributed  # not at import time: `python -m relpos.lab.distributed`
-
     device = distributed.resolve_device(config.device, int(os.environ.get("LOCAL_RANK", "0")))
     info = distributed.setup(device)
     try:
-        result = _train(config, corpus, out_dir, resume, progress, callback, device, info)
+        result = _train(
+            config, corpus, out_dir, resume, progress, callback, on_change, device, info
+        )
     except TrainingInterrupted:  # every rank stops at the same step
         distributed.cleanup(info)
         raise
@@ -398,6 +313,7 @@ def _train(
     resume: bool,
     progress: bool,
     callback: Callable[[int, Tensor], None] | None,
+    on_change: Callable[[str], None] | None,
     device: torch.device,
     info: Any,  # distributed.DistInfo
 ) -> TrainResult:
@@ -419,7 +335,11 @@ def _train(
     step, losses, previous_seconds, previous_tps = 0, [], 0.0, 0.0
     if resume and out is not None and ckpt.has_checkpoint(out):
         state = ckpt.read_state(out)
-        check_compatible(config, corpus, state, str(out))
+        note = check_compatible(config, corpus, state, str(out))
+        if note is not None and on_change is not None:
+            on_change(note)
+        elif note is not None:
+            warnings.warn(note, stacklevel=3)
         if state["step"] > config.steps:
             raise ValueError(
                 f"checkpoint in {str(out)} is at step {state['step']}, past steps ({config.steps})"
@@ -513,7 +433,7 @@ def _train(
     saved_at = step if step > 0 else -1
     in_step = False
     show = progress and info.is_main
-    with _SignalStop() as stop, _Progress(show, config.encoding, config.steps, step) as bar:
+    with SignalStop() as stop, Progress(show, config.encoding, config.steps, step) as bar:
         try:
             while step < config.steps:
                 in_step = True

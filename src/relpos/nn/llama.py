@@ -20,7 +20,6 @@ the logits of the last ``n`` positions and ``token_nll`` scores targets chunk by
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,7 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..encodings.base import Encoding
+from ..encodings.options import Refused
 from ..registry import create, encoding_class
+from ..validation import check_int, check_token_ids
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 
@@ -75,9 +76,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "dim", "depth", "num_heads", "num_kv_heads", "hidden_dim"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LlamaConfig.{key} must be a positive int, got {value!r}")
+            check_int(getattr(self, key), f"LlamaConfig.{key}")
         if self.dim % self.num_heads:
             raise ValueError(
                 f"LlamaConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"
@@ -163,7 +162,8 @@ class LlamaLM(nn.Module):
         encoding: registry name (default ``"rope"``) or a ``relpos.Encoding`` instance.
         encoding_options: options for ``relpos.create``; the model's ``rope_base`` (as
             ``base``), ``rope_layout`` (as ``layout``) and ``max_position_embeddings`` are
-            added for every one of those keywords the encoding accepts and the options omit.
+            added for every one of those options the encoding declares (and does not refuse)
+            and the options omit.
         backend: attention backend (``"auto"``: SDPA for rotary encodings).
 
     ``forward(tokens (B, L), pos=None, cache=None, *, last=None) -> logits (B, L|last, vocab)``.
@@ -191,24 +191,25 @@ class LlamaLM(nn.Module):
         self.lm_head = None
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
-        for name, module in self.named_modules():
-            # encodings with their own layers (FIRE's MLP) keep their own init
-            if isinstance(module, (nn.Linear, nn.Embedding)) and ".encoding" not in name:
+        # the model initialises the layers it builds; the encoding (built by relpos.create,
+        # or passed in already trained) keeps the initialisation it has (FIRE's MLP)
+        encoding_modules = {id(m) for m in enc.modules()}
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in encoding_modules:
                 nn.init.normal_(module.weight, std=0.02)
 
     # ------------------------------------------------------------------ the encoding
     def encoding_defaults(self, name: str) -> dict[str, Any]:
         """The model-level options ``set_encoding`` adds for encoding ``name``: ``base``,
-        ``layout`` and ``max_position_embeddings``, each only if its constructor takes it."""
-        cls = encoding_class(name)
-        params = inspect.signature(cls.__init__).parameters
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        ``layout`` and ``max_position_embeddings``, each only if the encoding declares it
+        (``option_specs``) and does not refuse it (``Refused``: LieRE has no base)."""
+        specs = encoding_class(name).option_specs
         model = {
             "base": self.config.rope_base,
             "layout": self.config.rope_layout,
             "max_position_embeddings": self.config.max_position_embeddings,
         }
-        return {k: v for k, v in model.items() if takes_any or k in params}
+        return {k: v for k, v in model.items() if k in specs and not isinstance(specs[k], Refused)}
 
     def _build_encoding(self, encoding: str | Encoding, options: dict[str, Any]) -> Encoding:
         if isinstance(encoding, Encoding):
@@ -268,11 +269,7 @@ class LlamaLM(nn.Module):
         return KVCache.empty(self.config.depth)
 
     def _check_tokens(self, tokens: Tensor) -> None:
-        if not isinstance(tokens, Tensor) or tokens.dim() != 2:
-            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise ValueError(f"tokens must be an integer tensor of shape (B, L), got {shape}")
-        if tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be an integer tensor (int64/int32), got {tokens.dtype}")
+        check_token_ids(tokens, self.embed.num_embeddings)
 
     def hidden(
         self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
@@ -305,8 +302,7 @@ class LlamaLM(nn.Module):
         """Logits ``(B, L, vocab)``, or of the last ``last`` positions only."""
         h = self.hidden(tokens, pos, cache)
         if last is not None:
-            if isinstance(last, bool) or not isinstance(last, int) or last <= 0:
-                raise ValueError(f"last must be a positive int or None, got {last!r}")
+            check_int(last, "last")
             h = h[:, -last:]
         return self.head(h)
 
@@ -319,10 +315,10 @@ class LlamaLM(nn.Module):
         """
         self._check_tokens(tokens)
         L = tokens.shape[1]
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < L - 1:
-            raise ValueError(f"start must be an int in [0, {L - 2}] for {L} tokens, got {start!r}")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
-            raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+        if L < 2:
+            raise ValueError(f"tokens must hold at least 2 positions to score, got {L}")
+        check_int(start, "start", minimum=0, maximum=L - 2)
+        check_int(chunk, "chunk")
         h = self.hidden(tokens[:, :-1])[:, start:]
         targets = tokens[:, start + 1 :]
         out = []
@@ -349,10 +345,7 @@ class LlamaLM(nn.Module):
         every row has produced ``eos_token_id``, or when ``stop(new_tokens (B, n))`` is true.
         """
         self._check_tokens(tokens)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = self.new_cache()
         logits = self(tokens, cache=cache, last=1)
         new: list[Tensor] = []

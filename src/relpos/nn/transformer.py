@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..attention.call import MaskMod
 from ..encodings.base import Encoding
+from ..validation import check_int, check_token_ids
 from .attention import MultiHeadAttention, build_encoding
 from .cache import KVCache, LayerCache
 
@@ -148,11 +149,7 @@ class TransformerLM(nn.Module):
         inputs: dict[str, Tensor] | None = None,
         mask_mod: MaskMod | None = None,
     ) -> Tensor:
-        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"tokens must be an integer tensor of shape (B, L), got {tuple(tokens.shape)} "
-                f"{tokens.dtype}"
-            )
+        check_token_ids(tokens, self.vocab_size)
         B, L = tokens.shape
         x = self.embed(tokens)
         input_pos, attn_pos = self._positions(tokens, pos, cache)
@@ -205,6 +202,7 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def generate(self, tokens: Tensor, max_new_tokens: int) -> Tensor:
         """Greedy decoding with a KV cache: ``(B, L) -> (B, L + max_new_tokens)``."""
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = self.new_cache()
         logits = self(tokens, cache=cache)
         out = [tokens]

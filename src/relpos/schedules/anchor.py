@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_int_tensor
+from ..validation import check_int, check_int_tensor
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -47,7 +47,7 @@ def pack_with_anchor(
       global index. The mask is then plain causal-within-document (``anchor_mask_mod``
       gives it too: no key has id 0).
     """
-    check_int(anchor_token, "anchor_token")
+    check_int(anchor_token, "anchor_token", minimum=None)
     if isinstance(documents, Tensor) or not documents:
         raise ValueError("documents must be a non-empty sequence of 1-D token-id tensors")
     docs = [check_int_tensor(d, f"documents[{n}]", dims=(1,)) for n, d in enumerate(documents)]

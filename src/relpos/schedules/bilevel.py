@@ -25,7 +25,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_int_tensor
+from ..validation import check_int, check_int_tensor
 
 
 def bilevel_positions(
@@ -43,7 +43,7 @@ def bilevel_positions(
     segment ``[0, 0, 0, 1, 1, 1, 1, 2]``.
     """
     ids = check_int_tensor(tokens, "tokens")
-    seps = [check_int(s, "separators[...]") for s in separators]
+    seps = [check_int(s, "separators[...]", minimum=None) for s in separators]
     if not seps:
         raise ValueError("separators must name at least one separator token id")
     if max_intra is not None:

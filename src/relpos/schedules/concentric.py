@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_int_tensor
+from ..validation import check_int, check_int_tensor
 
 
 def concentric_rings(

@@ -26,7 +26,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from ._checks import check_generator, check_int, check_int_tensor
+from ..validation import check_bool, check_generator, check_int, check_int_tensor
 
 DIGITS = "0123456789"
 
@@ -101,8 +101,7 @@ def coupled_positions(
     Operands should be zero-padded to one length (as the paper does), or their digits of
     equal significance still share ids but the operators no longer line up.
     """
-    if not isinstance(reverse_answer, bool):
-        raise TypeError(f"reverse_answer must be a bool, got {reverse_answer!r}")
+    check_bool(reverse_answer, "reverse_answer")
     if isinstance(tokens, str):
         if digit_ids is not None or equals_id is not None:
             raise ValueError("digit_ids / equals_id are for token-id tensors, not strings")
@@ -112,8 +111,8 @@ def coupled_positions(
         ids = check_int_tensor(tokens, "tokens")
         if digit_ids is None or equals_id is None:
             raise ValueError("token-id tensors need digit_ids (the digit tokens) and equals_id")
-        digits = {check_int(d, "digit_ids[...]") for d in digit_ids}
-        check_int(equals_id, "equals_id")
+        digits = {check_int(d, "digit_ids[...]", minimum=None) for d in digit_ids}
+        check_int(equals_id, "equals_id", minimum=None)
         if equals_id in digits:
             raise ValueError(f"equals_id ({equals_id}) must not be one of digit_ids")
         batched = ids.dim() == 2
@@ -142,7 +141,7 @@ def _starts(start: int | Tensor, rows: int) -> list[int]:
                 f"start must be an int or hold one value per row ({rows}), got {len(values)}"
             )
     else:
-        values = [check_int(start, "start")] * rows
+        values = [check_int(start, "start", minimum=None)] * rows
     for v in values:
         if v < 1:
             raise ValueError(f"start must be >= 1 (id 0 is kept for BOS / padding), got {v}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_int
+from ..validation import check_int
 
 
 def endprompt_positions(
@@ -32,7 +32,7 @@ def endprompt_positions(
     """
     n = check_int(length, "length", minimum=0)
     check_int(target_length, "target_length", minimum=1)
-    c = check_int(tail_length, "tail_length")
+    c = check_int(tail_length, "tail_length", minimum=None)
     if target_length < n:
         raise ValueError(
             f"target_length ({target_length}) must be >= length ({n}): the terminal segment "

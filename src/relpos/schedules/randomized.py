@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_generator, check_int
+from ..validation import check_generator, check_int
 
 
 def randomized_positions(

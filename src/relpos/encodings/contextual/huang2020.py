@@ -6,7 +6,7 @@ Embeddings" (arXiv 2009.13658): methods 3 and 4.
 * ``huang2020-m3``: the trilinear interaction ``sum_l q_il k_jl a_ijl``.
 
 Both use HF BERT's ``distance_embedding`` layout and are ``RelativeEmbeddingTable``s
-(``relative_table.py``).
+(``embedding_table.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...functional import _check_int
 from ...registry import register
-from .table import RelativeEmbeddingTable
+from ..options import Int
+from .embedding_table import RelativeEmbeddingTable
 
 __all__ = ["Huang2020Method3", "Huang2020Method4"]
 
@@ -30,10 +30,11 @@ class _Huang2020(RelativeEmbeddingTable):
     """
 
     ascending = False
+    options = {"max_position_embeddings": Int(minimum=1, doc="M; the table has 2M - 1 rows")}
 
-    def __init__(self, num_heads: int, head_dim: int, *, max_position_embeddings: int) -> None:
-        m = _check_int(max_position_embeddings, "max_position_embeddings")
-        super().__init__(num_heads, head_dim, left=m - 1, right=m - 1, values=False)
+    def _set_positions(self, max_position_embeddings: int) -> None:
+        m = max_position_embeddings
+        self._set_window(m - 1, m - 1, False)
         self.max_position_embeddings = m
 
     def relation_table(self, role: str) -> Tensor:
@@ -63,7 +64,8 @@ class Huang2020Method4(_Huang2020):
     def __init__(
         self, num_heads: int, head_dim: int, *, max_position_embeddings: int = 512
     ) -> None:
-        super().__init__(num_heads, head_dim, max_position_embeddings=max_position_embeddings)
+        super().__init__(num_heads, head_dim)
+        self._set_positions(max_position_embeddings)
         self.distance_embedding = self._new_table(False, "normal", 0.02)
 
 
@@ -92,5 +94,6 @@ class Huang2020Method3(_Huang2020):
     def __init__(
         self, num_heads: int, head_dim: int, *, max_position_embeddings: int = 512
     ) -> None:
-        super().__init__(num_heads, head_dim, max_position_embeddings=max_position_embeddings)
+        super().__init__(num_heads, head_dim)
+        self._set_positions(max_position_embeddings)
         self.distance_embedding = nn.Parameter(1 + torch.randn(self.num_rows, head_dim) * 0.02)

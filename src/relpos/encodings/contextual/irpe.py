@@ -24,8 +24,9 @@ values (``rpe_on``, the official option):
   query term: its bucket is that of ``p_j - p_i``); on values:
   ``out_i += sum_j p_ij W_v[h, bucket(i, j), :]`` (``W_v (H|1, nb, D)``).
 
-Memory: ``prepare`` computes ``q @ W_k`` ``(B, H, Lq, nb)`` (and ``k @ W_q``), ``bias``
-gathers at the pair's bucket: O(L nb) as in the official code, never ``(L, L, D)``. The
+Memory: the tables are read through ``contextual.table.TableRead``: ``q @ W_k``
+``(B, H, T, nb)`` per query block (and ``k @ W_q`` per call); ``bias`` gathers at the pair's
+bucket: O(L nb) as in the official code, never ``(L, L, D)``. The
 value term scatter-adds the softmax weights of a query block into buckets ``(B, H, T, nb)``
 and multiplies by ``W_v``: O(T S + T nb D).
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
 
@@ -47,9 +49,12 @@ import torch
 from torch import Tensor, nn
 
 from ...registry import register
+from ...validation import check_float, check_int, check_str
 from ..base import BiasContext, Encoding
-from ..spatial.windows import swin_window_coordinates
-from .table_ops import gather_rows, weighted_rows
+from ..options import Bool, Choice, Custom, Float, Int
+from ..spatial.grid import grid_coordinates
+from .table import RowIndex, TableRead, query_block_context
+from .table_ops import weighted_rows
 
 __all__ = [
     "METHODS",
@@ -61,6 +66,7 @@ __all__ = [
     "irpe_bucket_ids_2d",
     "irpe_positions",
     "IRPE",
+    "IRPEData",
     "IRPEBias",
     "IRPEQKV",
 ]
@@ -69,6 +75,7 @@ __all__ = [
 METHODS = ("euc", "quant", "cross", "product")
 #: the official modes (``"ctx"`` is accepted for ``"contextual"``, as in ``get_rpe_config``)
 MODES = ("bias", "contextual")
+_MODE_NAMES = (*MODES, "ctx")
 # the bucket function of one table: cross has a table for rows and one for columns
 _TABLE_METHODS = ("euc", "quant", "product", "cross_rows", "cross_cols")
 
@@ -96,8 +103,7 @@ def piecewise_index(relative_position: Tensor, alpha: float, beta: float, gamma:
 
 def irpe_coefficients(ratio: float) -> tuple[float, float, float]:
     """``(alpha, beta, gamma) = (ratio, 2 ratio, 8 ratio)`` (official ``get_single_rpe_config``)."""
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
-        raise ValueError(f"ratio must be a positive number, got {ratio!r}")
+    ratio = check_float(ratio, "ratio", above=0.0)
     return 1 * ratio, 2 * ratio, 8 * ratio
 
 
@@ -163,12 +169,10 @@ def irpe_bucket_ids_2d(
     of an ``height x width`` feature map in row-major order after ``skip`` extra tokens
     (``L = height * width``), and the number of buckets (with the extra one when
     ``skip > 0``). Rows and columns of the extra tokens hold the extra bucket id."""
-    for name, v in (("height", height), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-        raise ValueError(f"skip must be a non-negative int, got {skip!r}")
-    pos = swin_window_coordinates((height, width))
+    check_int(height, "height")
+    check_int(width, "width")
+    check_int(skip, "skip", minimum=0)
+    pos = grid_coordinates((height, width))
     ids = irpe_bucket(pos[:, None, :] - pos[None, :, :], method, ratio)
     n = irpe_num_buckets(method, ratio)
     if skip == 0:
@@ -182,9 +186,8 @@ def irpe_positions(height: int, width: int, skip: int = 0) -> Tensor:
     """Positions ``(skip + height * width, 2)`` (int64) of a DeiT token sequence: ``skip``
     extra tokens (position ``(0, 0)``, ignored by iRPE) then the patches in row-major order
     (the official ``get_absolute_positions``)."""
-    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-        raise ValueError(f"skip must be a non-negative int, got {skip!r}")
-    grid = swin_window_coordinates((height, width))
+    check_int(skip, "skip", minimum=0)
+    grid = grid_coordinates((height, width))
     return torch.cat([grid.new_zeros(skip, 2), grid])
 
 
@@ -224,21 +227,46 @@ class _LookupTable(nn.Module):
     def table(self) -> Tensor:
         return getattr(self, self._name)
 
+    def rows(self) -> Tensor:
+        """A contextual q / k table as rows of embeddings: ``(nb, D)`` shared, ``(H, nb, D)``
+        per head (the official layout ``(H|1, D, nb)`` transposed)."""
+        rows = self.table.transpose(-1, -2)
+        return rows[0] if rows.shape[0] == 1 else rows
+
 
 class _CrossTables(nn.Module):
     """The official ``iRPE_Cross``: a rows table and a columns table, terms summed."""
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(
+        self, heads: int, head_dim: int, buckets: int, mode: str, role: str, init_std: float
+    ) -> None:
         super().__init__()
-        self.rp_rows = _LookupTable("cross_rows", **kwargs)  # type: ignore[arg-type]
-        self.rp_cols = _LookupTable("cross_cols", **kwargs)  # type: ignore[arg-type]
+        self.rp_rows = _LookupTable("cross_rows", heads, head_dim, buckets, mode, role, init_std)
+        self.rp_cols = _LookupTable("cross_cols", heads, head_dim, buckets, mode, role, init_std)
 
 
 # ------------------------------------------------------------------------------ encodings
-def _choice(value: object, name: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return str(value)
+def _check_rpe_on(value: object, name: str) -> str:
+    """``rpe_on``: a non-empty string of distinct letters from "q", "k", "v"."""
+    check_str(value, name)
+    assert isinstance(value, str)
+    if not value or set(value) - set("qkv") or len(set(value)) != len(value):
+        raise ValueError(
+            f"{name} must be a non-empty string of distinct letters from 'q', 'k', 'v' "
+            f"(e.g. 'k', 'qk', 'qkv'), got {value!r}"
+        )
+    return "".join(r for r in "qkv" if r in value)
+
+
+@dataclass
+class IRPEData:
+    """Per-call data of iRPE's contextual mode: one entry per table (two for ``cross``), as
+    ``contextual.table.TableRead``: ``on_keys[n]``, ``W_k`` read by the queries (products
+    ``q @ W_k (B, H, T, nb)`` per query block), and ``on_queries[n]``, ``W_q`` read by the keys
+    (``k @ W_q (B, Hk|H, Lk, nb)``); empty where iRPE is not on that role."""
+
+    on_keys: list[TableRead]
+    on_queries: list[TableRead]
 
 
 @register("irpe")
@@ -283,7 +311,20 @@ class IRPE(Encoding):
     """
 
     paper = "Wu et al. 2021 (iRPE)"
-    family = "contextual"
+    options = {
+        "method": Choice(METHODS),
+        "mode": Choice(_MODE_NAMES, optional=True, doc="default: the class's default_mode"),
+        "rpe_on": Custom(
+            _check_rpe_on,
+            invalid=[(3, TypeError), ("x", ValueError), ("", ValueError), ("kk", ValueError)],
+            optional=True,
+            doc="letters from 'q', 'k', 'v'; default: the class's default_rpe_on",
+        ),
+        "ratio": Float(above=0.0),
+        "shared_head": Bool(optional=True),
+        "skip": Int(minimum=0),
+        "init_std": Float(minimum=0.0),
+    }
     dims = 2
     relative = True
     has_bias = True  # per instance: False when rpe_on is "v" alone
@@ -305,38 +346,21 @@ class IRPE(Encoding):
         init_std: float = 0.0,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        method = _choice(method, "method", METHODS)
         mode = self.default_mode if mode is None else mode
-        mode = "contextual" if mode == "ctx" else _choice(mode, "mode", MODES)
+        mode = "contextual" if mode == "ctx" else mode
         rpe_on = self.default_rpe_on if rpe_on is None else rpe_on
-        if (
-            not isinstance(rpe_on, str)
-            or not rpe_on
-            or set(rpe_on) - set("qkv")
-            or len(set(rpe_on)) != len(rpe_on)
-        ):
-            raise ValueError(
-                f"rpe_on must be a non-empty string of distinct letters from 'q', 'k', 'v' "
-                f"(e.g. 'k', 'qk', 'qkv'), got {rpe_on!r}"
-            )
         if mode == "bias" and "v" in rpe_on:
             raise ValueError(
                 f"rpe_on={rpe_on!r}: the bias mode has no value term (official iRPE: 'Bias "
                 f"non-transposed RPE does not exist'); use mode='contextual' for 'v'"
             )
         shared_head = self.default_shared_head if shared_head is None else shared_head
-        if not isinstance(shared_head, bool):
-            raise TypeError(f"shared_head must be a bool, got {shared_head!r}")
-        if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-            raise ValueError(f"skip must be a non-negative int, got {skip!r}")
-        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or init_std < 0:
-            raise ValueError(f"init_std must be a non-negative number, got {init_std!r}")
         alpha, beta, gamma = irpe_coefficients(ratio)
-        self.method, self.mode, self.rpe_on = method, mode, "".join(r for r in "qkv" if r in rpe_on)
+        self.method, self.mode, self.rpe_on = method, mode, rpe_on
         self.ratio, self.shared_head, self.skip = ratio, shared_head, skip
         self.beta_int = int(beta)
-        self.has_bias = "q" in rpe_on or "k" in rpe_on  # type: ignore[misc]
-        self.has_value_term = "v" in rpe_on  # type: ignore[misc]
+        self.has_bias = "q" in rpe_on or "k" in rpe_on
+        self.has_value_term = "v" in rpe_on
         # g tabulated on 0 .. ceil(gamma) + 1: beyond gamma it is int(beta) (checked here),
         # so g(x) = sign(x) g_table[min(|x|, last)]: exact for integer x, identical on every
         # backend (no transcendental functions inside FlexAttention's score_mod)
@@ -345,20 +369,14 @@ class IRPE(Encoding):
         self.register_buffer("g_table", g, persistent=False)
         self.num_buckets = irpe_num_buckets(method, ratio, skip)  # per table
         heads = 1 if shared_head else num_heads
-        kwargs = dict(
-            heads=heads,
-            head_dim=head_dim,
-            buckets=self.num_buckets,
-            mode=mode,
-            init_std=float(init_std),
-        )
+        sizes = (heads, head_dim, self.num_buckets, mode)
         for role in "qkv":
             module: nn.Module | None = None
             if role in rpe_on:
                 if method == "cross":
-                    module = _CrossTables(role=role, **kwargs)
+                    module = _CrossTables(*sizes, role, init_std)
                 else:
-                    module = _LookupTable(method, role=role, **kwargs)  # type: ignore[arg-type]
+                    module = _LookupTable(method, *sizes, role, init_std)
             setattr(self, f"rpe_{role}", module)
 
     # ------------------------------------------------------------ indexing
@@ -406,27 +424,22 @@ class IRPE(Encoding):
         return h if table.shape[0] > 1 else h * 0
 
     # ------------------------------------------------------------ hooks
-    def prepare(
-        self,
-        q: Tensor,
-        k: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        inputs: dict[str, Tensor] | None = None,
-    ) -> BiasContext:
-        """Contextual mode: ``extra["k<n>"] = q @ W_k (B, H, Lq, nb)`` and
-        ``extra["q<n>"] = k @ W_q (B, Hkv|H, Lk, nb)`` for each table ``n``."""
-        ctx = super().prepare(q, k, q_pos, k_pos, inputs)
+    def precompute(
+        self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]
+    ) -> IRPEData | None:
+        """Contextual mode: the key tables read by the queries and the query tables read by
+        the keys (``IRPEData``); None in the bias mode."""
         if self.mode != "contextual":
-            return ctx
-        for n, t in enumerate(self.tables("k")):
-            ctx.extra[f"k{n}"] = torch.matmul(q, t.table.to(q.dtype))
-        for n, t in enumerate(self.tables("q")):
-            kk = k
-            if t.table.shape[0] > 1 and k.shape[1] != q.shape[1]:
-                kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            ctx.extra[f"q{n}"] = torch.matmul(kk, t.table.to(q.dtype))
-        return ctx
+            return None
+        return IRPEData(
+            on_keys=[TableRead.queries(q, t.rows().to(q.dtype), 0) for t in self.tables("k")],
+            on_queries=[
+                TableRead.keys(k, t.rows().to(q.dtype), 0, self.num_heads) for t in self.tables("q")
+            ],
+        )
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        return query_block_context(ctx, i)  # q_block @ W_k for the block's queries
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         dr, dc = self.offsets(ctx, b, i, j)
@@ -439,11 +452,9 @@ class IRPE(Encoding):
                 if self.mode == "bias":
                     term = t.table[self._head(h, t.table), ids]
                 elif role == "k":
-                    term = gather_rows(ctx.extra[f"k{n}"], b, h, i, ids) * ctx.scale
+                    term = ctx.data.on_keys[n].read(b, h, i, RowIndex(ids, None, 0)) * ctx.scale
                 else:
-                    kw = ctx.extra[f"q{n}"]
-                    hk = h // (self.num_heads // kw.shape[1])
-                    term = gather_rows(kw, b, hk, j, ids) * ctx.scale
+                    term = ctx.data.on_queries[n].read(b, h, j, RowIndex(ids, None, 0)) * ctx.scale
                 out = term if out is None else out + term
         assert out is not None
         return out
@@ -479,7 +490,6 @@ class IRPEBias(IRPE):
         "\n    default (``shared_head=False``); the official ``get_rpe_config`` defaults to a"
         "\n    shared one: pass ``shared_head=True`` for that.\n"
     )
-    family = "bias"
     default_mode = "bias"
     default_shared_head = False
 

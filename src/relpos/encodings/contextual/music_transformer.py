@@ -2,14 +2,14 @@
 
 ``music-transformer``: a learned table ``E_r`` of ``N`` relative positions read by the queries
 (zero beyond ``N``, causal by default). The paper's "skewing" is ``relative_table_ops.skew``;
-the class itself is a ``LearnedRelativeTable`` (``relative_table.py``).
+the class itself is a ``LearnedRelativeTable`` (``embedding_table.py``).
 """
 
 from __future__ import annotations
 
-from ...functional import _check_bool, _check_int
 from ...registry import register
-from .table import LearnedRelativeTable
+from ..options import Bool, Int
+from .embedding_table import LearnedRelativeTable
 
 __all__ = ["MusicTransformerRelative"]
 
@@ -45,6 +45,12 @@ class MusicTransformerRelative(LearnedRelativeTable):
     paper = "Huang et al. 2018 (Music Transformer)"
     causal_only = True
     beyond = "zero"
+    options = {
+        "max_relative_position": Int(minimum=1, doc="N, rows of E_r"),
+        "values": Bool(doc="add_relative_to_values"),
+        "heads_share": Bool(doc="heads_share_relative_embedding"),
+        "bidirectional": Bool(doc="the unmasked variant (2N - 1 rows)"),
+    }
 
     def __init__(
         self,
@@ -56,11 +62,9 @@ class MusicTransformerRelative(LearnedRelativeTable):
         heads_share: bool = False,
         bidirectional: bool = False,
     ) -> None:
-        n = _check_int(max_relative_position, "max_relative_position")
-        _check_bool(bidirectional, "bidirectional")
-        super().__init__(
-            num_heads, head_dim, left=n - 1, right=n - 1 if bidirectional else 0, values=values
-        )
+        super().__init__(num_heads, head_dim)
+        n = max_relative_position
+        self._set_window(n - 1, n - 1 if bidirectional else 0, values)
         self.max_relative_position = n
         self.bidirectional = bidirectional
         self.causal_only = not bidirectional  # type: ignore[misc]

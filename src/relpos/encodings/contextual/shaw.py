@@ -5,20 +5,50 @@
 * ``nezha``: Wei et al. 2019 (arXiv 1909.00204): the same keys and values read from a fixed
   sinusoid table.
 
-Both are ``RelativeEmbeddingTable``s (``relative_table.py``); Shaw's learned tables come from
-``LearnedRelativeTable``.
+Both are ``RelativeEmbeddingTable``s (``embedding_table.py``, read through the table reader of
+``table.py``); Shaw's learned tables come from ``LearnedRelativeTable``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from ...functional import _check_int, sinusoidal_table
+from ...functional import sinusoidal_table
 from ...registry import register
-from .table import LearnedRelativeTable, RelativeEmbeddingTable, _window
+from ...validation import check_int
+from ..options import Bool, Custom, Int
+from .embedding_table import LearnedRelativeTable, RelativeEmbeddingTable
 
 __all__ = ["ShawRelative", "NezhaRelative"]
+
+
+def _window(value: Any, name: str) -> tuple[int, int]:
+    """A clipping distance ``k`` (window ``[-k, k]``) or a ``(left, right)`` pair of them:
+    ``(left, right)``, each a non-negative int."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int k >= 0 or a (left, right) pair, got {value}")
+        return check_int(value[0], f"{name}[0]", minimum=0), check_int(
+            value[1], f"{name}[1]", minimum=0
+        )
+    return (check_int(value, name, minimum=0),) * 2
+
+
+_WINDOW = Custom(
+    _window,
+    invalid=[
+        ("16", TypeError),
+        (2.5, TypeError),
+        (True, TypeError),
+        (-1, ValueError),
+        ((4, -1), ValueError),
+        ((1, 2, 3), ValueError),
+    ],  # fmt: skip
+    doc="clipping distance k >= 0, or a (left, right) pair",
+)
 
 
 @register("shaw")
@@ -43,6 +73,11 @@ class ShawRelative(LearnedRelativeTable):
     """
 
     paper = "Shaw et al. 2018 (relation-aware self-attention)"
+    options = {
+        "max_relative_position": _WINDOW,
+        "values": Bool(doc="add the relative value embeddings"),
+        "heads_share": Bool(doc="one table for all heads (else one per head)"),
+    }
 
     def __init__(
         self,
@@ -53,8 +88,9 @@ class ShawRelative(LearnedRelativeTable):
         values: bool = True,
         heads_share: bool = True,
     ) -> None:
-        left, right = _window(max_relative_position, "max_relative_position")
-        super().__init__(num_heads, head_dim, left=left, right=right, values=values)
+        super().__init__(num_heads, head_dim)
+        m = max_relative_position  # checked: an int k or a (left, right) tuple
+        self._set_window(*((m, m) if isinstance(m, int) else m), values)
         self._learn_tables(heads_share, "uniform", (3.0 / self.num_rows) ** 0.5)
 
 
@@ -78,6 +114,10 @@ class NezhaRelative(RelativeEmbeddingTable):
     """
 
     paper = "Wei et al. 2019 (NEZHA)"
+    options = {
+        "max_relative_position": Int(minimum=0, doc="clipping distance K"),
+        "values": Bool(doc="add the value term"),
+    }
 
     def __init__(
         self,
@@ -87,8 +127,9 @@ class NezhaRelative(RelativeEmbeddingTable):
         max_relative_position: int = 64,
         values: bool = True,
     ) -> None:
-        k = _check_int(max_relative_position, "max_relative_position")
-        super().__init__(num_heads, head_dim, left=k, right=k, values=values)
+        super().__init__(num_heads, head_dim)
+        k = max_relative_position
+        self._set_window(k, k, values)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for NEZHA's sinusoid table, got {head_dim}")
         self.max_relative_position = k

@@ -1,262 +1,394 @@
-"""The shared base of relative-embedding tables: ``RelativeEmbeddingTable``, ``TableContext``,
-and ``LearnedRelativeTable`` (learned key and value tables: Shaw, Music Transformer).
+"""The relative-table reader of the contextual encodings: a table read by q or k.
 
-One idea behind Shaw, the Music Transformer, NEZHA and Huang et al. 2020 (their classes live
-in ``shaw.py``, ``music_transformer.py`` and ``huang2020.py``): a table of relative embeddings
-``a[r]`` indexed by a clipped relative position ``r = row(j - i)`` (key minus query), read by
-the query (Shaw's relative keys, ``q_i . a_ij``), optionally by the key (``k_j . a_ij``, Huang
-et al. method 4) or jointly by both (``sum_l q_il k_jl a_ijl``, method 3), and optionally by
-the attention weights (the "value term" ``sum_j p_ij a^V_ij``, Shaw and NEZHA). The encodings
-differ in where the table comes from (learned, fixed sinusoid), how the relative position is
-windowed (clipped at the edge, or zero beyond it), in which order the rows are stored, and
-which terms they use; ``RelativeEmbeddingTable`` holds everything else.
+Shaw, NEZHA, the Music Transformer, Huang et al. 2020, Transformer-XL and DeBERTa (and the
+spatial / document encodings that port onto it) add to the content logit terms of the form
 
-No ``(L, L, D)`` tensor is ever built (the functions are in ``relative_table_ops.py``):
+    q_i . W[row(i, j)]      (a table read by the query)      or
+    k_j . W[row(i, j)]      (a table read by the key)
 
-* ``prepare`` computes ``qr = q @ a^T`` over the table rows that the call's positions can
-  reach: ``(B, H, Lq, R)`` with ``R <= min(rows, Lq + Lk - 1)``; ``bias`` gathers
-  ``qr[b, h, i, row(j - i)]``. This is the memory-efficient equivalent of the Music
-  Transformer's "skewing" (``skew``): both read ``q_i . E[j - i + L - 1]`` out of
-  ``Q E^T`` with O(L R) memory; the gather also works for ``Lq != Lk``, batch-specific and
-  non-contiguous positions, clipping, and query tiles of the chunked backend.
-* the value term scatter-adds the softmax weights of a query block into relative-position
-  buckets ``(B, H, T, R)`` and multiplies by the value table ``(R, Dv)``: O(T S + T R Dv).
-* method 3's trilinear term loops over the D channels with a custom backward, so it needs
-  O(T S) memory per query tile, never ``(T, S, D)``.
+for a table ``W`` of relative embeddings, ``(R, D)`` shared by the heads or ``(H, R, D)`` per
+head, and a row that depends on the pair (for the sequence encodings: on the distance
+``q_pos - k_pos`` only). Nothing of shape ``(L, L, D)`` is ever built: the products
+``x @ W^T`` are formed over the rows the call (or a query block of it) can reach,
+``(B, H, N, R)``, and ``bias`` gathers one entry per pair from them.
 
-Conventions: ``rel = k_pos - q_pos = j - i`` (Shaw / tensor2tensor / NEZHA), so ``rel <= 0`` for
-keys in the past. Every term that reads q or k is multiplied by the call's logit scale
-(``1/sqrt(d)`` by default), as in the sources, which scale the sum of all terms.
+Building blocks (all typed; no string-keyed context):
+
+* ``DistanceRows``: the table row of every distance ``q_pos - k_pos`` a call reaches, as a
+  lookup over ``dmin .. dmax`` (so DeBERTa's log buckets are evaluated once per distance, not
+  per pair), the first row reached and the number of rows; ``restrict`` gives the same for a
+  query block, ``at(ctx, b, i, j)`` the rows of the pairs at the index grids (``RowIndex``).
+* ``TableRead``: one table read by the queries (``TableRead.queries``: products formed per
+  query block, see below) or by the keys (``TableRead.keys``: products of the whole call);
+  ``read(b, h, n, rows)`` is the one fast gather (``table_ops.gather_rows``).
+* ``TableData``: base of the per-encoding dataclasses that ``precompute`` returns (``ctx.data``):
+  ``rows`` plus the encoding's reads as fields.
+* ``TableEncoding``: base of the encodings built on them. It implements ``precompute`` (rows,
+  then the subclass's ``read_tables``) and ``block_context``.
+
+**Per-block products.** ``Encoding.block_context(ctx, i, j)`` is called by the backends for the
+block of query indices ``i`` and key indices ``j`` they evaluate (the chunked backend per tile,
+inside its activation checkpoint; dense and FlexAttention once for the whole call). For a
+``TableEncoding`` it restricts the rows to those the block reaches and forms the query reads'
+products for the block's queries only: ``(B, H, T, R_block)``. So the chunked backend never
+holds a ``(B, H, L, R)`` product, and the backward of each tile writes into its own small
+product instead of a full-size gradient buffer (for the unclipped Music Transformer the call's
+``R`` is ``L``). A query read that was not formed for a block (``bias`` called directly with
+the call's context) is formed for the whole call on the fly.
+
+How an encoding uses it::
+
+    @dataclass
+    class MyData(TableData):
+        query: TableRead                              # q_i . W[row(i, j)]
+
+    class MyEncoding(TableEncoding):
+        def table_row(self, distance):                # int64 rows; NO_ROW: no embedding
+            return distance.clamp(-k, k) + k
+        def read_tables(self, q, k, ctx, rows):       # rows: DistanceRows of the call
+            w = self.table[rows.first : rows.first + rows.count]
+            return MyData(rows=rows, query=TableRead.queries(q, w, rows.first))
+        def bias(self, ctx, b, h, i, j):
+            r = ctx.data.rows.at(ctx, b, i, j)
+            return r.zero_outside(ctx.data.query.read(b, h, i, r)) * ctx.scale
+
+Encodings whose rows are not a function of the distance (iRPE's buckets, 2-D tables) use
+``TableRead`` alone: ``read(b, h, n, RowIndex(rows, None, first))`` with their own row index.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ...functional import _check_bool
 from ..base import BiasContext, Encoding
-from .table_ops import gather_rows, trilinear_scores, weighted_rows
+from .table_ops import gather_rows
 
-__all__ = ["RelativeEmbeddingTable", "LearnedRelativeTable", "TableContext"]
+__all__ = [
+    "NO_ROW",
+    "DistanceRows",
+    "RowIndex",
+    "TableRead",
+    "TableData",
+    "TableEncoding",
+    "query_block_context",
+    "distance_range",
+    "scaled_sum",
+]
+
+#: what ``TableEncoding.table_row`` returns for a distance that has no embedding (it reads 0)
+NO_ROW = -(2**62)
 
 
-# ------------------------------------------------------------------------------ base class
+def distance_range(q_pos: Tensor, k_pos: Tensor, both_signs: bool = False) -> tuple[int, int]:
+    """Smallest and largest ``q_pos - k_pos`` over the pairs of each batch row (positions of
+    different rows never meet): ``q_pos (B|1, Lq)``, ``k_pos (B|1, Lk)``. ``both_signs`` also
+    covers ``k_pos - q_pos``. ``(0, 0)`` for empty positions. Two host syncs."""
+    if q_pos.numel() == 0 or k_pos.numel() == 0:
+        return 0, 0
+    lo = int((q_pos.amin(1) - k_pos.amax(1)).min())
+    hi = int((q_pos.amax(1) - k_pos.amin(1)).max())
+    if both_signs:
+        lo, hi = min(lo, -hi), max(hi, -lo)
+    return lo, hi
+
+
 @dataclass
-class TableContext(BiasContext):
-    """``BiasContext`` plus ``row0``, the first table row the call reads (its products in
-    ``extra`` cover rows ``row0 .. row0 + R - 1``)."""
+class RowIndex:
+    """Table rows of the pairs at some index grids: ``rows`` (int64, counted from table row
+    ``first``) and, for tables with no row beyond a window, ``inside`` (bool, else None)."""
 
-    row0: int = 0
+    rows: Tensor
+    inside: Tensor | None
+    first: int
 
-
-def _window(value: object, name: str) -> tuple[int, int]:
-    """A clipping distance ``k`` (window ``[-k, k]``) or a ``(left, right)`` pair."""
-    if isinstance(value, tuple) and len(value) == 2:
-        left, right = value
-    else:
-        left = right = value
-    for v in (left, right):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(
-                f"{name} must be a non-negative int k or a (left, right) pair of them, "
-                f"got {value!r}"
-            )
-    return left, right
+    def zero_outside(self, x: Tensor) -> Tensor:
+        """``x`` with the pairs that have no table row set to 0."""
+        return x if self.inside is None else torch.where(self.inside, x, 0.0)
 
 
-class RelativeEmbeddingTable(Encoding):
-    """Base: a table of relative embeddings indexed by a windowed relative position.
+@dataclass
+class DistanceRows:
+    """Table row of each distance ``d = q_pos - k_pos`` in ``dmin .. dmax``.
 
-    ``rel = k_pos - q_pos`` lies in a window ``[-left, right]`` (keys up to ``left`` positions
-    before the query and ``right`` after it). The table has ``left + right + 1`` rows; the row
-    of a pair is ``clip(rel) + left`` (``ascending``, Shaw's order) or ``right - clip(rel)``
-    (HF BERT's order, ``i - j + M - 1``). Outside the window the embedding is the edge row
-    (``beyond = "clip"``, Shaw) or zero (``beyond = "zero"``, Music Transformer).
-
-    Logit terms (``terms``), each multiplied by the call's scale and added to
-    ``scale * q_i . k_j``:
-
-    * ``"query"``: ``q_i . a^K_ij`` (Shaw's relative keys);
-    * ``"key"``: ``k_j . a^K_ij`` (Huang et al. 2020 method 4);
-    * ``"trilinear"``: ``sum_l q_il k_jl (a^K_ijl - 1)`` (method 3, see its class).
-
-    With ``values=True`` the output gains ``sum_j p_ij a^V_ij`` (``value_term``), so only the
-    ``eager`` and ``chunked`` backends run the encoding.
-
-    Subclasses provide ``relation_table(role)`` for ``role`` in ``"key"``, ``"value"``:
-    ``(rows, D)`` shared by the heads, or ``(H, rows, D)`` per head.
+    ``lookup[d - dmin]`` is the row minus ``first`` (``-1``: no row, the pair reads 0);
+    ``count`` rows ``first .. first + count - 1`` are reached. With ``bounds`` (distances
+    beyond which the row no longer changes: a clipped window) the domain is clipped to them and
+    ``at`` clamps the distances, so sparse far-apart positions do not make the lookup long.
+    ``dmin`` / ``dmax`` are also kept as 0-d tensors: FlexAttention captures them as buffers
+    instead of compiling a kernel per value.
     """
 
-    family = "contextual"
-    has_bias = True
-    relative = True
-    terms: ClassVar[tuple[str, ...]] = ("query",)
-    ascending: ClassVar[bool] = True
-    beyond: ClassVar[str] = "clip"
+    lookup: Tensor
+    lo: int
+    hi: int
+    dmin: Tensor
+    dmax: Tensor
+    first: int
+    count: int
+    gaps: bool
+    clamp: bool
 
-    def __init__(
-        self, num_heads: int, head_dim: int, *, left: int, right: int, values: bool
-    ) -> None:
-        super().__init__(num_heads, head_dim)
-        self.left, self.right = left, right
-        self.has_value_term = _check_bool(values, "values")
-
-    @property
-    def num_rows(self) -> int:
-        """Rows of the table: ``left + right + 1``."""
-        return self.left + self.right + 1
-
-    # ------------------------------------------------------------ the table
-    def relation_table(self, role: str) -> Tensor:
-        """The ``role`` ("key" or "value") table: ``(rows, D)`` or ``(H, rows, D)``."""
-        raise NotImplementedError
-
-    def _new_table(self, per_head: bool, init: str, scale: float) -> nn.Parameter:
-        """A learned table ``(rows, D)`` or ``(H, rows, D)``: ``init`` "normal" (std ``scale``)
-        or "uniform" (``U(-scale, scale)``)."""
-        shape = (self.num_heads,) * per_head + (self.num_rows, self.head_dim)
-        if init == "normal":
-            return nn.Parameter(torch.randn(shape) * scale)
-        return nn.Parameter((torch.rand(shape) * 2 - 1) * scale)
-
-    # ------------------------------------------------------------ indexing
-    def row(self, rel: Tensor) -> Tensor:
-        """Table row of relative position ``rel = k_pos - q_pos`` (clipped to the window)."""
-        clipped = rel.clamp(-self.left, self.right)
-        return clipped + self.left if self.ascending else self.right - clipped
-
-    def index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Row of every (query, key) pair: ``(..., Lq, Lk)`` from positions ``(..., L)``
-        (pairs outside the window of a ``beyond = "zero"`` table read zeros instead)."""
-        return self.row(k_pos[..., None, :] - q_pos[..., :, None])
-
-    def _span(self, q_pos: Tensor, k_pos: Tensor) -> tuple[int, int]:
-        """The rows ``r0 .. r1`` this call can reach (the relative positions between the
-        smallest and largest, clipped): at most ``min(rows, Lq + Lk - 1)`` for range positions."""
-        if q_pos.numel() == 0 or k_pos.numel() == 0:
-            return 0, self.num_rows - 1
-        lo = int(k_pos.min()) - int(q_pos.max())
-        hi = int(k_pos.max()) - int(q_pos.min())
-        a, b = (int(x) for x in self.row(torch.tensor([lo, hi])))
-        return min(a, b), max(a, b)
-
-    # ------------------------------------------------------------ hooks
-    def prepare(
-        self,
-        q: Tensor,
-        k: Tensor,
+    @classmethod
+    def build(
+        cls,
+        row_of: Callable[[Tensor], Tensor],
         q_pos: Tensor,
         k_pos: Tensor,
-        inputs: dict[str, Tensor] | None = None,
-    ) -> BiasContext:
-        """Per call: the reachable table rows ``r0..r1`` and the products that ``bias`` reads.
+        *,
+        both_signs: bool = False,
+        bounds: tuple[int, int] | None = None,
+    ) -> DistanceRows:
+        """The rows of every distance between ``q_pos (B|1, Lq)`` and ``k_pos (B|1, Lk)``;
+        ``row_of(distance)`` gives int64 rows (``NO_ROW`` for none)."""
+        lo, hi = distance_range(q_pos, k_pos, both_signs)
+        if bounds is not None:
+            lo, hi = min(max(lo, bounds[0]), bounds[1]), max(min(hi, bounds[1]), bounds[0])
+        keys = row_of(torch.arange(lo, hi + 1, device=q_pos.device))
+        return cls._from_rows(keys, lo, hi, clamp=bounds is not None)
 
-        ``extra``: ``qr = q @ a^T (B, H, Lq, R)`` ("query"), ``kr = k @ a^T (B, Hkv, Lk, R)``
-        ("key"), ``q``, ``k`` and ``a - 1`` ("trilinear"), the value rows ``av (R, Dv)`` or
-        ``(H, R, Dv)``; ``TableContext.row0 = r0``.
-        """
-        base = super().prepare(q, k, q_pos, k_pos, inputs)
-        r0, r1 = self._span(base.q_pos, base.k_pos)
-        table = self.relation_table("key")[..., r0 : r1 + 1, :].to(q.dtype)
-        extra: dict[str, Tensor] = {}
-        if "query" in self.terms:
-            extra["qr"] = torch.matmul(q, table.transpose(-1, -2))
-        if "key" in self.terms:
-            if table.dim() == 3 and k.shape[1] != q.shape[1]:
-                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            extra["kr"] = torch.matmul(k, table.transpose(-1, -2))
-        if "trilinear" in self.terms:
-            # copies: FlexAttention's CPU kernel cannot read its own q / k as score_mod buffers
-            extra.update(q=q.clone(), k=k.clone(), a=table - 1)
-        if self.has_value_term:
-            extra["av"] = self.relation_table("value")[..., r0 : r1 + 1, :].to(q.dtype)
-        return TableContext(q_pos=base.q_pos, k_pos=base.k_pos, extra=extra, row0=r0)
-
-    def _rows(
-        self, ctx: TableContext, b: Tensor, i: Tensor, j: Tensor
-    ) -> tuple[Tensor, Tensor | None]:
-        """Rows ``row(j - i) - row0`` of the call's products at the index grids, and (for
-        ``beyond = "zero"``) whether each pair lies inside the window (else None)."""
-        first, last = -ctx.row0, self.num_rows - 1 - ctx.row0
-        if self.ascending:  # clip(rel) + left - row0
-            shifted = (ctx.k_pos[b, j] + (self.left - ctx.row0)) - ctx.q_pos[b, i]
-        else:  # right - clip(rel) - row0
-            shifted = (ctx.q_pos[b, i] + (self.right - ctx.row0)) - ctx.k_pos[b, j]
-        inside = (shifted >= first) & (shifted <= last) if self.beyond == "zero" else None
-        return shifted.clamp(first, last), inside
-
-    def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        assert isinstance(ctx, TableContext)
-        rows, inside = self._rows(ctx, b, i, j)
-        out: Tensor | None = None
-        if "query" in self.terms:
-            out = gather_rows(ctx.extra["qr"], b, h, i, rows)
-        if "key" in self.terms:
-            kr = ctx.extra["kr"]
-            term = gather_rows(kr, b, h // (self.num_heads // kr.shape[1]), j, rows)
-            out = term if out is None else out + term
-        if "trilinear" in self.terms:
-            q, k = ctx.extra["q"], ctx.extra["k"]
-            hk, a = h // (self.num_heads // k.shape[1]), ctx.extra["a"]
-            if rows.dim() == 0:  # FlexAttention's score_mod: one score, channel by channel
-                term = q[b, h, i, 0] * k[b, hk, j, 0] * a[rows, 0]
-                for l in range(1, a.shape[1]):
-                    term = term + q[b, h, i, l] * k[b, hk, j, l] * a[rows, l]
-            else:
-                term = trilinear_scores(q[b, h, i], k[b, hk, j], a, rows)
-            out = term if out is None else out + term
-        assert out is not None
-        if inside is not None:
-            out = torch.where(inside, out, 0.0)
-        return out * ctx.scale
-
-    def value_term(
-        self, ctx: BiasContext, p: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor
-    ) -> Tensor:
-        """``sum_j p_ij a^V[row(i, j)]``: ``p`` scatter-added into row buckets ``(B, H, T, R)``,
-        then one matmul with the value rows ``(R, Dv)``."""
-        assert isinstance(ctx, TableContext)
-        rows, inside = self._rows(ctx, b, i, j)
-        if inside is not None:
-            p = p * inside
-        return weighted_rows(p, rows, ctx.extra["av"])
-
-    def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, window=(-{self.left}, {self.right}), "
-            f"values={self.has_value_term}"
+    @classmethod
+    def _from_rows(cls, keys: Tensor, lo: int, hi: int, clamp: bool) -> DistanceRows:
+        valid = keys != NO_ROW
+        if not bool(valid.any()):  # no pair has a row: one dummy row, every pair reads 0
+            first, last, gaps = 0, 0, True
+        else:
+            first, last = int(keys[valid].min()), int(keys[valid].max())
+            gaps = not bool(valid.all())
+        lookup = torch.where(valid, keys - first, -1)
+        dev = keys.device
+        return cls(
+            lookup=lookup,
+            lo=lo,
+            hi=hi,
+            dmin=torch.tensor(lo, dtype=torch.int64, device=dev),
+            dmax=torch.tensor(hi, dtype=torch.int64, device=dev),
+            first=first,
+            count=last - first + 1,
+            gaps=gaps,
+            clamp=clamp,
         )
 
+    def restrict(self, q_pos: Tensor, k_pos: Tensor, both_signs: bool = False) -> DistanceRows:
+        """The same lookup for a block of the call (``q_pos``, ``k_pos``: the block's
+        positions): only the distances and rows that block reaches."""
+        lo, hi = distance_range(q_pos, k_pos, both_signs)
+        lo, hi = min(max(lo, self.lo), self.hi), max(min(hi, self.hi), self.lo)
+        part = self.lookup[lo - self.lo : hi - self.lo + 1]
+        keys = torch.where(part >= 0, part + self.first, NO_ROW)
+        return self._from_rows(keys, lo, hi, self.clamp)
 
-class LearnedRelativeTable(RelativeEmbeddingTable):
-    """Base of the tables that are learned parameters: ``key_table`` and, with ``values``,
-    ``value_table``, each ``(rows, D)`` shared by the heads or ``(H, rows, D)`` per head
-    (Shaw, Music Transformer). NEZHA's fixed sinusoid and Huang et al.'s single
-    ``distance_embedding`` are not of this kind.
+    def at(self, ctx: BiasContext, b: Tensor, i: Tensor, j: Tensor, *, sign: int = 1) -> RowIndex:
+        """Rows of the pairs at the index grids of ``bias`` (distance ``q_pos[b, i] -
+        k_pos[b, j]``, or its negative with ``sign=-1``)."""
+        d = ctx.q_pos[b, i] - ctx.k_pos[b, j]
+        if sign < 0:
+            d = -d
+        if self.clamp:
+            d = torch.clamp(d, self.dmin, self.dmax)
+        rows = self.lookup[d - self.dmin]
+        if not self.gaps:
+            return RowIndex(rows, None, self.first)
+        return RowIndex(rows.clamp_min(0), rows >= 0, self.first)
 
-    Subclasses call ``_learn_tables`` after ``__init__`` with their initialisation.
+
+def _group_products(x: Tensor, table: Tensor) -> Tensor:
+    """``x_n . table[h, r]`` for every head h of a per-head table ``(H, R, D)``, from
+    ``x (B, Hx, N, D)`` with ``Hx`` dividing H (grouped-query keys serve their group):
+    ``(B, H, N, R)``."""
+    B, Hx, N, D = x.shape
+    H, R = table.shape[:2]
+    if Hx == H:
+        return torch.matmul(x, table.transpose(-1, -2))
+    grouped = table.reshape(Hx, H // Hx, R, D).transpose(-1, -2)  # (Hx, g, D, R)
+    return torch.matmul(x[:, :, None], grouped).reshape(B, H, N, R)
+
+
+@dataclass
+class TableRead:
+    """A relative table ``W`` read by the queries (``by="q"``) or the keys (``by="k"``).
+
+    ``x (B, Hx, N, D)`` are the queries or keys that read it, ``table`` the rows
+    ``first .. first + R - 1`` of ``W``: ``(R, D)`` shared by the heads or ``(H, R, D)`` per
+    head. ``products = x @ table^T``: ``(B, H', N, R)`` with ``H' = H / group`` (a shared table
+    read by grouped-query keys keeps the key heads; query head h reads ``h // group``).
+    ``offset`` is the index of ``x``'s first row in the call (a query block's start).
+
+    Query reads are formed lazily: ``block`` forms them for one query block, and ``read``
+    forms them for the whole call if nothing did.
     """
 
-    key_table: nn.Parameter
-    value_table: nn.Parameter | None
+    x: Tensor
+    table: Tensor
+    first: int
+    by: str
+    group: int = 1
+    offset: int = 0
+    products: Tensor | None = None
 
-    def _learn_tables(self, heads_share: bool, init: str, scale: float) -> None:
-        """Create ``key_table`` (then ``value_table`` when the encoding has the value term):
-        ``init`` and ``scale`` as in ``_new_table``; ``heads_share`` is stored as given."""
-        self.heads_share = bool(heads_share)
-        self.key_table = self._new_table(not self.heads_share, init, scale)
-        self.value_table = (
-            self._new_table(not self.heads_share, init, scale) if self.has_value_term else None
+    @classmethod
+    def queries(cls, q: Tensor, table: Tensor, first: int) -> TableRead:
+        """The table read by the queries ``q (B, H, Lq, D)``; products per block."""
+        return cls(x=q, table=table, first=first, by="q")
+
+    @classmethod
+    def keys(cls, k: Tensor, table: Tensor, first: int, num_heads: int) -> TableRead:
+        """The table read by the keys ``k (B, Hkv, Lk, D)`` for ``num_heads`` query heads;
+        products of the whole call ``(B, H | Hkv, Lk, R)``, formed now."""
+        if table.dim() == 3:
+            return cls(k, table, first, "k", 1, 0, _group_products(k, table))
+        products = torch.matmul(k, table.transpose(-1, -2))
+        return cls(k, table, first, "k", num_heads // k.shape[1], 0, products)
+
+    def compute(self) -> Tensor:
+        """``x @ table^T`` over all of ``x``."""
+        if self.products is not None:
+            return self.products
+        if self.table.dim() == 3:
+            return _group_products(self.x, self.table)
+        return torch.matmul(self.x, self.table.transpose(-1, -2))
+
+    def block(self, start: int, end: int, first: int, count: int) -> TableRead:
+        """The read of ``x[:, :, start:end]`` over table rows ``first .. first + count - 1``
+        (within this read's rows), products formed now."""
+        lo = first - self.first
+        part = replace(
+            self,
+            x=self.x[:, :, start:end],
+            table=self.table.narrow(-2, lo, count),
+            first=first,
+            offset=self.offset + start,
+            products=None,
         )
+        part.products = part.compute()
+        return part
 
-    def relation_table(self, role: str) -> Tensor:
-        table = self.key_table if role == "key" else self.value_table
-        assert table is not None
-        return table
+    def read(self, b: Tensor, h: Tensor, n: Tensor, r: RowIndex) -> Tensor:
+        """``products[b, h, n, row]`` at the index grids of ``bias``: ``n`` is the query
+        index for a query read and the key index for a key read; ``r`` the rows."""
+        rows = r.rows if r.first == self.first else r.rows + (r.first - self.first)
+        if self.group > 1:
+            h = h // self.group
+        if self.offset:
+            n = n - self.offset
+        return gather_rows(self.compute(), b, h, n, rows, by_keys=self.by == "k")
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, heads_share={self.heads_share}"
+
+@dataclass
+class TableData:
+    """Base of the per-call data of a ``TableEncoding`` (``ctx.data``): the rows of the
+    call's distances; subclasses add their ``TableRead`` fields (and any other tensors)."""
+
+    rows: DistanceRows
+
+    def for_block(self, start: int, end: int, rows: DistanceRows) -> TableData:
+        """The data of query rows ``start:end``: ``rows`` of the block, query reads formed
+        for its queries over the rows it reaches (key reads and other fields are shared)."""
+        changes: dict[str, Any] = {"rows": rows}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, TableRead) and value.by == "q":
+                changes[f.name] = value.block(start, end, rows.first, rows.count)
+        return replace(self, **changes)
+
+
+def scaled_sum(terms: list[Tensor], scale: float) -> Tensor:
+    """``sum(terms) * scale``. The first term is a fresh gather result: over index grids, when
+    it already has the full shape, the rest are added to it in place (one (B, H, T, S) tensor
+    per tile instead of several); 0-d terms (FlexAttention) stay out of place."""
+    out = terms[0]
+    if out.dim() == 0 or torch.broadcast_shapes(*(t.shape for t in terms)) != out.shape:
+        for t in terms[1:]:
+            out = out + t
+        return out * scale
+    for t in terms[1:]:
+        out.add_(t)
+    return out.mul_(scale)
+
+
+class TableEncoding(Encoding):
+    """Base of the contextual encodings that read relative tables at a distance-given row.
+
+    Subclasses give ``table_row(distance)`` (int64 rows of ``distance = q_pos - k_pos``,
+    element-wise; ``NO_ROW`` where there is no embedding), optionally ``row_bounds`` (the
+    distances beyond which the row is constant) and ``both_signs`` (``bias`` also reads rows of
+    ``k_pos - q_pos``), and ``read_tables(q, k, ctx, rows)`` returning their ``TableData``.
+    This class computes the call's ``DistanceRows`` (``precompute``) and the per-block data
+    (``block_context``).
+    """
+
+    has_bias = True
+    relative = True
+    both_signs: bool = False
+
+    def table_row(self, distance: Tensor) -> Tensor:
+        """Table row (int64) selected by ``distance = q_pos - k_pos``; ``NO_ROW`` for none."""
+        raise NotImplementedError
+
+    @property
+    def row_bounds(self) -> tuple[int, int] | None:
+        """Distances ``(lo, hi)`` outside which ``table_row`` is constant, or None."""
+        return None
+
+    def read_tables(self, q: Tensor, k: Tensor, ctx: BiasContext, rows: DistanceRows) -> TableData:
+        """The call's ``TableData`` from the rows it reaches."""
+        raise NotImplementedError
+
+    def check_head_dim(self, x: Tensor, name: str) -> None:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{name} has head_dim {x.shape[-1]} but encoding {self.name!r} was created with "
+                f"head_dim={self.head_dim}"
+            )
+
+    def precompute(self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]):
+        self.check_head_dim(q, "q")
+        self.check_head_dim(k, "k")
+        rows = DistanceRows.build(
+            self.table_row,
+            ctx.q_pos,
+            ctx.k_pos,
+            both_signs=self.both_signs,
+            bounds=self.row_bounds,
+        )
+        return self.read_tables(q, k, ctx, rows)
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        data = ctx.data
+        if not isinstance(data, TableData) or i.dim() != 1 or j.dim() != 1 or i.numel() == 0:
+            return ctx
+        start, end = int(i[0]), int(i[-1]) + 1
+        if end - start != i.numel() or j.numel() == 0:
+            return ctx  # not a block of consecutive queries: read the call's products
+        rows = data.rows.restrict(ctx.q_pos[:, start:end], ctx.k_pos[:, j], self.both_signs)
+        return replace(ctx, data=data.for_block(start, end, rows))
+
+
+def query_block_context(ctx: BiasContext, i: Tensor) -> BiasContext:
+    """``block_context`` of encodings whose table rows are not a function of the distance
+    (iRPE's buckets, MViTv2's per-axis tables, DocPolarBERT's box buckets): their ``ctx.data``
+    is a dataclass whose ``TableRead`` fields (alone or in tuples / lists) cover every row of
+    their tables. For a block of consecutive query indices ``i (T,)`` each read by the
+    queries is formed for the block's queries only, ``(B, H, T, R)``; key reads and other
+    fields are shared. Anything else (no data, indices that are not one consecutive block):
+    the call's ``ctx``."""
+    data = ctx.data
+    if data is None or not is_dataclass(data) or i.dim() != 1 or i.numel() == 0:
+        return ctx
+    start, end = int(i[0]), int(i[-1]) + 1
+    if end - start != i.numel():
+        return ctx
+
+    def block(value: Any) -> Any:
+        if isinstance(value, TableRead) and value.by == "q":
+            return value.block(start, end, value.first, value.table.shape[-2])
+        if isinstance(value, (tuple, list)) and any(isinstance(v, TableRead) for v in value):
+            return type(value)(block(v) for v in value)
+        return value
+
+    changes = {f.name: block(getattr(data, f.name)) for f in fields(data)}
+    return replace(ctx, data=replace(data, **changes))

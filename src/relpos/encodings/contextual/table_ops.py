@@ -2,15 +2,14 @@
 
 * ``skew`` / ``skew_unmasked``: the Music Transformer's "skewing" of ``Q E^T`` (Huang et al.
   2018, Sec. 3.4.1; tensor2tensor), kept as the reference the gather below is tested against;
-* ``gather_rows``: ``t[b, h, x, rows]`` of a per-call product ``q @ a^T`` (or ``k @ a^T``) at
-  the index grids of ``Encoding.bias``: O(L R) memory, any positions, any query tile;
+* ``gather_rows``: ``t[b, h, n, rows]`` of a per-call product ``q @ a^T`` (or ``k @ a^T``) at
+  the index grids of ``Encoding.bias``: the one fast gather of every relative-table read;
 * ``weighted_rows``: the value term ``sum_j p_ij a^V[rows_ij]`` by scatter-adding the softmax
   weights into row buckets, O(T S + T R Dv);
 * ``trilinear_scores``: ``sum_l q_l k_l a_l`` with a custom backward that loops over the
   channels (Huang et al. 2020 method 3), O(T S) memory per query tile.
 
-Used by ``relative_table.RelativeEmbeddingTable`` (Shaw, Music Transformer, NEZHA, Huang 2020)
-and by ``irpe``.
+Used by the table reader (``table.py``: ``TableRead``) and by the encodings built on it.
 """
 
 from __future__ import annotations
@@ -104,28 +103,59 @@ def trilinear_scores(q: Tensor, k: Tensor, table: Tensor, rows: Tensor) -> Tenso
 
 
 # ------------------------------------------------------------------------------ gathers
-def gather_rows(t: Tensor, b: Tensor, h: Tensor, x: Tensor, rows: Tensor) -> Tensor:
-    """``t[b, h, x, rows]`` for a per-call product ``t (B, H', L, R)`` (``q @ a^T`` with ``x``
-    the query grid, ``k @ a^T`` with ``x`` the key grid), at the index grids of ``bias``
-    (``b, h, x`` and ``rows`` broadcast to the output shape).
+def _is_grid(b: Tensor, h: Tensor, n: Tensor, axis: int) -> bool:
+    """``b (Bb,1,1,1)``, ``h (1,Hh,1,1)`` and ``n`` a query (axis 2) or key (axis 3) index grid."""
+    if b.dim() != 4 or h.dim() != 4 or n.dim() != 4:
+        return False
+    other = 5 - axis  # the grid axis of the other index
+    return (
+        b.shape[1:] == (1, 1, 1)
+        and h.shape[0] == 1
+        and h.shape[2:] == (1, 1)
+        and n.shape[:2] == (1, 1)
+        and n.shape[other] == 1
+    )
 
-    On the backends' ``(B, H, T, S)`` grids this is one ``gather`` along R (plain advanced
-    indexing would first build a ``(B, H, T, S)`` linear index from all four); other index
-    shapes (0-d FlexAttention indices) use advanced indexing.
+
+def _select(t: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``t.index_select(dim, index)``; ``t`` itself or a ``narrow`` view when ``index`` is
+    ``start, start + 1, ...`` (the usual grids), so neither a copy nor an ``index_add`` in
+    backward is needed."""
+    flat = index.reshape(-1)
+    if flat.numel() == 0:
+        return t.index_select(dim, flat)
+    start = int(flat[0])
+    span = torch.arange(start, start + flat.numel(), device=flat.device, dtype=flat.dtype)
+    if torch.equal(flat, span):
+        if start == 0 and flat.numel() == t.shape[dim]:
+            return t
+        return t.narrow(dim, start, flat.numel())
+    return t.index_select(dim, flat)
+
+
+def gather_rows(
+    t: Tensor, b: Tensor, h: Tensor, n: Tensor, rows: Tensor, *, by_keys: bool | None = None
+) -> Tensor:
+    """``t[b, h, n, rows]`` for a per-call product ``t (B, H', N, R)`` (``q @ a^T`` with ``n``
+    the query index, ``k @ a^T`` with ``n`` the key index and ``by_keys=True``), at the index
+    grids of ``Encoding.bias`` (``b, h, n`` and ``rows`` broadcast to the output shape).
+
+    On the backends' ``(B, H, T, S)`` grids the batch rows, heads and rows ``n`` are selected
+    first (views for consecutive indices) and then gathered along ``R``: one ``gather``, whose
+    backward is a ``scatter_add`` of ``T x S`` values (plain advanced indexing would build a
+    linear index from all four and accumulate with ``index_put``). Other index shapes
+    (FlexAttention's 0-d indices) use advanced indexing. ``by_keys=None``: from the shape of
+    ``n`` (a key grid has its keys on the last axis).
     """
-    if rows.dim() != 4:
-        return t[b, h, x, rows]
-    grid = torch.broadcast_shapes(b.shape, h.shape, x.shape)
-    shape = torch.broadcast_shapes(grid, rows.shape)
-    sel = t[b, h, x]  # grid + (R,)
-    n = sel.shape[-1]
-    if grid[-1] == 1:  # x runs over queries: sel (B, H, T, 1, R)
-        return torch.gather(sel[..., 0, :].expand(*shape[:-1], n), -1, rows.expand(shape))
-    if grid[-2] == 1:  # x runs over keys: sel (B, H, 1, S, R); gather key-major, transpose
-        per_key = sel[..., 0, :, :].expand(*shape[:-2], shape[-1], n)
-        index = rows.expand(shape).transpose(-1, -2)
-        return torch.gather(per_key, -1, index).transpose(-1, -2)
-    return t[b, h, x, rows]
+    if by_keys is None:
+        by_keys = n.dim() == 4 and n.shape[-2] == 1 and n.shape[-1] != 1
+    if rows.dim() != 4 or not _is_grid(b, h, n, 3 if by_keys else 2):
+        return t[b, h, n, rows]
+    sel = _select(_select(_select(t, 2, n), 0, b), 1, h)
+    index = rows.expand(sel.shape[0], sel.shape[1], rows.shape[2], rows.shape[3])
+    if not by_keys:
+        return sel.gather(-1, index)
+    return sel.gather(-1, index.transpose(-1, -2)).transpose(-1, -2)
 
 
 def weighted_rows(p: Tensor, rows: Tensor, table: Tensor) -> Tensor:

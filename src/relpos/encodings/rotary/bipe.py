@@ -21,6 +21,7 @@ from torch import Tensor
 from ...registry import register
 from ...schedules.bilevel import bilevel_positions
 from ..absolute import LearnedAbsolute
+from ..options import Custom, Int
 from .rope import RoPE
 
 
@@ -38,14 +39,13 @@ class TokenPositions(NamedTuple):
     state: Tensor
 
 
-def _check_separators(separators: object) -> tuple[int, ...] | None:
-    """``separators`` as a tuple of non-negative ints (None stays None); ``ValueError`` naming
-    the option otherwise."""
-    if separators is None:
-        return None
+def check_separators(separators: object, name: str = "separators") -> tuple[int, ...]:
+    """``separators`` as a tuple of non-negative int token ids (any iterable of integer-like
+    ids: ints, 0-d integer tensors). ``TypeError`` for a wrong type (a string, a float or
+    bool id), ``ValueError`` for a wrong value (empty, a negative id); both name ``name``."""
     form = "a non-empty list of non-negative int token ids, e.g. [13, 869]"
     if isinstance(separators, (str, bytes)) or not isinstance(separators, Iterable):
-        raise ValueError(f"separators must be {form}, got {separators!r}")
+        raise TypeError(f"{name} must be {form}, got {separators!r}")
     ids = []
     for s in separators:
         try:
@@ -53,12 +53,12 @@ def _check_separators(separators: object) -> tuple[int, ...] | None:
                 raise TypeError
             value = operator.index(s)
         except TypeError:
-            raise ValueError(f"separators must be {form}, got the element {s!r}") from None
+            raise TypeError(f"{name} must be {form}, got the element {s!r}") from None
         if value < 0:
-            raise ValueError(f"separators must be {form}, got the element {value}")
+            raise ValueError(f"{name} must be {form}, got the element {value}")
         ids.append(value)
     if not ids:
-        raise ValueError(f"separators must be {form}, got an empty collection")
+        raise ValueError(f"{name} must be {form}, got an empty collection")
     return tuple(ids)
 
 
@@ -86,7 +86,10 @@ class BiPERoPE(RoPE):
             at ``max_intra - 1``.
         dim: width of the intra table (default ``num_heads * head_dim``, the model width).
         **rope_options: ``base``, ``layout``, ``partial_rotary_factor``, ``scaling``,
-            ``max_position_embeddings`` of ``rope``.
+            ``max_position_embeddings`` of ``rope`` (declared there; every scaling composes:
+            it rescales the RoPE on segment indices).
+
+    ``corpus_options``: the lab fills ``separators`` from its tokenizer.
 
     Shapes: ``rotate(x (B, H, L, D), pos (B|1, L))`` with segment indices;
     ``embed(pos (B|1, L) intra offsets, dim) -> (B|1, L, dim)``;
@@ -106,9 +109,19 @@ class BiPERoPE(RoPE):
     cached prefix, ``TokenPositions.state``), equal to the full forward.
     """
 
-    family = "rotary"
     paper = "He et al. 2024 (BiPE)"
     adds_to_input = True
+    options = {
+        "separators": Custom(
+            checker=check_separators,
+            invalid=[(".", TypeError), ([1.5], TypeError), ([], ValueError), ([-1], ValueError)],
+            optional=True,
+            doc="token ids that end a segment",
+        ),
+        "max_intra": Int(minimum=1, doc="rows of the intra-segment table"),
+        "dim": Int(minimum=1, optional=True, doc="width of the intra-segment table"),
+    }
+    corpus_options = {"separators": "token ids that end a segment (sentence ends, newline)"}
 
     def __init__(
         self,
@@ -121,11 +134,7 @@ class BiPERoPE(RoPE):
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
-        if isinstance(max_intra, bool) or not isinstance(max_intra, int) or max_intra <= 0:
-            raise ValueError(f"max_intra must be a positive int (table rows), got {max_intra!r}")
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0):
-            raise ValueError(f"dim must be a positive int (the intra table width), got {dim!r}")
-        self.separators = _check_separators(separators)
+        self.separators = separators
         self.max_intra = max_intra
         self.intra = LearnedAbsolute(num_heads, head_dim, max_positions=max_intra, dim=dim)
 

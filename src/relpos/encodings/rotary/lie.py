@@ -18,9 +18,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ...functional import _check_int, apply_rotary, rope_angles
+from ...functional import apply_rotary, rope_angles
 from ...registry import register
 from ..base import Encoding
+from ..options import Float, Int, OptionSpec, Refused
 
 # --------------------------------------------------------------------------- shared helpers
 
@@ -87,6 +88,19 @@ def orthogonal_powers(base: Tensor, exponent: Tensor) -> Tensor:
     return table[exponent - lo]
 
 
+def refused_rope_options(reason: str, *, keep: tuple[str, ...] = ()) -> dict[str, OptionSpec]:
+    """``Refused`` specs for the common RoPE options (``rope.ROPE_OPTIONS``) a group encoding
+    cannot honour, each with ``reason``; ``keep`` names those it declares itself."""
+    defaults = {
+        "base": None,
+        "layout": None,
+        "partial_rotary_factor": None,
+        "scaling": None,
+        "max_position_embeddings": None,
+    }
+    return {k: Refused(reason, default=v) for k, v in defaults.items() if k not in keep}
+
+
 def _as_coordinates(pos: Tensor) -> Tensor:
     """``(B|1, L)`` or ``(B|1, L, m)`` -> float64 ``(B|1, L, m)``."""
     pos = pos.to(torch.float64)
@@ -129,10 +143,19 @@ class LieRE(Encoding):
     Shapes: ``x (B, H, L, D)``; parameter ``generator (m, head_dim / g, g (g - 1) / 2)``.
     """
 
-    family = "rotary"
     paper = "Ostmeier et al. 2024 (LieRE)"
     has_rotary = True
     continuous = True
+    options = {
+        "dims": Int(minimum=1, doc="position axes"),
+        "generator_dim": Int(minimum=2, optional=True, doc="block size g (even, divides D)"),
+        "init_range": Float(minimum=0.0, doc="generator entries start ~ U(0, init_range)"),
+        "expected_steps": Float(above=0.0, doc="positions are divided by it"),
+        **refused_rope_options(
+            "LieRE learns dense skew-symmetric generators: there is no RoPE base, pair "
+            "layout or frequency spectrum to set, rotate partly or rescale"
+        ),
+    }
 
     def __init__(
         self,
@@ -143,23 +166,23 @@ class LieRE(Encoding):
         generator_dim: int | None = None,
         init_range: float = 2 * math.pi,
         expected_steps: float = 512.0,
+        base: None = None,
+        layout: None = None,
+        partial_rotary_factor: None = None,
+        scaling: None = None,
+        max_position_embeddings: None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for liere, got {head_dim}")
-        self.dims = _check_int(dims, "dims")
         g = head_dim if generator_dim is None else generator_dim
-        if isinstance(g, bool) or not isinstance(g, int) or g < 2 or g % 2 or head_dim % g:
+        if g % 2 or head_dim % g:
             raise ValueError(
                 f"generator_dim must be an even int >= 2 dividing head_dim={head_dim} (an "
                 f"odd-size skew-symmetric generator always fixes a direction), got {g!r}"
             )
-        if isinstance(init_range, bool) or not isinstance(init_range, (int, float)):
-            raise ValueError(f"init_range must be a number, got {init_range!r}")
-        es = expected_steps
-        if isinstance(es, bool) or not isinstance(es, (int, float)) or not es > 0:
-            raise ValueError(f"expected_steps must be a number > 0, got {es!r}")
-        self.expected_steps = float(es)
+        self.dims = dims
+        self.expected_steps = expected_steps
         self.generator_dim = g
         self.relative = dims == 1 or g == 2  # commuting generators
         packed = torch.rand(dims, head_dim // g, g * (g - 1) // 2) * init_range
@@ -202,6 +225,9 @@ class LieRE2D(LieRE):
     its conformance suite cover the N-D case: dense generators per axis that do not commute,
     hence not relative. Use ``dims = 3`` for video. Args, shapes: as ``liere``."""
 
+    dims = 2
+    relative = False  # dense generators per axis do not commute (the instance decides)
+
     def __init__(
         self,
         num_heads: int,
@@ -211,6 +237,11 @@ class LieRE2D(LieRE):
         generator_dim: int | None = None,
         init_range: float = 2 * math.pi,
         expected_steps: float = 512.0,
+        base: None = None,
+        layout: None = None,
+        partial_rotary_factor: None = None,
+        scaling: None = None,
+        max_position_embeddings: None = None,
     ) -> None:
         super().__init__(
             num_heads,
@@ -270,12 +301,21 @@ class MinkowskiPE(Encoding):
     Shapes: ``x (B, H, L, D)`` with ``D % 4 == 0``, ``pos (B|1, L, m)``.
     """
 
-    family = "rotary"
     paper = "Li et al. 2026 (MinkowskiPE)"
     has_rotary = True
     continuous = True
     cache_rotated_keys = False
     dims = 3
+    options = {
+        "dims": Int(minimum=2, doc="time + space axes"),
+        "base": Float(above=1.0, doc="spectrum of the rotations and rapidity rates"),
+        "max_rapidity": Float(above=0.0, doc="rapidity rate of the first block"),
+        **refused_rope_options(
+            "MinkowskiPE's 4-channel boost + rotation blocks fix the channel layout and its "
+            "rapidity rates are not a RoPE spectrum an HF scaling dict could rescale",
+            keep=("base",),
+        ),
+    }
 
     def __init__(
         self,
@@ -285,18 +325,17 @@ class MinkowskiPE(Encoding):
         dims: int = 3,
         base: float = 10000.0,
         max_rapidity: float = 1 / 1024,
+        layout: None = None,
+        partial_rotary_factor: None = None,
+        scaling: None = None,
+        max_position_embeddings: None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if isinstance(dims, bool) or not isinstance(dims, int) or dims < 2:
-            raise ValueError(f"dims must be an int >= 2 (time + space axes), got {dims!r}")
         if head_dim % 4:
             raise ValueError(f"head_dim must be a multiple of 4 for minkowski, got {head_dim}")
-        for name, value, low in (("base", base, 1.0), ("max_rapidity", max_rapidity, 0.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= low:
-                raise ValueError(f"{name} must be a number > {low:g}, got {value!r}")
         self.dims = dims
-        self.base = float(base)
-        self.max_rapidity = float(max_rapidity)
+        self.base = base
+        self.max_rapidity = max_rapidity
         n = head_dim // 4
         blocks = torch.arange(n, dtype=torch.float64)
         axis = 1 + blocks.long() % (dims - 1)

@@ -17,6 +17,19 @@ Two ways to give sections their frequencies (``spectrum``):
 * ``"shared"`` — one spectrum ``theta_i = base^(-2i / d)`` over all pairs, and the sections
   only choose which axis drives each pair (Qwen2-VL M-RoPE, hierarchical RoPE).
 
+Common RoPE options compose (declared once, ``rope.ROPE_OPTIONS``): ``base``, ``layout``,
+``partial_rotary_factor`` (only the first ``int(head_dim * p)`` channels rotate; the sections
+share those pairs), ``scaling`` (an HF ``rope_scaling`` dict: YaRN, linear, Llama-3, dynamic
+NTK, ...) and ``max_position_embeddings``. A scaled spectrum is RoPE's, rescaled as
+``functional.rope_frequencies`` rescales it: over the rotated channels of the head for
+``"shared"`` (what Qwen2-VL-style models with YaRN compute), over each axis's ``2 n_a``
+channels for ``"per_axis"`` (each axis is its own RoPE); the attention factor multiplies cos
+and sin (HF). Length-dependent scalings (dynamic NTK, LongRoPE) read the largest position of
+the call over every axis, for queries and keys together (``RoPE.call_length``; HF Qwen2-VL:
+``max(position_ids) + 1``), and cache raw keys. Without a scaling the spectrum is formed in
+float64; with one it takes ``rope_frequencies``' values (float32, equal to transformers') as
+float64.
+
 Angles are formed in float64; integer positions up to 2^16 are cast directly (float32 angles
 as the reference code forms them with autocast off), everything else (large positions,
 fractional positions, timestamps) is reduced modulo 2 pi first (``functional.rope_angles``).
@@ -26,15 +39,19 @@ Shapes: ``x (B, H, L, D)``, positions ``(B|1, L, m)`` (``(B|1, L)`` when m = 1).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ...functional import EXACT_ANGLE_LIMIT
+from ...functional import EXACT_ANGLE_LIMIT, rope_frequencies
 from ...registry import register
+from ...rope_scaling import is_length_dependent
+from ...validation import check_float, check_float_sequence
 from ..base import Encoding
-from .rope import rotate_pairs
+from ..options import Bool, Custom, Int, IntSequence, Refused
+from .rope import ROPE_OPTIONS, RoPE, rotate_pairs
 
 
 def split_pairs(total: int, parts: int) -> list[int]:
@@ -44,31 +61,84 @@ def split_pairs(total: int, parts: int) -> list[int]:
     return [total - base * (parts - 1)] + [base] * (parts - 1)
 
 
+def rope_spectrum(
+    dim: int,
+    base: float,
+    scaling: dict | None = None,
+    *,
+    seq_len: int | None = None,
+    max_position_embeddings: int | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> tuple[Tensor, float]:
+    """RoPE's inverse frequencies over ``dim`` channels as float64, and the attention factor.
+
+    Without ``scaling``: ``base^(-2 i / r)``, ``i < ceil(r / 2)``, ``r = int(dim * p)``, formed
+    in float64. With an HF ``scaling`` dict: ``functional.rope_frequencies``' values (float32,
+    as transformers computes them; length-dependent types read ``seq_len``).
+    """
+    if dim == 0:
+        return torch.zeros(0, dtype=torch.float64), 1.0
+    if scaling is None:
+        rotated = int(dim * partial_rotary_factor)
+        i = torch.arange(0, rotated, 2, dtype=torch.float64)
+        return float(base) ** (-i / rotated), 1.0
+    inv_freq, factor = rope_frequencies(
+        dim,
+        base,
+        scaling,
+        seq_len=seq_len,
+        max_position_embeddings=max_position_embeddings,
+        partial_rotary_factor=partial_rotary_factor,
+    )
+    return inv_freq.double(), float(factor)
+
+
+def one_hot_frequencies(freq: Tensor, axes: Tensor, dims: int) -> Tensor:
+    """``F (P, dims)`` float64 with ``F[p, axes[p]] = freq[p]`` and zeros elsewhere."""
+    F = torch.zeros(len(axes), dims, dtype=torch.float64)
+    F[torch.arange(len(axes)), axes] = freq.to(torch.float64)
+    return F
+
+
+def _per_axis(value: float | Sequence[float], dims: int, name: str) -> list[float]:
+    """A number, or one number per axis, as a list of ``dims`` floats."""
+    if isinstance(value, (int, float)):
+        return [float(value)] * dims
+    values = [float(v) for v in value]
+    if len(values) != dims:
+        raise ValueError(f"{name} must be a number or one per axis ({dims}), got {list(value)}")
+    return values
+
+
 def section_frequencies(
     sections: Sequence[int], base: float | Sequence[float], spectrum: str, head_dim: int
 ) -> Tensor:
-    """The one-hot frequency matrix ``F (P, m)`` of an axial encoding (float64).
+    """The one-hot frequency matrix ``F (P, m)`` of an unscaled axial encoding (float64).
 
     ``sections[a]`` pairs (contiguous, in axis order) are driven by axis ``a``. ``spectrum``:
     ``"per_axis"`` gives section ``a`` the frequencies ``base_a^(-j / n_a)``, ``j < n_a``;
     ``"shared"`` gives pair ``i`` the frequency ``base^(-2 i / head_dim)``.
     """
     m = len(sections)
-    bases = [float(base)] * m if isinstance(base, (int, float)) else [float(b) for b in base]
-    if len(bases) != m:
-        raise ValueError(f"base must be a number or one per axis ({m}), got {list(base)}")  # type: ignore[arg-type]
-    total = sum(sections)
-    F = torch.zeros(total, m, dtype=torch.float64)
-    start = 0
-    for a, n in enumerate(sections):
-        if spectrum == "per_axis":
-            freq = bases[a] ** (-torch.arange(n, dtype=torch.float64) / n)
-        else:
-            i = torch.arange(start, start + n, dtype=torch.float64)
-            freq = bases[0] ** (-2 * i / head_dim)
-        F[start : start + n, a] = freq
-        start += n
-    return F
+    bases = _per_axis(base, m, "base")
+    axes = torch.repeat_interleave(torch.arange(m), torch.tensor(list(sections)))
+    if spectrum == "per_axis":
+        parts = [rope_spectrum(2 * n, b)[0] for n, b in zip(sections, bases, strict=True)]
+        freq = torch.cat(parts)
+    else:
+        freq = rope_spectrum(head_dim, bases[0])[0][: len(axes)]
+    return one_hot_frequencies(freq, axes, m)
+
+
+def check_number_or_sequence(*, above: float) -> Callable[[object, str], object]:
+    """The check of an option that is one number ``> above`` or a list/tuple of them."""
+
+    def check(value: object, name: str) -> float | tuple[float, ...]:
+        if isinstance(value, (list, tuple)):
+            return check_float_sequence(value, name, above=above)
+        return check_float(value, name, above=above)
+
+    return check
 
 
 def nd_angles(pos: Tensor, freq: Tensor) -> Tensor:
@@ -87,28 +157,51 @@ def nd_angles(pos: Tensor, freq: Tensor) -> Tensor:
 class SectionedRoPE(Encoding):
     """Multi-axis rotary encoding with a frequency matrix ``F (H|1, P, m)`` (module docstring).
 
-    Subclasses build ``F``. Args common to all: ``layout`` ("half" / "interleaved") and the
-    number of rotated pairs ``P <= head_dim / 2`` (the remaining channels pass through).
+    Stores the common RoPE options (``ROPE_OPTIONS``) and rotates; subclasses give ``F``
+    (``frequency_matrix``). ``rotary_pairs = ceil(int(head_dim * p) / 2)`` pairs may rotate;
+    the remaining channels pass through.
     """
 
-    family = "rotary"
     has_rotary = True
     continuous = True
+    options = ROPE_OPTIONS
 
-    def __init__(self, num_heads: int, head_dim: int, *, layout: str, dims: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        base: float | Sequence[float] = 10000.0,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> None:
         super().__init__(num_heads, head_dim)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for a rotary encoding, got {head_dim}")
-        if layout not in ("half", "interleaved"):
-            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
-        if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
-            raise ValueError(f"dims must be a positive int, got {dims!r}")
+        rotated = int(head_dim * partial_rotary_factor)
+        if rotated < 2:
+            raise ValueError(
+                f"partial_rotary_factor={partial_rotary_factor:g} leaves {rotated} rotated "
+                f"channels of head_dim={head_dim}; at least 2 must rotate"
+            )
+        self.base = base
         self.layout = layout
-        self.dims = dims
+        self.partial_rotary_factor = partial_rotary_factor
+        self.scaling = dict(scaling) if scaling is not None else None
+        self.max_position_embeddings = max_position_embeddings
+        self.rotary_pairs = (rotated + 1) // 2
+        self.length_dependent = is_length_dependent(self.scaling)
+        if self.length_dependent:
+            # frequencies follow the length of each call: cache raw keys, re-rotate (spec P3)
+            self.cache_rotated_keys = False
 
-    def frequency_matrix(self, device: torch.device) -> Tensor:
-        """``F (H|1, P, m)`` on ``device``; subclasses return fixed float64 frequencies or a
-        parameter."""
+    def frequency_matrix(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        """``(F (H|1, P, m), attention_factor)`` on ``device``; ``seq_len`` (largest position +
+        1 of the call) is read by length-dependent scalings only."""
         raise NotImplementedError
 
     def _check_head_dim(self, x: Tensor, role: str) -> None:
@@ -118,66 +211,130 @@ class SectionedRoPE(Encoding):
                 f"head_dim={self.head_dim}"
             )
 
-    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
-        if role not in ("q", "k"):
-            return x
+    def positions(self, pos: Tensor) -> Tensor:
+        """The positions the frequencies multiply, ``(B|1, L, m)`` (1-D ``(B, L)`` lifted)."""
+        return pos[..., None] if pos.dim() == 2 else pos
+
+    def _rotate_at(self, x: Tensor, pos: Tensor, role: str, seq_len: int | None) -> Tensor:
         self._check_head_dim(x, role)
-        if pos.dim() == 2:  # 1-D encodings receive (B, L)
-            pos = pos[..., None]
-        freq = self.frequency_matrix(x.device)
+        pos = self.positions(pos)
+        if self.length_dependent and seq_len is None:
+            seq_len = RoPE.call_length((f"{role}_pos", pos))
+        freq, factor = self.frequency_matrix(x.device, seq_len)
         if freq.shape[0] > 1 and x.shape[1] != freq.shape[0]:
             # per-head frequencies and grouped keys: each query head sees its own rotation
             x = x.repeat_interleave(freq.shape[0] // x.shape[1], dim=1)
         ang = nd_angles(pos, freq)
-        return rotate_pairs(x, ang.cos(), ang.sin(), self.layout)
+        cos, sin = ang.cos(), ang.sin()
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return rotate_pairs(x, cos, sin, self.layout)
+
+    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
+        if role not in ("q", "k"):
+            return x
+        return self._rotate_at(x, pos, role, None)
+
+    def rotate_qk(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if not self.length_dependent:
+            return super().rotate_qk(q, k, q_pos, k_pos)
+        # one set of frequencies for the queries and keys of a call: never mix two bases
+        seq_len = RoPE.call_length(
+            ("q_pos", self.positions(q_pos)), ("k_pos", self.positions(k_pos))
+        )
+        return self._rotate_at(q, q_pos, "q", seq_len), self._rotate_at(k, k_pos, "k", seq_len)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, dims={self.dims}, layout={self.layout!r}"
-
-
-def _check_sections(sections: Sequence[int], head_dim: int, dims: int, arg: str) -> list[int]:
-    sections = [int(s) for s in sections]
-    if len(sections) != dims or any(s < 0 for s in sections):
-        raise ValueError(f"{arg} must list {dims} non-negative pair counts, got {sections}")
-    if sum(sections) > head_dim // 2:
-        raise ValueError(
-            f"{arg} {sections} rotates {sum(sections)} pairs but head_dim={head_dim} has only "
-            f"{head_dim // 2}"
-        )
-    return sections
+        scaling = f", scaling={self.scaling}" if self.scaling else ""
+        return f"{super().extra_repr()}, dims={self.dims}, layout={self.layout!r}{scaling}"
 
 
 class AxialRoPE(SectionedRoPE):
-    """Fixed one-hot frequency matrix from ``sections`` (pairs per axis) and a spectrum."""
+    """Fixed one-hot frequency matrix: rotated pair ``p`` is driven by axis ``pair_axes()[p]``.
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_dim: int,
-        *,
-        dims: int,
-        sections: Sequence[int] | None,
-        base: float | Sequence[float],
-        spectrum: str,
-        layout: str,
-    ) -> None:
-        super().__init__(num_heads, head_dim, layout=layout, dims=dims)
-        if spectrum not in ("per_axis", "shared"):
-            raise ValueError(f"spectrum must be 'per_axis' or 'shared', got {spectrum!r}")
-        if sections is None:
-            sections = split_pairs(head_dim // 2, dims)
-        self.sections = _check_sections(sections, head_dim, dims, "sections")
-        self.base = base
-        self.spectrum = spectrum
+    ``spectrum`` (a class constant, module docstring): ``"per_axis"`` restarts the spectrum in
+    every section (each axis is a RoPE over its ``2 n_a`` channels, and is scaled as one),
+    ``"shared"`` takes pair ``i``'s frequency from one spectrum over the rotated channels.
+    Subclass constructors call ``_set_sections(sections, dims, arg)``.
+    """
+
+    spectrum: ClassVar[str] = "shared"
+
+    def _set_sections(self, sections: Sequence[int] | None, dims: int, arg: str) -> None:
+        """Check and store the pairs per axis (default: an even split of the rotated pairs,
+        remainder to the first axis) and build the frequencies."""
+        sections = split_pairs(self.rotary_pairs, dims) if sections is None else list(sections)
+        if len(sections) != dims:
+            raise ValueError(f"{arg} must list {dims} non-negative pair counts, got {sections}")
+        if sum(sections) > self.rotary_pairs:
+            raise ValueError(
+                f"{arg} {sections} rotates {sum(sections)} pairs but head_dim={self.head_dim} "
+                f"has only {self.rotary_pairs} rotated pairs"
+            )
+        self.dims = dims
+        self.sections = sections
+        self.bases = _per_axis(self.base, dims, "base")
+        if self.spectrum == "shared" and len(set(self.bases)) > 1:
+            raise ValueError(f"base must be one number for a shared spectrum, got {self.base}")
         # float64, and not a buffer: ``module.to(torch.bfloat16)`` must never round the
-        # frequencies (angles are formed in float32/float64 whatever the activations are)
-        self.freq = section_frequencies(self.sections, base, spectrum, head_dim)[None]
+        # frequencies (angles are formed in float64 whatever the activations are)
+        self.freq, self.attention_factor = self.axial_frequencies(None)
 
-    def frequency_matrix(self, device: torch.device) -> Tensor:
-        return self.freq.to(device)
+    def pair_axes(self) -> Tensor:
+        """The axis that drives each rotated pair, int64 ``(P,)``: contiguous sections."""
+        return torch.repeat_interleave(torch.arange(self.dims), torch.tensor(self.sections))
+
+    def axial_frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
+        """``(F (1, P, m) float64, attention_factor)`` from the options (``seq_len``: for
+        length-dependent scalings)."""
+        kw = {"seq_len": seq_len, "max_position_embeddings": self.max_position_embeddings}
+        if self.spectrum == "per_axis":
+            parts = [
+                rope_spectrum(2 * n, b, self.scaling, **kw)
+                for n, b in zip(self.sections, self.bases, strict=True)
+            ]
+            freq = torch.cat([f for f, _ in parts])
+            # the attention factor depends on the scaling dict only: equal on every axis
+            factor = next((a for (_, a), n in zip(parts, self.sections, strict=True) if n), 1.0)
+        else:
+            freq, factor = rope_spectrum(
+                self.head_dim,
+                self.bases[0],
+                self.scaling,
+                partial_rotary_factor=self.partial_rotary_factor,
+                **kw,
+            )
+            freq = freq[: sum(self.sections)]
+        return one_hot_frequencies(freq, self.pair_axes(), self.dims)[None], factor
+
+    def frequency_matrix(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        if self.length_dependent and seq_len is not None:
+            freq, factor = self.axial_frequencies(seq_len)
+            return freq.to(device), factor
+        return self.freq.to(device), self.attention_factor
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sections={self.sections}, base={self.base}"
+
+
+#: ``base`` of the per-axis encodings: one number, or one per axis
+PER_AXIS_BASE = Custom(
+    checker=check_number_or_sequence(above=1.0),
+    invalid=[
+        ("1e4", TypeError),
+        (True, TypeError),
+        (math.nan, ValueError),
+        (1.0, ValueError),
+        ([100.0, math.nan], ValueError),
+    ],  # fmt: skip
+    doc="rope_theta, or one per axis",
+)
+#: rotary pairs per axis (contiguous sections)
+PAIR_COUNTS = IntSequence(minimum=0, optional=True, doc="rotary pairs per axis")
 
 
 @register("rope-axial")
@@ -186,14 +343,18 @@ class RoPEAxial(AxialRoPE):
 
     Each axis drives its own contiguous section of pairs with its own spectrum
     ``theta_j = base_a^(-j / n_a)``. Defaults: 2 axes, pairs split evenly (remainder to the
-    first axis, as Wan2.1 gives time the extra pairs), base 10000, interleaved layout.
-    RoPE-ViT: ``base=100`` (spec R.10); Wan2.1: ``dims=3``; HunyuanVideo: ``dims=3,
-    sections=[8, 28, 28], base=256``. Positions ``(B, L, dims)``, e.g. from
+    first axis, as Wan2.1 gives time the extra pairs), base 10000, interleaved layout (the
+    RoPE-ViT code). RoPE-ViT: ``base=100`` (spec R.10); Wan2.1: ``dims=3``; HunyuanVideo:
+    ``dims=3, sections=[8, 28, 28], base=256``. A ``scaling`` dict rescales every axis as a
+    RoPE over its ``2 n_a`` channels (``max_position_embeddings`` / the dict's original length
+    are then per-axis extents). Positions ``(B, L, dims)``, e.g. from
     ``relpos.positions_nd.grid_positions``.
     """
 
     paper = "Heo et al. 2024 (RoPE-ViT, axial); Wan2.1 / HunyuanVideo 3-D"
     dims = 2
+    spectrum = "per_axis"
+    options = {"dims": Int(minimum=1), "sections": PAIR_COUNTS, "base": PER_AXIS_BASE}
 
     def __init__(
         self,
@@ -204,16 +365,20 @@ class RoPEAxial(AxialRoPE):
         sections: Sequence[int] | None = None,
         base: float | Sequence[float] = 10000.0,
         layout: str = "interleaved",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(
             num_heads,
             head_dim,
-            dims=dims,
-            sections=sections,
             base=base,
-            spectrum="per_axis",
             layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
         )
+        self._set_sections(sections, dims, "sections")
 
 
 @register("m-rope")
@@ -221,16 +386,21 @@ class MRoPE(AxialRoPE):
     """Multimodal RoPE of Qwen2-VL (and Qwen3-VL's interleaved variant).
 
     One spectrum ``theta_i = base^(-2i/d)`` over all pairs; ``mrope_section`` (default
-    ``[16, 24, 24]`` scaled to head_dim) assigns contiguous pair bands to the (temporal,
-    height, width) axes. ``interleaved_sections=True`` is Qwen3-VL: every pair starts on t,
-    pairs ``i = 1 mod 3`` below ``3 * sections[1]`` take h, ``i = 2 mod 3`` below
+    ``[16, 24, 24]`` scaled to the rotated pairs) assigns contiguous pair bands to the
+    (temporal, height, width) axes. ``interleaved_sections=True`` is Qwen3-VL: every pair
+    starts on t, pairs ``i = 1 mod 3`` below ``3 * sections[1]`` take h, ``i = 2 mod 3`` below
     ``3 * sections[2]`` take w. Text tokens carry the same id on all three axes, which makes
-    it plain RoPE there. Positions ``(B, L, 3)`` from
+    it plain RoPE there (also with a ``scaling``: YaRN, dynamic NTK, ... as Qwen2-VL's
+    ``rope_parameters``). Positions ``(B, L, 3)`` from
     ``relpos.positions_nd.multimodal_position_ids``. Half-split layout (HF).
     """
 
     paper = "Wang et al. 2024 (Qwen2-VL, M-RoPE)"
     dims = 3
+    options = {
+        "mrope_section": IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
+        "interleaved_sections": Bool(doc="Qwen3-VL's interleaved axis assignment"),
+    }
 
     def __init__(
         self,
@@ -238,35 +408,38 @@ class MRoPE(AxialRoPE):
         head_dim: int,
         *,
         mrope_section: Sequence[int] | None = None,
+        interleaved_sections: bool = False,
         base: float = 10000.0,
         layout: str = "half",
-        interleaved_sections: bool = False,
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
-        if mrope_section is None and type(head_dim) is int and head_dim > 0:
-            pairs = head_dim // 2
-            t = pairs * 16 // 64
-            mrope_section = [t, (pairs - t) // 2, pairs - t - (pairs - t) // 2]
         super().__init__(
             num_heads,
             head_dim,
-            dims=3,
-            sections=mrope_section,
             base=base,
-            spectrum="shared",
             layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
         )
-        self.interleaved_sections = bool(interleaved_sections)
-        if self.interleaved_sections:
-            t, h, w = self.sections
-            total = t + h + w
-            i = torch.arange(total)
-            axis = torch.zeros(total, dtype=torch.long)
-            axis[(i % 3 == 1) & (i < 3 * h)] = 1
-            axis[(i % 3 == 2) & (i < 3 * w)] = 2
-            theta = base ** (-2 * i.double() / head_dim)
-            F = torch.zeros(total, 3, dtype=torch.float64)
-            F[i, axis] = theta
-            self.freq = F[None]
+        self.interleaved_sections = interleaved_sections
+        if mrope_section is None:
+            pairs = self.rotary_pairs
+            t = pairs * 16 // 64
+            mrope_section = [t, (pairs - t) // 2, pairs - t - (pairs - t) // 2]
+        self._set_sections(mrope_section, 3, "mrope_section")
+
+    def pair_axes(self) -> Tensor:
+        if not self.interleaved_sections:
+            return super().pair_axes()
+        _, h, w = self.sections
+        i = torch.arange(sum(self.sections))
+        axis = torch.zeros(len(i), dtype=torch.long)
+        axis[(i % 3 == 1) & (i < 3 * h)] = 1
+        axis[(i % 3 == 2) & (i < 3 * w)] = 2
+        return axis
 
 
 @register("rope-hierarchical")
@@ -277,11 +450,13 @@ class HierarchicalRoPE(AxialRoPE):
     spectrum. Assumed: positions ``(B, L, 3)`` are (token, sentence, paragraph) indices
     (``relpos.positions_nd.hierarchical_positions``), and the first section (highest
     frequencies) goes to the finest level; ``sections`` sets the pairs per level (default an
-    even split, remainder to the token level) and ``levels`` the number of levels.
+    even split, remainder to the token level) and ``levels`` the number of levels. Half-split
+    layout by default (as ``rope``).
     """
 
     paper = "hRoPE / HiRoPE (hierarchical positions; Authority C)"
     dims = 3
+    options = {"sections": PAIR_COUNTS, "levels": Int(minimum=1, doc="position axes")}
 
     def __init__(
         self,
@@ -292,16 +467,20 @@ class HierarchicalRoPE(AxialRoPE):
         levels: int = 3,
         base: float = 10000.0,
         layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(
             num_heads,
             head_dim,
-            dims=levels,
-            sections=sections,
             base=base,
-            spectrum="shared",
             layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
         )
+        self._set_sections(sections, levels, "sections")
 
 
 @register("rope-2d-normalized")
@@ -314,12 +493,18 @@ class NormalizedRoPE2D(AxialRoPE):
     ``relpos.positions_nd.scale_positions``, and the encoding uses
     ``round(r * uph / ph), round(c * upw / pw)`` (``rounding=True``, the Infinity code) or the
     unrounded product (``rounding=False``: exactly relative, continuous). First half of the
-    pairs rows, second half columns, ``theta_j = base^(-j / (d/4))``, interleaved pairs.
+    pairs rows, second half columns, ``theta_j = base^(-j / (d/4))``, interleaved pairs (the
+    Infinity code). A ``scaling`` dict rescales each axis as ``rope-axial`` does.
     """
 
     paper = "STAR (scale-wise AR, normalised 2-D RoPE); Infinity mode 2"
     dims = 2
     relative = False  # with rounding; the instance says True when rounding=False
+    spectrum = "per_axis"
+    options = {
+        "reference_grid": IntSequence(length=2, minimum=1, doc="(rows, cols) of the frame"),
+        "rounding": Bool(doc="round to the reference grid (Infinity)"),
+    }
 
     def __init__(
         self,
@@ -330,63 +515,94 @@ class NormalizedRoPE2D(AxialRoPE):
         rounding: bool = True,
         base: float = 10000.0,
         layout: str = "interleaved",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(
             num_heads,
             head_dim,
-            dims=2,
-            sections=None,
             base=base,
-            spectrum="per_axis",
             layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
         )
-        grid = [int(g) for g in reference_grid]
-        if len(grid) != 2 or min(grid) < 1:
-            raise ValueError(f"reference_grid must be (rows, cols) >= 1, got {reference_grid}")
-        self.reference_grid = grid
-        self.rounding = bool(rounding)
-        self.relative = not self.rounding
+        self._set_sections(None, 2, "sections")
+        self.reference_grid = list(reference_grid)
+        self.rounding = rounding
+        self.relative = not rounding
 
-    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
-        if role in ("q", "k"):
-            scaled = pos.to(torch.float64) * torch.tensor(
-                self.reference_grid, dtype=torch.float64, device=pos.device
-            )
-            pos = torch.round(scaled).long() if self.rounding else scaled
-        return super().rotate(x, pos, role)
+    def positions(self, pos: Tensor) -> Tensor:
+        """Normalised positions mapped into the reference frame (rounded with ``rounding``)."""
+        scaled = pos.to(torch.float64) * torch.tensor(
+            self.reference_grid, dtype=torch.float64, device=pos.device
+        )
+        return torch.round(scaled).long() if self.rounding else scaled
 
 
 @register("rope-mixed")
 class RoPEMixed(SectionedRoPE):
     """RoPE-Mixed (Heo et al. 2024): learnable 2-D frequencies per head.
 
-    ``angle[h, p] = t_x f_x[h, p] + t_y f_y[h, p]`` with ``f (H, d/2, 2)`` a parameter
-    (exclude it from weight decay). Init (naver-ai/rope-vit ``init_random_2d_freqs``): per
-    head ``alpha ~ U(0, 2 pi)``, magnitudes ``mag_j = base^(-4j/d)`` (``j < d/4``, base 10),
+    ``angle[h, p] = t_x f_x[h, p] + t_y f_y[h, p]`` with ``f (H, r/2, 2)`` a parameter
+    (exclude it from weight decay; ``r = head_dim`` or ``int(head_dim * p)`` with
+    ``partial_rotary_factor``). Init (naver-ai/rope-vit ``init_random_2d_freqs``): per head
+    ``alpha ~ U(0, 2 pi)``, magnitudes ``mag_j = base^(-4j/r)`` (``j < r/4``, base 10),
     ``f_x = [mag cos(alpha), mag cos(pi/2 + alpha)]``, ``f_y = [mag sin(alpha),
-    mag sin(pi/2 + alpha)]``. Interleaved pairs. Positions ``(B, L, 2)`` = (x, y).
+    mag sin(pi/2 + alpha)]``. Interleaved pairs (the RoPE-ViT code). Positions ``(B, L, 2)`` =
+    (x, y). The frequencies are learned, so a ``scaling`` dict (and the trained length it
+    reads) is refused by name.
     """
 
     paper = "Heo et al. 2024 (RoPE-ViT, RoPE-Mixed)"
     dims = 2
+    cache_rotated_keys = False  # grouped keys are expanded to the query heads when rotated
+    options = {
+        "scaling": Refused(
+            "RoPE-Mixed learns its frequencies per head; there is no fixed RoPE spectrum for "
+            "an HF scaling dict to rescale (use rope-axial)"
+        ),
+        "max_position_embeddings": Refused(
+            "RoPE-Mixed takes no scaling, which is what reads the trained length"
+        ),
+    }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, base: float = 10.0, layout: str = "interleaved"
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        base: float = 10.0,
+        layout: str = "interleaved",
+        partial_rotary_factor: float = 1.0,
+        scaling: None = None,
+        max_position_embeddings: None = None,
     ) -> None:
-        super().__init__(num_heads, head_dim, layout=layout, dims=2)
-        if head_dim % 4:
-            raise ValueError(f"head_dim must be a multiple of 4 for RoPE-Mixed, got {head_dim}")
-        quarter = head_dim // 4
-        mag = float(base) ** (-4 * torch.arange(quarter, dtype=torch.float64) / head_dim)
+        super().__init__(
+            num_heads,
+            head_dim,
+            base=base,
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+        )
+        rotated = 2 * self.rotary_pairs
+        if rotated % 4:
+            raise ValueError(
+                f"head_dim must be a multiple of 4 for RoPE-Mixed (rotated channels: "
+                f"{rotated} of head_dim={head_dim})"
+            )
+        quarter = rotated // 4
+        mag = float(base) ** (-4 * torch.arange(quarter, dtype=torch.float64) / rotated)
         alpha = torch.rand(num_heads, 1, dtype=torch.float64) * 2 * math.pi
         fx = torch.cat((mag * torch.cos(alpha), mag * torch.cos(math.pi / 2 + alpha)), dim=-1)
         fy = torch.cat((mag * torch.sin(alpha), mag * torch.sin(math.pi / 2 + alpha)), dim=-1)
-        self.freq = nn.Parameter(torch.stack((fx, fy), dim=-1).float())  # (H, d/2, 2)
-        # grouped keys are expanded to the query heads when rotated: cache them raw
-        self.cache_rotated_keys = False
+        self.freq = nn.Parameter(torch.stack((fx, fy), dim=-1).float())  # (H, r/2, 2)
 
-    def frequency_matrix(self, device: torch.device) -> Tensor:
-        return self.freq
+    def frequency_matrix(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        return self.freq, 1.0
 
 
 @register("time-rope")
@@ -396,11 +612,26 @@ class TimeRoPE(AxialRoPE):
     ``angle_i = tau * time_scale * theta_i``, ``theta_i = base^(-2i/d)``, with float positions
     ``tau`` (seconds, MIDI ticks) formed in float64 (never bf16). ``sections`` with more than
     one entry adds axes in the M-RoPE way (TPRoPE: time and pitch share one spectrum, each
-    driving its band of pairs); ``time_scale`` may then be one number per axis.
+    driving its band of pairs); ``time_scale`` may then be one number per axis. Half-split
+    layout by default (as ``rope``); a ``scaling`` dict rescales the shared spectrum, and
+    length-dependent scalings read the largest ``tau * time_scale`` of the call.
     """
 
     paper = "DuET / TPRoPE (continuous-time positions; Authority C)"
     dims = 1
+    options = {
+        "time_scale": Custom(
+            checker=check_number_or_sequence(above=0.0),
+            invalid=[
+                ("1", TypeError),
+                (math.nan, ValueError),
+                (0.0, ValueError),
+                ([1.0, -2.0], ValueError),
+            ],  # fmt: skip
+            doc="positions are multiplied by it (one number, or one per axis)",
+        ),
+        "sections": PAIR_COUNTS,
+    }
 
     def __init__(
         self,
@@ -411,22 +642,28 @@ class TimeRoPE(AxialRoPE):
         sections: Sequence[int] | None = None,
         base: float = 10000.0,
         layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+        scaling: dict | None = None,
+        max_position_embeddings: int | None = None,
     ) -> None:
-        dims = 1 if sections is None else len(sections)
         super().__init__(
             num_heads,
             head_dim,
-            dims=dims,
-            sections=sections,
             base=base,
-            spectrum="shared",
             layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
+            scaling=scaling,
+            max_position_embeddings=max_position_embeddings,
         )
-        scales = [time_scale] * dims if isinstance(time_scale, (int, float)) else time_scale
-        scales = [float(s) for s in scales]
-        if len(scales) != dims or not all(s > 0 for s in scales):
-            raise ValueError(
-                f"time_scale must be a positive number or one per axis ({dims}), got {time_scale}"
-            )
-        self.time_scale = scales
-        self.freq = self.freq * torch.tensor(scales, dtype=torch.float64)[None, None, :]
+        dims = 1 if sections is None else len(sections)
+        self.time_scale = _per_axis(time_scale, dims, "time_scale")
+        self._set_sections(sections, dims, "sections")
+
+    def positions(self, pos: Tensor) -> Tensor:
+        """Timestamps times ``time_scale`` (float64), per axis."""
+        pos = super().positions(pos)
+        if all(s == 1.0 for s in self.time_scale):
+            return pos
+        return pos.to(torch.float64) * torch.tensor(
+            self.time_scale, dtype=torch.float64, device=pos.device
+        )

@@ -1,11 +1,30 @@
-"""Rotary encodings: RoPE (half-split / interleaved, partial) and xPos.
+"""RoPE (half-split / interleaved, partial, HF scaling) and the options every rotary
+encoding shares.
 
 RoPE (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding"):
 each channel pair of q and k is rotated by ``p * theta_i``, ``theta_i = base^(-2i/d)``, so
 ``<R(m) q, R(n) k> = <q, R(n - m) k>`` depends on the distance only.
+
+``ROPE_OPTIONS`` declares the common options once (``base``, ``layout``,
+``partial_rotary_factor``, ``scaling``, ``max_position_embeddings``); every subclass takes
+them as ``**rope_options`` and passes them on, or declares ``Refused(reason)`` for one it
+cannot honour. Subclasses change RoPE through three hooks, so every option composes with
+them:
+
+* ``frequencies(seq_len)``: the frequency set (HoPE and p-RoPE mask it); called at init and,
+  for length-dependent scalings (dynamic NTK, LongRoPE), once per call;
+* ``angle_frequencies(inv_freq)``: a learned change applied at call time (LeRoPE);
+* ``cos_sin(pos, seq_len)``: the rotation itself (xPos multiplies an envelope).
+
+Default layouts (``layout=``): ``half`` (GPT-NeoX / HF Llama pairing) for ``rope``, the
+frequency variants, RoVE, CARoPE, hyperbolic-rope and ComplexFormer (whose complex split
+needs it); ``interleaved`` for ``xpos`` (torchscale) and ``harope`` (the official code).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -13,20 +32,57 @@ from torch import Tensor
 from ... import config
 from ...functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
 from ...registry import register
-from ...rope_scaling import is_length_dependent
+from ...rope_scaling import is_length_dependent, validate_scaling
 from ..base import Encoding
 from ..options import Choice, Custom, Float, Int
 
 
 def check_scaling_dict(value: object, name: str) -> dict:
-    """An HF ``rope_scaling`` / ``rope_parameters`` dict (copied); its keys are checked
-    against the head size by ``rope_frequencies`` when the encoding builds its frequencies."""
-    if not isinstance(value, dict):
+    """An HF ``rope_scaling`` / ``rope_parameters`` dict (copied), its type, keys and ranges
+    checked by ``relpos.rope_scaling.validate_scaling`` (errors name ``name``). What needs the
+    head size or the model length (LongRoPE's factor lengths, YaRN's original length) is
+    checked when the encoding builds its frequencies."""
+    if not isinstance(value, Mapping):
         raise TypeError(
             f"{name} must be an HF rope_scaling dict such as {{'rope_type': 'yarn', "
             f"'factor': 4.0, 'original_max_position_embeddings': 2048}}, got {value!r}"
         )
+    try:
+        validate_scaling(value, require_original=False)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
     return dict(value)
+
+
+def refuse_length_dependent(reason: str):
+    """A ``scaling`` checker for methods that can take static scalings only: a dynamic NTK or
+    LongRoPE dict raises ``ValueError`` naming the option and ``reason``."""
+
+    def check(value: object, name: str) -> dict:
+        value = check_scaling_dict(value, name)
+        if is_length_dependent(value):
+            raise ValueError(
+                f"{name}: length-dependent scaling {value.get('rope_type') or value.get('type')!r} "
+                f"is not supported here: {reason}"
+            )
+        return value
+
+    return check
+
+
+def scaling_option(
+    checker=check_scaling_dict, doc: str = "HF rope_scaling dict", refused: tuple = ()
+) -> Custom:
+    """The declared ``scaling`` option with ``checker`` (default: any valid HF dict);
+    ``refused``: further dicts the checker refuses (``ValueError``), as test examples."""
+    invalid = [
+        ("yarn", TypeError),
+        ({"rope_type": "no-such-type"}, ValueError),
+        ({"rope_type": "linear", "factor": 0.5}, ValueError),
+        ({"rope_type": "linear", "factor": float("nan")}, ValueError),
+        *((value, ValueError) for value in refused),
+    ]
+    return Custom(checker=checker, invalid=invalid, optional=True, doc=doc)
 
 
 #: the options every rotary encoding takes (declared once; subclasses inherit them)
@@ -34,12 +90,7 @@ ROPE_OPTIONS = {
     "base": Float(above=1.0, doc="rope_theta"),
     "layout": Choice(("half", "interleaved"), doc="channel pairing"),
     "partial_rotary_factor": Float(above=0.0, maximum=1.0, doc="fraction of rotated channels"),
-    "scaling": Custom(
-        checker=check_scaling_dict,
-        invalid=[("yarn", TypeError), ({"rope_type": "no-such-type"}, ValueError)],
-        optional=True,
-        doc="HF rope_scaling dict",
-    ),
+    "scaling": scaling_option(),
     "max_position_embeddings": Int(optional=True, doc="the model's trained length"),
 }
 
@@ -78,7 +129,6 @@ class RoPE(Encoding):
     Shapes: ``x (B, H, L, D)``, ``pos (B|1, L)``.
     """
 
-    family = "rotary"
     paper = "Su et al. 2021 (RoFormer)"
     has_rotary = True
     continuous = True
@@ -96,12 +146,10 @@ class RoPE(Encoding):
         max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
-        if layout not in ("half", "interleaved"):
-            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
-        self.base = float(base)
+        self.base = base
         self.layout = layout
-        self.partial_rotary_factor = float(partial_rotary_factor)
-        self.scaling = dict(scaling) if scaling is not None else None
+        self.partial_rotary_factor = partial_rotary_factor
+        self.scaling = scaling
         self.max_position_embeddings = max_position_embeddings
         self.length_dependent = is_length_dependent(scaling)
         if self.length_dependent:
@@ -111,9 +159,11 @@ class RoPE(Encoding):
         self.attention_factor = float(attention_factor)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    # ----------------------------------------------------------------- frequency hooks
     def frequencies(self, seq_len: int | None) -> tuple[Tensor, float]:
         """``(inv_freq, attention_factor)`` for a call whose largest position is ``seq_len - 1``
-        (only length-dependent scalings, dynamic NTK and LongRoPE, read ``seq_len``)."""
+        (only length-dependent scalings, dynamic NTK and LongRoPE, read ``seq_len``).
+        Subclasses that change the frequency set (HoPE, p-RoPE) override this."""
         return rope_frequencies(
             self.head_dim,
             self.base,
@@ -123,23 +173,58 @@ class RoPE(Encoding):
             partial_rotary_factor=self.partial_rotary_factor,
         )
 
+    def angle_frequencies(self, inv_freq: Tensor) -> Tensor:
+        """The frequencies the angles use, from the (scaled) ``inv_freq (r/2,)``: a learned
+        change applied at call time (LeRoPE). Identity here."""
+        return inv_freq
+
+    def call_frequencies(self, seq_len: int | None, device: torch.device) -> tuple[Tensor, float]:
+        """``(inv_freq, attention_factor)`` of a call: the stored ones, or for a
+        length-dependent scaling those of ``seq_len``; then ``angle_frequencies``."""
+        inv_freq, factor = self.inv_freq, self.attention_factor
+        if self.length_dependent and seq_len is not None:
+            inv_freq, factor = self.frequencies(seq_len)
+            inv_freq = inv_freq.to(device)
+        return self.angle_frequencies(inv_freq), factor
+
     @property
     def rotary_dim(self) -> int:
         """Number of rotated channels ``r`` (even)."""
         return 2 * self.inv_freq.numel()
 
+    @staticmethod
+    def call_length(*named_positions: tuple[str, Tensor]) -> int:
+        """``seq_len`` of a call as HF counts it: the largest position + 1 over all the
+        ``(name, positions)`` given; non-finite or negative positions raise ``ValueError``
+        naming them (length-dependent scalings read a length, not a position)."""
+        largest = 0
+        for name, pos in named_positions:
+            if pos.numel() == 0:
+                continue
+            if pos.is_floating_point() and not bool(torch.isfinite(pos).all()):
+                raise ValueError(
+                    f"{name} must be finite for a length-dependent rope scaling (dynamic NTK, "
+                    f"LongRoPE reads the largest position), got non-finite positions"
+                )
+            low, high = pos.min(), pos.max()
+            if low < 0:
+                raise ValueError(
+                    f"{name} must be >= 0 for a length-dependent rope scaling (its length is "
+                    f"the largest position + 1), got {low.item()!r}"
+                )
+            largest = max(largest, math.floor(float(high)) + 1)
+        return max(largest, 1)
+
     def cos_sin(self, pos: Tensor, seq_len: int | None = None) -> tuple[Tensor, Tensor]:
-        """``cos, sin`` of shape ``(B|1, 1, L, r/2)`` float32 for positions ``(B|1, L)``.
+        """``cos, sin`` of shape ``(B|1, 1, L, r/2)`` float32 for positions ``(B|1, L)``,
+        both multiplied by the scaling's attention factor.
 
         ``seq_len`` selects the frequencies of length-dependent scalings (default: the
         largest position in ``pos`` + 1, as HF counts it).
         """
-        inv_freq, factor = self.inv_freq, self.attention_factor
-        if self.length_dependent:
-            if seq_len is None:
-                seq_len = int(pos.max()) + 1 if pos.numel() else 1
-            inv_freq, factor = self.frequencies(seq_len)
-            inv_freq = inv_freq.to(pos.device)
+        if self.length_dependent and seq_len is None:
+            seq_len = self.call_length(("pos", pos))
+        inv_freq, factor = self.call_frequencies(seq_len, pos.device)
         ang = rope_angles(pos, inv_freq)[:, None]
         cos, sin = ang.cos(), ang.sin()
         if factor != 1.0:
@@ -152,7 +237,7 @@ class RoPE(Encoding):
         if not self.length_dependent:
             return super().rotate_qk(q, k, q_pos, k_pos)
         # One set of frequencies for queries and keys of the call: never mix bases.
-        seq_len = int(torch.maximum(q_pos.max(), k_pos.max())) + 1
+        seq_len = self.call_length(("q_pos", q_pos), ("k_pos", k_pos))
         self._check_qk(q, k)
         return self._rotate_at(q, q_pos, seq_len), self._rotate_at(k, k_pos, seq_len)
 
@@ -179,6 +264,8 @@ class RoPE(Encoding):
         if role not in ("q", "k"):
             return x
         self._check_head_dim(x, role)
+        if self.length_dependent:
+            return self._rotate_at(x, pos, self.call_length((f"{role}_pos", pos)))
         return self._rotate_at(x, pos)
 
     def extra_repr(self) -> str:
@@ -186,68 +273,3 @@ class RoPE(Encoding):
             f"{super().extra_repr()}, base={self.base:g}, layout={self.layout!r}, "
             f"rotary_dim={self.rotary_dim}"
         )
-
-
-@register("xpos")
-class XPos(RoPE):
-    """xPos / LeX Transformer (Sun et al. 2022, arXiv 2212.10554; torchscale ``XPOS``).
-
-    RoPE (interleaved layout, as in torchscale) times a per-pair exponential scale:
-    ``zeta_i = (2i + 0.4 d) / (1.4 d)``; query at n: ``RoPE(q, n) * zeta^((n - c) / B)``; key at
-    m: ``RoPE(k, m) * zeta^(-(m - c) / B)``. The score then carries ``zeta_i^((n - m)/B)``,
-    which decays with distance for keys in the past: xPos is causal. ``B = scale_base``
-    (512). The centre ``c`` cancels in q.k; relpos takes the midpoint of the key positions
-    of each call so the factors neither overflow nor underflow, and therefore asks
-    ``relpos.nn`` to cache raw keys (``cache_rotated_keys = False``).
-    """
-
-    paper = "Sun et al. 2022 (xPos)"
-    causal_only = True
-    continuous = False
-    cache_rotated_keys = False
-
-    def __init__(
-        self,
-        num_heads: int,
-        head_dim: int,
-        *,
-        base: float = 10000.0,
-        scale_base: float = 512.0,
-        layout: str = "interleaved",
-    ) -> None:
-        super().__init__(num_heads, head_dim, base=base, layout=layout)
-        if not scale_base > 0:
-            raise ValueError(f"scale_base must be > 0, got {scale_base!r}")
-        self.scale_base = float(scale_base)
-        d = head_dim
-        zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
-        self.register_buffer("zeta", zeta.float(), persistent=False)
-
-    def _envelope(self, pos: Tensor, center: Tensor, sign: float) -> Tensor:
-        """The per-pair factor ``zeta^(sign (pos - center) / B)``: ``(B|1, 1, L, r/2)``
-        float32 (``sign`` +1 for queries, -1 for keys)."""
-        rel = (pos.to(torch.float64) - center)[:, None, :, None] * (sign / self.scale_base)
-        return torch.pow(self.zeta.to(torch.float64), rel).to(torch.float32)
-
-    def _scaled(self, x: Tensor, pos: Tensor, center: Tensor, sign: float) -> Tensor:
-        cos, sin = self.cos_sin(pos)
-        scale = self._envelope(pos, center, sign)
-        return rotate_pairs(x, cos * scale, sin * scale, self.layout)
-
-    def rotate_qk(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        self._check_qk(q, k)
-        center = (k_pos.min().to(torch.float64) + k_pos.max().to(torch.float64)) / 2
-        center = torch.floor(center)
-        return self._scaled(q, q_pos, center, 1.0), self._scaled(k, k_pos, center, -1.0)
-
-    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
-        if role not in ("q", "k"):
-            return x
-        self._check_head_dim(x, role)
-        zero = torch.zeros((), dtype=torch.float64, device=pos.device)
-        return self._scaled(x, pos, zero, 1.0 if role == "q" else -1.0)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, scale_base={self.scale_base:g}"

@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
+from ...arguments import optional_int
+from ...optional import missing_plot_note
 from ..report import run_metadata
+from ..runtime import RaiseOnSignal, exit_code
 from .methods import METHODS, ROPE_SCALINGS
 from .models import load_model
 from .plan import plan_longctx
@@ -41,18 +44,6 @@ def add_arguments(parser: Any) -> None:
     add("--no-progress", action="store_true", help="no line per measurement")
 
 
-def _int_option(value: str | None, flag: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{flag} must be an integer, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"{flag} must be >= 0, got {value!r}")
-    return number
-
-
 def run_command(args: Any) -> int:
     """``relpos longctx``: plan (all validation first), load, measure, report."""
     import shlex
@@ -68,8 +59,8 @@ def run_command(args: Any) -> int:
         profile=args.profile or "quick",
         lengths=args.lengths,
         depths=args.depths,
-        seeds=_int_option(args.seeds, "--seeds"),
-        ppl_tokens=_int_option(args.ppl_tokens, "--ppl-tokens"),
+        seeds=optional_int(args.seeds, "--seeds", minimum=None),
+        ppl_tokens=optional_int(args.ppl_tokens, "--ppl-tokens", minimum=None),
         out_dir=args.out,
         resume=args.resume,
         force=args.force,
@@ -91,6 +82,9 @@ def run_command(args: Any) -> int:
         f"(this machine: {os.cpu_count()} CPUs); out: {plan.out_dir}"
     )
 
+    note = missing_plot_note("longctx.png")
+    if note:
+        print(f"  {note}")
     data_name, text = heldout_text(plan.data)
     model, tokenizer, load_seconds = load_model(plan.model)
     from ..passkey import as_encoder
@@ -138,22 +132,25 @@ def run_command(args: Any) -> int:
         write_outputs(plan.out_dir, current, meta, final=final)
 
     try:
-        state = run_longctx(
-            plan,
-            model,
-            tokenizer,
-            heldout,
-            state=state,
-            prompts=prompts,
-            on_measurement=save,
-            log=None if args.no_progress else print,
-        )
-    except KeyboardInterrupt:
+        with RaiseOnSignal():
+            state = run_longctx(
+                plan,
+                model,
+                tokenizer,
+                heldout,
+                state=state,
+                prompts=prompts,
+                on_measurement=save,
+                log=None if args.no_progress else print,
+            )
+    except KeyboardInterrupt as stop:
         save(state, final=True)
         print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
-        return 130
+        return exit_code(getattr(stop, "signum", None))
     save(state, final=True)
     print_table(state.rows, config.max_position_embeddings)
     print(f"wall time {meta['wall_seconds']:.0f} s")
+    if note:
+        print(note)
     print(f"report: {plan.out_dir / 'report.md'}")
     return 0

@@ -10,7 +10,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["ByteTokenizer", "random_tiny_model", "load_model"]
+__all__ = [
+    "ByteTokenizer",
+    "random_tiny_model",
+    "load_model",
+    "model_config",
+    "bytes_per_token",
+    "prompt_floor",
+]
 
 
 class ByteTokenizer:
@@ -23,11 +30,10 @@ class ByteTokenizer:
         return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
 
 
-def random_tiny_model(seed: int = 0) -> tuple[Any, ByteTokenizer]:
-    """A randomly initialised 2-layer ``LlamaLM`` over bytes (smoke tests of the pipeline)."""
-    from ...nn.llama import LlamaConfig, LlamaLM
+def _tiny_config() -> Any:
+    from ...nn.llama import LlamaConfig
 
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=256,
         dim=32,
         depth=2,
@@ -38,6 +44,13 @@ def random_tiny_model(seed: int = 0) -> tuple[Any, ByteTokenizer]:
         max_position_embeddings=256,
         name="random-tiny (untrained)",
     )
+
+
+def random_tiny_model(seed: int = 0) -> tuple[Any, ByteTokenizer]:
+    """A randomly initialised 2-layer ``LlamaLM`` over bytes (smoke tests of the pipeline)."""
+    from ...nn.llama import LlamaLM
+
+    config = _tiny_config()
     torch.manual_seed(seed)
     return LlamaLM(config).eval(), ByteTokenizer()
 
@@ -55,3 +68,39 @@ def load_model(name: str) -> tuple[Any, Any, float]:
             raise ValueError(f"--model must be smollm2, random-tiny or a .gguf file, got {name!r}")
         model, tokenizer, _ = load_gguf(None if name == "smollm2" else name)
     return model, tokenizer, time.perf_counter() - t0
+
+
+def model_config(name: str) -> Any:
+    """The ``LlamaConfig`` of ``--model`` read without its weights (the GGUF header only), so
+    lengths can be checked against the model before it is loaded."""
+    if name == "random-tiny":
+        return _tiny_config()
+    from ...interop.gguf import llama_config, open_gguf, read_metadata, smollm2_path
+
+    reader = open_gguf(smollm2_path() if name == "smollm2" else name)
+    shapes = {t.name: [int(n) for n in t.shape.tolist()] for t in reader.tensors}
+    return llama_config(
+        read_metadata(reader),
+        vocab_size=shapes.get("token_embd.weight", [None])[-1],
+        tie_embeddings="output.weight" not in shapes,
+    )
+
+
+def bytes_per_token(config: Any) -> int:
+    """Memory a prompt token costs at its peak, in bytes (float32): the KV cache of every layer
+    plus one layer's activations while it runs (q, k, v, attention output, the MLP's three
+    hidden rows). Attention itself runs in O(L) memory (SDPA's flash kernels) and the LM head
+    sees only the scored positions, so nothing grows as L^2 or L x vocab."""
+    head_dim = config.dim // config.num_heads
+    cache = config.depth * 2 * config.num_kv_heads * head_dim
+    layer = 4 * config.dim + 3 * config.hidden_dim + 2 * config.num_kv_heads * head_dim
+    return 4 * (cache + layer)
+
+
+def prompt_floor(name: str, fixed_text: str) -> int:
+    """A lower bound on the tokens of ``fixed_text`` under ``--model``'s tokenizer, known
+    before the tokenizer is loaded: exact for the byte tokenizer of ``random-tiny``, the number
+    of words for a BPE (every word is at least one token)."""
+    if name == "random-tiny":
+        return len(ByteTokenizer().encode(fixed_text))
+    return len(fixed_text.split())

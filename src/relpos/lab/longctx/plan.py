@@ -9,13 +9,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..passkey import MAX_NEW_TOKENS
+from ...optional import require
+from ...validation import check_int
+from ..passkey import MAX_NEW_TOKENS, landmark_prompt
 from ..profiles import lookup_profile
 from ..report import check_run_folder
 from .methods import ROPE_SCALINGS, available_methods, method_cost
@@ -171,6 +175,11 @@ class LongctxPlan:
     clear: bool = False
     model: str = "smollm2"
     data: str | None = None
+    #: what identifies the held-out text: the resolved path of ``--data`` and a hash of its
+    #: content (None: the built-in Shakespeare)
+    data_key: dict[str, str] | None = None
+    #: what an earlier run in ``out_dir`` measured (``--resume``: validated by the plan)
+    previous: dict[str, list] = field(default_factory=lambda: {"rows": [], "trials": []})
 
     @property
     def trials(self) -> int:
@@ -184,7 +193,7 @@ class LongctxPlan:
             "ppl_tokens": self.ppl_tokens,
             "max_new_tokens": self.max_new_tokens,
             "model": self.model,
-            "data": self.data,
+            "data": self.data_key,
             "max_length": max(self.lengths),
         }
 
@@ -212,6 +221,69 @@ def check_out_dir(out_dir: Path, *, resume: bool, force: bool) -> bool:
     )
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give a run (``MemAvailable`` of /proc/meminfo, else
+    the physical memory), None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_lengths(
+    lengths: Sequence[int],
+    model: str,
+    *,
+    seeds: int,
+    ppl_tokens: int,
+    data: str | os.PathLike | None = None,
+) -> None:
+    """``ValueError`` naming ``--lengths`` when a length cannot run, known before the model is
+    loaded: shorter than the passkey prompt's fixed part (task, key line, question: a lower
+    bound on its tokens, ``models.prompt_floor``); longer than the held-out text can give
+    (a token is at least one byte); or needing more memory than the machine has
+    (``models.bytes_per_token`` of the model's config, read from the GGUF header only)."""
+    from .models import bytes_per_token, model_config, prompt_floor
+
+    if seeds:
+        floor = max(prompt_floor(model, landmark_prompt(0, 1, depth)) for depth in (0.0, 1.0))
+        if min(lengths) < floor:
+            raise ValueError(
+                f"--lengths {min(lengths)} is shorter than the prompt without filler (at "
+                f"least {floor} tokens for --model {model}); use longer --lengths"
+            )
+    config = model_config(model)
+    need = max(lengths) * bytes_per_token(config)
+    have = available_memory()
+    if have is not None and need > have:
+        fit = have // bytes_per_token(config)
+        raise ValueError(
+            f"--lengths {max(lengths):,} needs about {_gib(need)} of memory for --model "
+            f"{model} ({config.depth} layers), this machine has {_gib(have)} available; "
+            f"use --lengths of at most about {fit:,} tokens"
+        )
+    if ppl_tokens and data is not None:
+        from ..data import read_texts
+
+        size = sum(len(t.encode("utf-8")) for t in read_texts(data).values())
+        if max(lengths) + 1 > size:
+            raise ValueError(
+                f"--lengths {max(lengths)} is longer than --data {data} can give ({size} bytes, "
+                "at most as many tokens); use shorter --lengths or more text"
+            )
+
+
 def plan_longctx(
     *,
     methods: str | Sequence[str] | None = None,
@@ -234,9 +306,8 @@ def plan_longctx(
     deps = parse_depths(depths) if depths is not None else list(prof.depths)
     n_seeds = prof.seeds if seeds is None else seeds
     n_ppl = prof.ppl_tokens if ppl_tokens is None else ppl_tokens
-    for flag, value, low in (("--seeds", n_seeds, 0), ("--ppl-tokens", n_ppl, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{flag} must be an integer >= {low}, got {value!r}")
+    n_seeds = check_int(n_seeds, "--seeds", minimum=0)
+    n_ppl = check_int(n_ppl, "--ppl-tokens", minimum=0)
     if n_seeds == 0 and n_ppl == 0:
         raise ValueError("--seeds 0 and --ppl-tokens 0 leave nothing to measure")
     out = Path(out_dir or f"runs/longctx-{prof.name}")
@@ -245,7 +316,13 @@ def plan_longctx(
         raise ValueError(f"--data {data}: no such file or folder")
     if model not in ("smollm2", "random-tiny") and not Path(model).is_file():
         raise ValueError(f"--model must be smollm2, random-tiny or a .gguf file, got {model!r}")
-    return LongctxPlan(
+    if model != "random-tiny":
+        require(
+            "relpos longctx",
+            {"gguf": f"--model {model}", "tokenizers": f"the tokenizer of --model {model}"},
+        )
+    check_lengths(lens, model, seeds=n_seeds, ppl_tokens=n_ppl, data=data)
+    plan = LongctxPlan(
         methods=names,
         lengths=lens,
         depths=deps,
@@ -258,4 +335,68 @@ def plan_longctx(
         clear=clear,
         model=model,
         data=data,
+        data_key=data_key(data),
     )
+    if resume and (out / RUN_FILE).exists():
+        plan.previous = read_previous(plan)
+    return plan
+
+
+def data_key(data: str | os.PathLike | None) -> dict[str, str] | None:
+    """The resolved path and a content hash of ``--data`` (so the same text named another
+    way, or from another folder, resumes, and an edited one does not)."""
+    if data is None:
+        return None
+    from ..data import read_texts
+
+    digest = hashlib.sha256()
+    for name, text in sorted(read_texts(data).items()):
+        digest.update(f"{Path(name).name}:{len(text)}:".encode())
+        digest.update(text.encode("utf-8"))
+    return {"path": str(Path(data).resolve()), "fingerprint": digest.hexdigest()[:16]}
+
+
+def _same_settings(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    old, new = dict(old), dict(new)
+    old_data, new_data = old.pop("data", None), new.pop("data", None)
+    if isinstance(old_data, dict) and isinstance(new_data, dict):
+        same_data = old_data.get("fingerprint") == new_data.get("fingerprint")
+    else:
+        same_data = old_data == new_data
+    return same_data and old == new
+
+
+def read_previous(plan: LongctxPlan) -> dict[str, list]:
+    """What the run in ``plan.out_dir`` measured, for ``--resume``: ``run.json`` must hold the
+    same settings, ``results.json`` (if any) rows and trials. ``ValueError`` naming the file
+    and ``--force`` for a corrupt one, before the model is loaded or anything written."""
+    path = plan.out_dir / RUN_FILE
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        old = None
+    if not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
+        raise ValueError(f"--resume: {path} is corrupt; use --force to start over")
+    if not _same_settings(old["settings"], plan.settings()):
+        raise ValueError(
+            f"--resume: {plan.out_dir} was run with other settings ({old.get('settings')}); "
+            "use --force to replace it"
+        )
+    results = plan.out_dir / "results.json"
+    if not results.exists():
+        return {"rows": [], "trials": []}
+    try:
+        saved = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        saved = None
+    ok = isinstance(saved, dict) and all(
+        isinstance(saved.get(k, []), list) and all(isinstance(r, dict) for r in saved.get(k, []))
+        for k in ("rows", "trials")
+    )
+    rows_ok = ok and all(
+        isinstance(r.get("method"), str) and isinstance(r.get("length"), int)
+        for r in saved.get("rows", [])
+    )
+    if not rows_ok:
+        raise ValueError(f"--resume: {results} is corrupt; use --force to start over")
+    return {"rows": list(saved.get("rows", [])), "trials": list(saved.get("trials", []))}

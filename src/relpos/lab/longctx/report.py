@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...optional import installed
 from .. import report as lab_report
 from .methods import METHODS
 from .run import RunState
@@ -221,7 +222,7 @@ the model.
 """
 
 
-def write_markdown(path: Path, state: RunState, meta: dict[str, Any]) -> None:
+def write_markdown(path: Path, state: RunState, meta: dict[str, Any], *, plot: bool = True) -> None:
     trained = meta.get("model", {}).get("max_position_embeddings")
     settings = meta.get("settings", {})
     lines = [
@@ -237,7 +238,9 @@ def write_markdown(path: Path, state: RunState, meta: dict[str, Any]) -> None:
         "",
         markdown_tables(state.rows, trained).rstrip("\n"),
         "",
-        f"![passkey accuracy and perplexity vs length]({PLOT_FILE})",
+        f"![passkey accuracy and perplexity vs length]({PLOT_FILE})"
+        if plot
+        else "(no plot: matplotlib was not installed)",
         "",
         "## How to read it",
         "",
@@ -267,7 +270,9 @@ def write_outputs(
     write_csv(paths["csv"], state.rows)
     if final:
         trained = meta.get("model", {}).get("max_position_embeddings")
-        if state.rows:
+        if state.rows and installed("matplotlib"):
             plot(paths["png"], state.rows, trained)
-        write_markdown(paths["md"], state, meta)
+        else:
+            del paths["png"]
+        write_markdown(paths["md"], state, meta, plot="png" in paths)
     return paths

@@ -204,23 +204,13 @@ def _measurement_line(row: dict[str, Any]) -> str:
 
 
 def start_run(plan: LongctxPlan, meta: dict[str, Any]) -> RunState:
-    """The first write: clear an old run (``--force``) or load it (``--resume``, same
-    settings only), then write ``run.json``."""
+    """The first write: clear an old run (``--force``) or continue it (``--resume``: what the
+    plan read back), then write ``run.json``."""
     if plan.clear:
         shutil.rmtree(plan.out_dir)
     state = RunState()
-    if plan.resume and (plan.out_dir / RUN_FILE).exists():
-        old = json.loads((plan.out_dir / RUN_FILE).read_text())
-        if old.get("settings") != plan.settings():
-            raise ValueError(
-                f"--resume: {plan.out_dir} was run with other settings ({old.get('settings')}); "
-                "use --force to replace it"
-            )
-        try:
-            saved = json.loads((plan.out_dir / "results.json").read_text())
-            state = RunState(list(saved.get("rows", [])), list(saved.get("trials", [])))
-        except (OSError, ValueError):
-            pass
+    if plan.resume:  # checked and read by plan_longctx (read_previous)
+        state = RunState(list(plan.previous["rows"]), list(plan.previous["trials"]))
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     record = {"kind": RUN_KIND, "settings": plan.settings(), **meta}
     write_json_file(plan.out_dir / RUN_FILE, record)

@@ -1,0 +1,112 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2023, "Functional
+Interpolation for Relative Positions Improves Long Context Transformers", arXiv 2310.04418).
+
+``b_h(i, j) = f_theta( psi(i - j) / (psi(max(L, i)) + eps) )_h`` with ``psi(x) = log(|c x| +
+1)`` and a small MLP ``f_theta``: the normalised distance lies in ``[0, 1]`` for every past
+key, so the MLP interpolates instead of extrapolating. Spec: formulas-bias.md section 4.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...registry import register
+from ..base import BiasContext, Encoding
+from ..options import Float, Int
+
+__all__ = ["FIRE"]
+
+
+@register("fire")
+class FIRE(Encoding):
+    """FIRE, functional interpolation (Li et al. 2023, arXiv 2310.04418; paper appendix code).
+
+    ``b_h(i, j) = f_theta( psi(i - j) / (psi(max(L, i)) + 1e-6) )_h``, ``psi(x) = log(|c x| + 1)``,
+    ``f_theta = Linear(1, 32) -> ReLU -> Linear(32, H)``; learnable ``c`` (init 0.1) and threshold
+    ``L = |L_multiplier * 512|`` (multiplier init 1). ``i`` is the absolute query position
+    ("progressive interpolation"), so FIRE is not strictly relative. Follows the paper's
+    ``max(L, i)`` (one public re-implementation uses ``min``).
+
+    Options: ``mlp_width`` (hidden units, >= 1), ``init_c`` (> 0), ``init_L`` (the threshold,
+    > 0) and ``eps`` (> 0, keeps the normaliser away from 0 at ``i = 0``).
+    Shapes: ``mlp_input(q_pos (..), k_pos (..)) -> (..)`` in ``[0, 1]`` for past keys;
+    ``readout(u (..), h (..)) -> (..)``.
+    """
+
+    paper = "Li et al. 2023 (FIRE)"
+    has_bias = True
+    relative = False
+    continuous = True
+    options = {
+        "mlp_width": Int(minimum=1, doc="hidden units of f_theta"),
+        "init_c": Float(above=0.0, doc="initial c of psi(x) = log(|c x| + 1)"),
+        "init_L": Float(above=0.0, doc="initial threshold L (positions)"),
+        "eps": Float(above=0.0, doc="added to the normaliser psi(max(L, i))"),
+    }
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        self.mlp_in = nn.Linear(1, mlp_width)
+        self.mlp_out = nn.Linear(mlp_width, num_heads)
+        self.c = nn.Parameter(torch.tensor(init_c))
+        self.register_buffer("init_L", torch.tensor(init_L))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.eps = eps
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log(torch.abs(self.c * x) + 1)
+
+    def mlp_input(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``psi(i - j) / (psi(max(L, i)) + eps)``: in [0, 1] for every ``j <= i``."""
+        i = q_pos.to(self.c.dtype)
+        normaliser = self.psi(torch.maximum(self.threshold(), i)) + self.eps
+        return self.psi(i - k_pos.to(self.c.dtype)) / normaliser
+
+    def threshold(self) -> Tensor:
+        """The learned threshold ``L = |L_multiplier * init_L|``."""
+        return torch.abs(self.L_multiplier * self.init_L)
+
+    def is_distance_only(self, ctx: BiasContext) -> bool:
+        # Below the threshold the normaliser is psi(L) for every query: a function of i - j.
+        if ctx.q_pos.numel() == 0 or ctx.q_pos.is_floating_point():
+            return False
+        return bool(ctx.q_pos.max() < self.threshold())
+
+    def bias_at_distance(self, h: Tensor, distance: Tensor) -> Tensor:
+        """FIRE for queries below the threshold (normaliser ``psi(L)``)."""
+        u = self.psi(distance.to(self.c.dtype)) / (self.psi(self.threshold()) + self.eps)
+        return self.readout(u, h)
+
+    def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return self.readout(self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j]), h)
+
+    def readout(self, u: Tensor, h: Tensor) -> Tensor:
+        """``f_theta(u)`` for head(s) ``h`` (broadcast against ``u``)."""
+        w_in, b_in = self.mlp_in.weight[:, 0], self.mlp_in.bias
+        w_out, b_out = self.mlp_out.weight[h], self.mlp_out.bias[h]
+        if h.dim() == 0:
+            # One score at a time (FlexAttention's score_mod must be pointwise): unrolled sum.
+            out = b_out
+            for unit in range(w_in.shape[0]):
+                out = out + torch.relu(u * w_in[unit] + b_in[unit]) * w_out[unit]
+            return out
+        hidden = torch.relu(u[..., None] * w_in + b_in)
+        every_head = torch.arange(self.num_heads, device=h.device).view(1, -1, 1, 1)
+        if u.dim() == 4 and u.shape[1] == 1 and h.shape == every_head.shape:
+            if torch.equal(h, every_head):
+                # A (B, 1, T, S) grid for all heads: one (.., 32) @ (32, H) matmul, no
+                # (B, H, T, S, 32) broadcast.
+                out = torch.matmul(hidden[:, 0], self.mlp_out.weight.t()) + self.mlp_out.bias
+                return out.permute(0, 3, 1, 2)
+        # Other index shapes: contract the hidden units with head h's output row.
+        return torch.einsum("...k,...k->...", hidden, w_out) + b_out

@@ -1,0 +1,49 @@
+"""RoPE frequency scaling: context-extension methods, one record per type.
+
+``ROPE_SCALING`` maps each HF ``rope_type`` to a ``ScalingType`` record (the shape of HF
+``modeling_rope_utils``): its frequency function (one signature for all types), the keys its
+dict must and may carry, whether it depends on the call's length, whether it reads
+``original_max_position_embeddings``, and its range check.
+
+* ``scaling_type.py``: the record and the small shared checks;
+* ``methods.py``: the frequency functions (formulas, spec references) and ``ROPE_SCALING``;
+* ``validation.py``: ``validate_scaling`` (reads only the records) and
+  ``is_length_dependent``.
+
+``relpos.functional.rope_frequencies`` is the entry point the encodings use.
+"""
+
+from .methods import (
+    ROPE_SCALING,
+    default,
+    dynamic,
+    linear,
+    llama3,
+    longrope,
+    ntk,
+    ntk_scaled_base,
+    proportional,
+    yarn,
+)
+from .scaling_type import COMMON_KEYS, RopeScalingFn, ScalingType
+from .validation import LENGTH_DEPENDENT, is_length_dependent, resolve_type, validate_scaling
+
+__all__ = [
+    "COMMON_KEYS",
+    "LENGTH_DEPENDENT",
+    "ROPE_SCALING",
+    "RopeScalingFn",
+    "ScalingType",
+    "default",
+    "dynamic",
+    "is_length_dependent",
+    "linear",
+    "llama3",
+    "longrope",
+    "ntk",
+    "ntk_scaled_base",
+    "proportional",
+    "resolve_type",
+    "validate_scaling",
+    "yarn",
+]
