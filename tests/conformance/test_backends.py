@@ -250,7 +250,7 @@ def test_chunked_cases_cover_both_paths(name):
             scale=None,
             inputs=inp.get("inputs"),
         )
-        toeplitz = chunked.toeplitz_table(call) is not None
+        toeplitz = chunked.chunked_path(call) == "toeplitz"
         paths[case.id] = toeplitz
         if case.mask or case.pos == "batch":
             assert not toeplitz, f"{case.id} should take the tile path"

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..encodings.base import BiasContext, Encoding
 from ..positions import CallPositions, Positions, normalize_positions
+from ..validation import check_float
 
 #: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), FlexAttention's convention
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -72,7 +73,8 @@ def query_blocks(
             cut = breaks(s)
             if cut is not None:
                 e = min(e, max(s + 1, cut))
-        yield QueryBlock(s, e, min(length_k, e + offset) if causal else length_k)
+        # causal with Lq > Lk: early blocks may see no key (key_end 0, dead rows)
+        yield QueryBlock(s, e, max(0, min(length_k, e + offset)) if causal else length_k)
         s = e
 
 
@@ -285,6 +287,12 @@ def _check_qkv(q: object, k: object, v: object) -> None:
             f"k and v must have the same heads and length, got {tuple(k.shape)} and "
             f"{tuple(v.shape)}"
         )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[1] == 0 or t.shape[3] == 0:
+            raise ValueError(
+                f"{name} must have at least one head and a head_dim >= 1: shape (B, H, L, D) "
+                f"with H >= 1 and D >= 1, got {tuple(t.shape)}"
+            )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")
     if q.shape[1] % k.shape[1]:
@@ -294,13 +302,17 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         )
 
 
-def _check_mask(mask: object, shape: tuple[int, int, int, int]) -> Tensor | None:
+def _check_mask(
+    mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None
+) -> Tensor | None:
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"mask must be bool (True = attend) or float (additive), got {mask.dtype}")
+    if device is not None and mask.device != device:
+        raise ValueError(f"mask must be on the device of q ({device}), got {mask.device}")
     if mask.dim() > 4:
         raise ValueError(
             f"mask must broadcast to (B, H, Lq, Lk) = {shape}, got {tuple(mask.shape)}"
@@ -400,11 +412,19 @@ def prepare_call(
     Lk = cached + Lnew
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
+    if encoding is not None and q.device.type == "meta":
+        raise ValueError(
+            "q, k, v are on the meta device: relpos encodings compute positions and tables from "
+            "real values, so only encoding=None runs on meta tensors (shape inference through "
+            "SDPA); pass tensors on a real device"
+        )
     if scale is None:
         scale = encoding.default_scale(D) if isinstance(encoding, Encoding) else 1 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
-    mask = _check_mask(mask, (B, H, Lq, Lk))
+    else:
+        # SDPA takes any float but gives NaN for inf and silently 0 for NaN; a zero or negative
+        # temperature has no meaning next to a positional bias added after scaling
+        scale = check_float(scale, "scale (a logit scale, or None for 1/sqrt(D))", above=0.0)
+    mask = _check_mask(mask, (B, H, Lq, Lk), q.device)
     if mask_mod is not None and not callable(mask_mod):
         raise TypeError(
             f"mask_mod must be a callable mask_mod(b, h, q_idx, kv_idx) -> bool tensor or None, "
@@ -446,7 +466,11 @@ def prepare_call(
         k, v, k_all = cache.append(k, v, kp.tensor)
         kp = Positions(k_all)
     positions = CallPositions(qp, kp)
-    if encoding is not None:
+    # An empty call (Lq = 0 or Lk = 0) is validated but not encoded: its output is empty or
+    # zeros whatever the rotations and biases are, and the backends return it without them
+    # (dense.empty_attention). Encodings need not handle empty positions (xPos centres its
+    # scales on k_pos.min(), graph encodings read the largest node index).
+    if encoding is not None and not (Lq == 0 or Lk == 0):
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
             q, k = pieces[0]

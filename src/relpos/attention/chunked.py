@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall, QueryBlock, query_blocks, run_blocks
-from .dense import block_attention
+from .dense import block_attention, empty_attention
 from .piecewise import piecewise_sdpa_attention, runs_piecewise
 
 FORWARD_BLOCK = 256
@@ -45,6 +45,12 @@ TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias wor
 
 
 # ---------------------------------------------------------------------------- Toeplitz path
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the softmax statistics and of backward: float32 for half types, the
+    input dtype otherwise (float64 in, float64 throughout)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
     """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``."""
     n = w.shape[1]
@@ -64,9 +70,11 @@ def _block_forward(qf: Tensor, kb: Tensor, vb: Tensor, bias: Tensor, scale: floa
             qf, kb, vb, attn_mask=bias, scale=scale
         )
         return out, lse
-    s = torch.matmul(qf.float(), kb.float().transpose(-1, -2)) * scale + bias.float()
+    acc = compute_dtype(qf.dtype)
+    s = torch.matmul(qf.to(acc), kb.to(acc).transpose(-1, -2)) * scale + bias.to(acc)
     lse = torch.logsumexp(s, dim=-1)
-    out = torch.matmul(torch.exp(s - lse[..., None]), vb.float()).to(qf.dtype)
+    lse = lse.masked_fill(lse == float("-inf"), 0.0)  # dead rows: p = exp(-inf - 0) = 0
+    out = torch.matmul(torch.exp(s - lse[..., None]), vb.to(acc)).to(qf.dtype)
     return out, lse
 
 
@@ -79,13 +87,17 @@ class _ToeplitzAttention(torch.autograd.Function):
         Lk = k.shape[2]
         w = table.detach().flip(-1).to(q.dtype).contiguous()
         out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+        # a dead row (every key masked) stores lse 0: its scores are all -inf, p = 0
+        lse = torch.zeros(B, H, Lq, dtype=compute_dtype(q.dtype), device=q.device)
         for s, e, kend in query_blocks(Lq, Lk, FORWARD_BLOCK, causal=causal):
+            if kend == 0:  # causal, Lq > Lk: the block sees no key
+                out[:, :, s:e] = 0
+                continue
             qf = q[:, :, s:e].flip(2)
             bias = _hankel(w, Lq - e, e - s, kend)
             o, l = _block_forward(qf, k[:, :, :kend], v[:, :, :kend], bias, scale)
             out[:, :, s:e] = o.flip(2)
-            lse[:, :, s:e] = l.flip(2)
+            lse[:, :, s:e] = l.flip(2).to(lse.dtype)
         ctx.save_for_backward(q, k, v, table, out, lse)
         ctx.scale, ctx.causal = scale, causal
         return out
@@ -97,14 +109,17 @@ class _ToeplitzAttention(torch.autograd.Function):
         B, H, Lq, D = q.shape
         Lk = k.shape[2]
         need_table = ctx.needs_input_grad[3]
-        q32, k32, v32 = q.float(), k.float(), v.float()
-        do32, o32 = dout.float(), out.float()
-        w = table.detach().float().flip(-1).contiguous()
+        acc = lse.dtype  # compute_dtype(q.dtype): float64 calls stay float64
+        q32, k32, v32 = q.to(acc), k.to(acc), v.to(acc)
+        do32, o32 = dout.to(acc), out.to(acc)
+        w = table.detach().to(acc).flip(-1).contiguous()
         dq = torch.zeros_like(q32)
         dk = torch.zeros_like(k32)
         dv = torch.zeros_like(v32)
         dw = torch.zeros_like(w) if need_table else None
         for s, e, kend in query_blocks(Lq, Lk, BACKWARD_BLOCK, causal=causal):
+            if kend == 0:  # dead rows: no gradient
+                continue
             qf = q32[:, :, s:e].flip(2)
             dof = do32[:, :, s:e].flip(2)
             delta = (dof * o32[:, :, s:e].flip(2)).sum(-1, keepdim=True)
@@ -121,14 +136,6 @@ class _ToeplitzAttention(torch.autograd.Function):
                 dw[:, off : off + (e - s) + kend - 1] += _antidiagonal_sums(ds.sum(0))
         dtable = dw.flip(-1).to(table.dtype) if dw is not None else None
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable, None, None
-
-
-def toeplitz_table(call: AttentionCall) -> Tensor | None:
-    """The table the Toeplitz path uses for this call (causal ``-inf`` included), or None
-    when the call takes the tile path (no per-distance table, or a user mask)."""
-    if call.has_user_mask:
-        return None
-    return call.distance_table(causal=call.causal)
 
 
 def _toeplitz_attention(call: AttentionCall, table: Tensor) -> Tensor:
@@ -153,6 +160,8 @@ def _tile_attention(call: AttentionCall) -> Tensor:
 
     def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         s, e, kend = blk.start, blk.end, blk.key_end
+        if kend == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
+            return q.new_zeros(*q.shape[:2], e - s, v.shape[-1])
         qb, kb, vb = q[:, :, s:e], k[:, :, :kend], v[:, :, :kend]
         bias = None
         if call.has_bias:
@@ -169,6 +178,8 @@ def _tile_attention(call: AttentionCall) -> Tensor:
 
 def _probability_attention(call: AttentionCall) -> Tensor:
     def block(blk: QueryBlock, *_: Tensor) -> Tensor:
+        if blk.key_end == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
+            return call.q.new_zeros(*call.q.shape[:2], blk.end - blk.start, call.v.shape[-1])
         return block_attention(call, blk.start, blk.end, blk.key_end)
 
     # q/k/v pass through so checkpointing sees the tensors the block reads
@@ -189,6 +200,8 @@ def chunked_path(call: AttentionCall) -> str:
 
 def chunked_attention(call: AttentionCall) -> Tensor:
     """Biased attention in O(L * block) memory, forward and backward. ``(B, H, Lq, Dv)``."""
+    if call.q.shape[2] == 0 or call.k.shape[2] == 0:
+        return empty_attention(call)
     path = chunked_path(call)
     if path == "piecewise-sdpa":
         return piecewise_sdpa_attention(call)

@@ -5,8 +5,12 @@ the chunked backend's probability path (query blocks under activation checkpoint
 the only place that runs the hooks which change the attention weights themselves:
 
     logit_ij = <q^r_i, k^r_j> * scale + bias_ij      r = piece_index(i, j) (piecewise) or 0
-    p_ij     = softmax_j(logit_ij + mask_ij)
+    p_ij     = softmax_j(logit_ij + mask_ij)             (0 on a row that sees no key)
     out_i    = sum_j p_ij * m_ij * v_j  +  value_term(p)_i      m = prob_multiplier (URPE)
+
+A row whose every logit is ``-inf`` (fully masked, causal with ``Lq > Lk``, left padding
+under a causal mask) gets weights 0, so its output is 0 and its gradients are 0, as SDPA and
+the flash kernels give (docs/numerics.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,25 @@ import torch
 from torch import Tensor
 
 from .call import AttentionCall
+
+
+def masked_softmax(s: Tensor) -> Tensor:
+    """``softmax(s, dim=-1)`` with rows that are entirely ``-inf`` set to 0 (instead of NaN).
+
+    The dead rows are replaced by zeros *before* the softmax (no NaN is ever formed) and their
+    weights are selected away after it, so the gradient there is exactly 0: a padded batch
+    leaves every parameter's gradient finite, and the dead rows contribute nothing to it."""
+    dead = (s == float("-inf")).all(dim=-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(dead, 0.0), dim=-1)
+    return p.masked_fill(dead, 0.0)
+
+
+def empty_attention(call: AttentionCall) -> Tensor:
+    """The result of a call with ``Lq = 0`` or ``Lk = 0``: ``(B, H, Lq, Dv)``, zeros when
+    ``Lk = 0`` (no key: a dead row), as SDPA gives. Formed as ``(q k^T) v`` over the empty
+    axis so that it stays connected to q, k, v: backward runs and gives zero gradients."""
+    k, v = call.expanded_kv()
+    return torch.matmul(torch.matmul(call.q, k.transpose(-1, -2)), v)
 
 
 def block_logits(call: AttentionCall, start: int, end: int, key_end: int) -> Tensor:
@@ -54,7 +77,7 @@ def block_attention(call: AttentionCall, start: int, end: int, key_end: int) -> 
     m = call.mask_block(start, end, key_end, s.dtype)
     if m is not None:
         s = s + m
-    p = torch.softmax(s, dim=-1)
+    p = masked_softmax(s)
     _, v = call.expanded_kv()
     v = v[:, :, :key_end]
     enc = call.encoding

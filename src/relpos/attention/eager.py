@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .call import AttentionCall
-from .dense import block_attention, block_logits
+from .dense import block_attention, block_logits, empty_attention
 
 
 def logits(call: AttentionCall) -> Tensor:
@@ -19,4 +19,6 @@ def logits(call: AttentionCall) -> Tensor:
 
 def eager_attention(call: AttentionCall) -> Tensor:
     """Softmax attention from the full logit matrix. Returns ``(B, H, Lq, Dv)``."""
+    if call.q.shape[2] == 0 or call.k.shape[2] == 0:
+        return empty_attention(call)
     return block_attention(call, 0, call.q.shape[2], call.k.shape[2])

@@ -5,6 +5,19 @@ score_mod closures share one code object, so new calls with new tensors of the s
 not recompile (dynamo lifts the captured tensors to graph inputs). torch 2.13 has no
 FlexAttention backward on CPU: asking for gradients there raises a ``RuntimeError`` that
 names the ``chunked`` backend instead.
+
+Guards (docs/numerics.md):
+
+* **Short lengths on CPU.** The compiled CPU kernel of torch 2.13 returns wrong values or
+  NaN for some lengths below its block size (``L = 8`` every time in a fresh process,
+  ``24`` and ``40`` intermittently; upstream). On CPU every call is therefore padded to
+  whole kernel blocks (``FLEX_BLOCK`` = 128 rows and keys): padded keys are masked out by
+  the block mask, padded query rows are dropped, and the encoding's hooks only ever see
+  indices of real tokens (clamped), so the result is that of the unpadded call.
+* **dtypes.** The kernel takes ``FLEX_DTYPES`` (float16, bfloat16, float32); float64 is
+  refused with a ``TypeError`` that names them (inductor raised a raw error).
+* **Empty calls** (``Lq = 0`` or ``Lk = 0``) do not reach the kernel: the result is SDPA's
+  (empty, or zeros with zero gradients).
 """
 
 from __future__ import annotations
@@ -12,11 +25,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall
+from .dense import empty_attention
 
 FLEX_RECOMPILE_LIMIT = 64
+#: the kernel's block size (``flex_attention._DEFAULT_SPARSE_BLOCK_SIZE``): CPU calls are
+#: padded to whole blocks of it
+FLEX_BLOCK = 128
+#: dtypes the compiled FlexAttention kernel takes
+FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @lru_cache(maxsize=4)
@@ -50,14 +70,24 @@ def flex_available() -> bool:
     return True
 
 
+def _padded(length: int, device: torch.device) -> int:
+    """The length the kernel runs at: whole ``FLEX_BLOCK`` s on CPU (see module docstring)."""
+    if device.type != "cpu":
+        return length
+    return -(-length // FLEX_BLOCK) * FLEX_BLOCK
+
+
 def _score_mod(call: AttentionCall):
     enc = call.encoding
     dev = call.q.device
     ctx = call.bias_context(
         torch.arange(call.q.shape[2], device=dev), torch.arange(call.k.shape[2], device=dev)
     )
+    last_q, last_k = call.q.shape[2] - 1, call.k.shape[2] - 1
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        # padded rows / keys (CPU) read the last real token; they are masked or dropped
+        i, j = i.clamp(max=last_q), j.clamp(max=last_k)
         return score + enc.bias(ctx, b, h, i, j).to(score.dtype)
 
     return score_mod
@@ -71,9 +101,14 @@ def _block_mask(call: AttentionCall):
     causal = call.causal
     if user is not None and user.dtype != torch.bool:
         raise ValueError("the flex backend takes a bool mask (True = attend); got a float mask")
+    B, H, Lq = call.q.shape[:3]
+    Lk = call.k.shape[2]
+    dev = call.q.device
+    Pq, Pk = _padded(Lq, dev), _padded(Lk, dev)
 
     def mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        keep = torch.ones((), dtype=torch.bool, device=i.device)
+        keep = j < Lk  # padded keys (CPU)
+        i, j = i.clamp(max=Lq - 1), j.clamp(max=Lk - 1)
         if causal:
             keep = keep & (j <= i + offset)
         if user is not None:
@@ -82,30 +117,42 @@ def _block_mask(call: AttentionCall):
             keep = keep & user_mod(b, h, i + offset, j)
         return keep
 
-    B, H, Lq = call.q.shape[:3]
-    Lk = call.k.shape[2]
     if not call.has_user_mask:
-        return _causal_block_mask(Lq, Lk, str(call.q.device))
-    return create_block_mask(mask_mod, B, H, Lq, Lk, device=call.q.device)
+        return _plain_block_mask(Lq, Lk, Pq, Pk, causal, str(dev))
+    return create_block_mask(mask_mod, B, H, Pq, Pk, device=dev)
 
 
 @lru_cache(maxsize=32)
-def _causal_block_mask(Lq: int, Lk: int, device: str):
-    """Bottom-right aligned causal block mask, built once per shape (building costs ~1 s)."""
+def _plain_block_mask(Lq: int, Lk: int, Pq: int, Pk: int, causal: bool, device: str):
+    """Block mask over the padded ``(Pq, Pk)``: padded keys masked, and bottom-right
+    aligned causal if ``causal``; built once per shape (building costs ~1 s)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = Lk - Lq
 
-    def causal(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        return j <= i + offset
+    def real_keys(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return j < Lk
 
-    return create_block_mask(causal, None, None, Lq, Lk, device=device)
+    def causal_real_keys(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return (j <= i + offset) & (j < Lk)
+
+    mod = causal_real_keys if causal else real_keys
+    return create_block_mask(mod, None, None, Pq, Pk, device=device)
 
 
 def flex_attention_backend(call: AttentionCall) -> Tensor:
     """``(B, H, Lq, Dv)`` through compiled FlexAttention."""
     if not flex_available():
         raise RuntimeError("backend='flex' needs torch >= 2.5 (torch.nn.attention.flex_attention)")
+    if call.q.dtype not in FLEX_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FLEX_DTYPES)
+        raise TypeError(
+            f"backend='flex' takes q, k, v in {names}, got {call.q.dtype}; use backend "
+            f"'chunked', 'sdpa' or 'eager' for {call.q.dtype}"
+        )
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    if Lq == 0 or Lk == 0:
+        return empty_attention(call)
     needs_grad = torch.is_grad_enabled() and (
         call.q.requires_grad
         or call.k.requires_grad
@@ -118,13 +165,21 @@ def flex_attention_backend(call: AttentionCall) -> Tensor:
             "training (or run the forward under torch.no_grad())"
         )
     score_mod = _score_mod(call) if call.has_bias else None
-    block_mask = _block_mask(call) if (call.causal or call.has_user_mask) else None
-    return compiled_flex_attention(call.q.device.type)(
-        call.q,
-        call.k,
-        call.v,
+    Pq, Pk = _padded(Lq, call.q.device), _padded(Lk, call.q.device)
+    q, k, v = call.q, call.k, call.v
+    if Pq != Lq:
+        q = F.pad(q, (0, 0, 0, Pq - Lq))
+    if Pk != Lk:
+        k, v = F.pad(k, (0, 0, 0, Pk - Lk)), F.pad(v, (0, 0, 0, Pk - Lk))
+    masked = call.causal or call.has_user_mask or Pk != Lk
+    block_mask = _block_mask(call) if masked else None
+    out = compiled_flex_attention(call.q.device.type)(
+        q,
+        k,
+        v,
         score_mod=score_mod,
         block_mask=block_mask,
         scale=call.scale,
         enable_gqa=call.groups > 1,
     )
+    return out[:, :, :Lq]

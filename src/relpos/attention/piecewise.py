@@ -140,6 +140,8 @@ class _PairBlock:
         call, (s, e, kend) = self.call, block
         enc, ctx = call.encoding, call.ctx
         assert enc is not None and ctx is not None
+        if kend == 0:
+            return _dead_block(call, tensors, s, e)
         dev = tensors[-1].device
         b = torch.tensor([0 if self.bs.start is None else self.bs.start], device=dev)
         b = b[:, None, None, None]
@@ -158,6 +160,8 @@ class _PairBlock:
                 if allowed is not None:
                     m = m + allowed.index_select(-1, cols)
                 copies.append((r, cols, m.to(tensors[0].dtype)))
+        if not copies:
+            return _dead_block(call, tensors, s, e)
         return _sdpa_slots(call, tensors, s, e, copies)
 
 
@@ -197,8 +201,15 @@ class _SegmentBlock:
                 ok &= d >= seg.d_min
             copies.append((seg.piece, slice(lo, hi), ok))
         if not copies:
-            raise ValueError("piecewise_sdpa_attention: a query block sees no key")
+            return _dead_block(call, tensors, s, e)
         return _sdpa_slots(call, tensors, s, e, copies)
+
+
+def _dead_block(call: AttentionCall, tensors: tuple[Tensor, ...], s: int, e: int) -> Tensor:
+    """Output of a query block that sees no key (causal with ``Lq > Lk``, a fully masked
+    row): zeros, as every backend gives for such rows (docs/numerics.md)."""
+    B, H = tensors[0].shape[:2]
+    return tensors[-1].new_zeros(B, H, e - s, tensors[-1].shape[-1])
 
 
 def min_opt(a: int | None, b: int) -> int:
@@ -273,12 +284,14 @@ class _LSEBlock(_SegmentBlock):
                 outs.append(out.reshape(B, H, T, -1))
                 lses.append(lse.reshape(B, H, T))
         if not outs:
-            raise ValueError("piecewise_sdpa_attention: a query block sees no key")
-        lse = torch.stack(lses)
-        weight = torch.exp(lse - torch.logsumexp(lse, dim=0))
-        return sum(
-            w[..., None] * o.to(torch.float32) for w, o in zip(weight, outs, strict=True)
-        ).to(v.dtype)
+            return _dead_block(call, tensors, s, e)
+        # merged in float32 for half types, in the input dtype otherwise (float64 stays exact)
+        acc = torch.promote_types(dtype, torch.float32)
+        lse = torch.stack(lses).to(acc)
+        total = torch.logsumexp(lse, dim=0)
+        # a row that sees no key in any range: every lse is -inf, its weights 0 (not NaN)
+        weight = torch.exp(lse - total.masked_fill(total == -math.inf, 0.0))
+        return sum(w[..., None] * o.to(acc) for w, o in zip(weight, outs, strict=True)).to(v.dtype)
 
 
 __all__ = ["KeySegment", "piecewise_sdpa_attention", "runs_piecewise"]
