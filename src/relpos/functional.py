@@ -26,26 +26,6 @@ __all__ = [
 ]
 
 
-def _check_int(value: object, name: str, *, minimum: int | None = None) -> int:
-    """``value`` as an int (bools refused): positive, or at least ``minimum`` when given.
-
-    The argument check shared by these functions and the encodings. ``ValueError`` naming
-    ``name`` and the form: "a positive int" by default, "an int >= minimum" with ``minimum``.
-    """
-    low = 1 if minimum is None else minimum
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        form = "a positive int" if minimum is None else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {form}, got {value!r}")
-    return value
-
-
-def _check_bool(value: object, name: str) -> bool:
-    """``value`` if it is a bool, else ``TypeError`` naming ``name`` (shared by encodings)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
 def rope_frequencies(
     head_dim: int,
     base: float = 10000.0,

@@ -122,6 +122,9 @@ def test_bad_arguments_name_themselves(kwargs, error, match):
 
 
 def test_bad_base():
-    for base in (1.0, -3, math.inf, True):
+    for base in (1.0, -3, math.inf, math.nan):
         with pytest.raises(ValueError, match="base must be"):
+            is_feasible(base, 1024)
+    for base in (True, "1e4"):  # a wrong type (the policy of relpos.validation)
+        with pytest.raises(TypeError, match="base must be"):
             is_feasible(base, 1024)

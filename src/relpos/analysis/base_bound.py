@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..validation import check_int
+from ..validation import check_float, check_int
 from .output import save_figure
 
 __all__ = [
@@ -54,11 +54,7 @@ _HINTS = (16, 128, 1024)
 
 
 def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1.0:
-        raise ValueError(f"base must be a number > 1, got {base!r}")
-    if not math.isfinite(base):
-        raise ValueError(f"base must be finite, got {base!r}")
-    return float(base)
+    return check_float(base, "base", above=1.0)
 
 
 def _check_head_dim(head_dim: object) -> int:

@@ -135,12 +135,7 @@ class AttentionCall:
         dev = self.q.device
         # ``ctx.data`` is batch-specific unless it says otherwise (``batch_shared = True``)
         data_shared = getattr(self.ctx.data, "batch_shared", self.ctx.data is None)
-        shared = (
-            self.q_pos.shape[0] == 1
-            and self.k_pos.shape[0] == 1
-            and not self.ctx.extra
-            and data_shared
-        )
+        shared = self.q_pos.shape[0] == 1 and self.k_pos.shape[0] == 1 and data_shared
         b = torch.arange(1 if shared else self.q.shape[0], device=dev)[:, None, None, None]
         h = torch.arange(self.q.shape[1], device=dev)[None, :, None, None]
         return b, h, i[None, None, :, None], j[None, None, None, :]

@@ -45,7 +45,7 @@ Options: each constructor keyword is declared in ``options`` (``relpos.encodings
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -61,12 +61,11 @@ class BiasContext:
     """What ``prepare`` computes once per call and ``bias`` reads.
 
     ``q_pos`` and ``k_pos`` are expanded to the batch: ``(B, Lq[, m])`` and ``(B, Lk[, m])``.
-    ``extra`` holds encoding-specific precomputations (e.g. ``q @ E_rel^T``).
+    ``data`` holds the encoding's own per-call precomputation (e.g. ``q @ E_rel^T``).
     """
 
     q_pos: Tensor
     k_pos: Tensor
-    extra: dict[str, Tensor] = field(default_factory=dict)
     #: what the encoding's ``precompute`` returned: a small dataclass declared next to the
     #: encoding (typed fields instead of string keys), or None
     data: Any = None

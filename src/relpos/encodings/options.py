@@ -49,8 +49,6 @@ __all__ = [
     "check_options",
 ]
 
-_WRONG_TYPE = object()  # marks "no sensible wrong-type example" (never produced)
-
 
 class OptionSpec:
     """Base of the option specs: ``check(value, name) -> normalised value``."""

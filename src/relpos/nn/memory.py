@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.base import Encoding
+from ..validation import check_int
 from .cache import KVCache, LayerCache
 
 __all__ = ["SegmentRecurrence"]
@@ -49,10 +50,7 @@ class SegmentRecurrence:
                 f"model must provide new_cache() -> KVCache and accept (tokens, pos, cache) "
                 f"(e.g. relpos.nn.TransformerLM), got {type(model).__name__}"
             )
-        if isinstance(memory_length, bool) or not isinstance(memory_length, int):
-            raise TypeError(f"memory_length must be an int >= 0, got {memory_length!r}")
-        if memory_length < 0:
-            raise ValueError(f"memory_length must be an int >= 0, got {memory_length}")
+        check_int(memory_length, "memory_length", minimum=0)
         self.model = model
         self.memory_length = memory_length
         dims = [m.dims for m in model.modules() if isinstance(m, Encoding)]
@@ -88,10 +86,7 @@ class SegmentRecurrence:
     def run(self, tokens: Tensor, segment_length: int) -> Tensor:
         """``step`` over ``tokens (B, N)`` split into segments of ``segment_length`` (the last
         may be shorter); the outputs concatenated along the sequence."""
-        if isinstance(segment_length, bool) or not isinstance(segment_length, int):
-            raise TypeError(f"segment_length must be a positive int, got {segment_length!r}")
-        if segment_length <= 0:
-            raise ValueError(f"segment_length must be a positive int, got {segment_length}")
+        check_int(segment_length, "segment_length")
         if not isinstance(tokens, Tensor) or tokens.dim() != 2:
             raise ValueError("tokens must be a (B, N) tensor of token ids")
         outs = [self.step(seg) for seg in tokens.split(segment_length, dim=1)]

@@ -23,6 +23,7 @@ import torch
 import relpos
 from relpos.attention import chunked, supported_backends
 from relpos.encodings.contextual.irpe import (
+    IRPEData,
     irpe_bucket,
     irpe_bucket_ids_2d,
     irpe_num_buckets,
@@ -423,7 +424,7 @@ def test_prepare_is_linear_in_length_and_buckets() -> None:
     enc = _make(dict(method="cross", mode="contextual", rpe_on="qkv", skip=1, shared_head=False))
     q, k, _, qp, kp = _problem("batch", 1)
     ctx = enc.prepare(q, k, qp, kp)
-    assert not ctx.extra  # typed per-call data (IRPEData), no string keys
+    assert isinstance(ctx.data, IRPEData)  # typed per-call data, no string keys
     nb = enc.num_buckets
     assert [tuple(t.compute().shape) for t in ctx.data.on_keys] == [(B, H, 23, nb)] * 2
     # per-head tables: every query head reads its own table with its group's keys
