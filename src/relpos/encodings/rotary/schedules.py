@@ -155,26 +155,14 @@ class DualChunkAttention(PiecewiseRoPE):
         pretraining_length: int | None = None,
         chunk_size: int | None = None,
         local_window: int | None = None,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
         mscale: bool = False,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self.mscale = mscale
         lp = pretraining_length
         if lp is None:
-            lp = max_position_embeddings or 4096
+            lp = self.max_position_embeddings or 4096
         if lp < 2:
             raise ValueError(
                 f"pretraining_length (default: max_position_embeddings) must be >= 2, got {lp}"
@@ -276,23 +264,11 @@ class LMInfinite(PiecewiseRoPE):
         local_branch: int | None = None,
         global_branch: int = 10,
         limit_distance: int | None = None,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self.local_branch = (
-            local_branch if local_branch is not None else (max_position_embeddings or 4096)
+            local_branch if local_branch is not None else (self.max_position_embeddings or 4096)
         )
         self.global_branch = global_branch
         self.limit_distance = self.local_branch if limit_distance is None else limit_distance
@@ -368,21 +344,9 @@ class SelfExtend(PiecewiseRoPE):
         group_size: int = 8,
         neighbor_window: int = 1024,
         log_scale_base: float | None = None,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self.group_size = group_size
         self.neighbor_window = neighbor_window
         self.log_scale_base = log_scale_base
