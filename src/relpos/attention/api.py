@@ -113,6 +113,19 @@ def _check_backend(backend: object, encoding: Encoding | None) -> None:
         )
 
 
+def _dispatch(
+    q: Tensor, k: Tensor, v: Tensor, encoding: Encoding | None, backend: str, **call: object
+) -> tuple[list[dict] | None, AttentionCall | None, str]:
+    """Check ``backend``; then either the query blocks of a call the encoding cannot take at
+    once (``split_call``) or the prepared call and the backend that runs it."""
+    _check_backend(backend, encoding)
+    blocks = split_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
+    if blocks is not None:
+        return blocks, None, backend
+    prepared = prepare_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
+    return None, prepared, choose_backend(prepared) if backend == "auto" else backend
+
+
 def plan(
     q: Tensor,
     k: Tensor,
@@ -134,39 +147,23 @@ def plan(
     the encoding's precomputation) but runs no attention; a ``cache`` is left unchanged.
     Gradient mode matters (``auto`` trains learnable biases on ``chunked``): call it under
     the same ``torch.no_grad()`` as the attention it describes."""
-    _check_backend(backend, encoding)
-    cache = None if cache is None else copy.copy(cache)
-    blocks = split_call(
+    blocks, call, name = _dispatch(
         q,
         k,
         v,
         encoding,
+        backend,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
         mask=mask,
-        mask_mod=mask_mod,
-        cache=cache,
         scale=scale,
         inputs=inputs,
+        mask_mod=mask_mod,
+        cache=None if cache is None else copy.copy(cache),
     )
     if blocks is not None:  # the first query block stands for the call
         return plan(**blocks[0], backend=backend)
-    call = prepare_call(
-        q,
-        k,
-        v,
-        encoding,
-        q_pos=q_pos,
-        k_pos=k_pos,
-        causal=causal,
-        mask=mask,
-        scale=scale,
-        inputs=inputs,
-        mask_mod=mask_mod,
-        cache=cache,
-    )
-    name = choose_backend(call) if backend == "auto" else backend
     return name, backend_path(call, name)
 
 
@@ -218,38 +215,23 @@ def attention(
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
     """
-    _check_backend(backend, encoding)
-    blocks = split_call(
+    blocks, call, name = _dispatch(
         q,
         k,
         v,
         encoding,
+        backend,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
         mask=mask,
-        mask_mod=mask_mod,
-        cache=cache,
         scale=scale,
         inputs=inputs,
+        mask_mod=mask_mod,
+        cache=cache,
     )
     if blocks is not None:  # the encoding bounds the query span of a call (xPos)
         return torch.cat([attention(**block, backend=backend) for block in blocks], dim=2)
-    call = prepare_call(
-        q,
-        k,
-        v,
-        encoding,
-        q_pos=q_pos,
-        k_pos=k_pos,
-        causal=causal,
-        mask=mask,
-        scale=scale,
-        inputs=inputs,
-        mask_mod=mask_mod,
-        cache=cache,
-    )
-    name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)
     if encoding is not None and encoding.has_rotary:
         out = encoding.rotate(out, call.q_pos, "o")
