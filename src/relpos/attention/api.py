@@ -252,7 +252,7 @@ def attention(
     name = choose_backend(call) if backend == "auto" else backend
     out = BACKENDS[name](call)
     if encoding is not None and encoding.has_rotary:
-        out = encoding.rotate(out, call.q_pos, "o")
+        out = call.rotate_output(out)
     return out
 
 
