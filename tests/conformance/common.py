@@ -80,6 +80,30 @@ def _adapt(enc, q, k, kw: dict) -> dict:
     return kw
 
 
+def rotary_state(enc: relpos.Encoding, q_pos, k_pos, batch: int, lq: int, lk: int):
+    """The rotation state (``Encoding.prepare_rotary``) of a call of these sizes with the
+    example inputs that ``attention`` / ``scores`` pass (camera frames); None for rotations
+    that read positions only. ``q_pos`` / ``k_pos`` as the engine normalises them."""
+    inputs = {}
+    if enc.required_inputs or enc.needs_inputs:
+        gen = torch.Generator().manual_seed(0)
+        inputs = enc.example_inputs(batch, lq, lk, gen)
+    return enc.prepare_rotary(q_pos, k_pos, inputs)
+
+
+def rotate(enc: relpos.Encoding, x, pos, role: str, state=None):
+    """``enc.rotate`` as the engine calls it (the state only when there is one)."""
+    return enc.rotate(x, pos, role) if state is None else enc.rotate(x, pos, role, state)
+
+
+def rotate_qk(enc: relpos.Encoding, q, k, q_pos, k_pos):
+    """``enc.rotate_qk`` with the state of the example inputs (``rotary_state``)."""
+    state = rotary_state(enc, q_pos, k_pos, q.shape[0], q.shape[-2], k.shape[-2])
+    if state is None:
+        return enc.rotate_qk(q, k, q_pos, k_pos)
+    return enc.rotate_qk(q, k, q_pos, k_pos, state)
+
+
 def model_inputs(name: str, batch: int, length: int) -> dict:
     """Keyword ``inputs`` for a ``TransformerLM`` forward with this encoding ({} if none)."""
     enc = encoding_class(name)
