@@ -144,7 +144,9 @@ def extrinsics(R: Tensor, t: Tensor) -> Tensor:
     R = _tensor(R, "R", "(..., 3, 3)")
     t = _tensor(t, "t", "(..., 3)")
     if tuple(R.shape[-2:]) != (3, 3) or t.shape[-1:] != (3,):
-        raise ValueError(f"R must be (..., 3, 3) and t (..., 3), got {tuple(R.shape)}, {tuple(t.shape)}")
+        raise ValueError(
+            f"R must be (..., 3, 3) and t (..., 3), got {tuple(R.shape)}, {tuple(t.shape)}"
+        )
     batch = torch.broadcast_shapes(R.shape[:-2], t.shape[:-1])
     out = torch.zeros(*batch, 4, 4, dtype=R.dtype, device=R.device)
     out[..., :3, :3] = R
@@ -223,9 +225,7 @@ def normalize_K(
     ``principal_point="zero"`` (StereoWorld) gives ``diag(fx/W, fy/H, 1)``."""
     W, H = check_float_sequence(image_size, "image_size", length=2, above=0.0)
     if principal_point not in ("normalized", "zero"):
-        raise ValueError(
-            f"principal_point must be 'normalized' or 'zero', got {principal_point!r}"
-        )
+        raise ValueError(f"principal_point must be 'normalized' or 'zero', got {principal_point!r}")
     K = Ks.clone()
     K[..., 0, 0] = Ks[..., 0, 0] / W
     K[..., 1, 1] = Ks[..., 1, 1] / H
@@ -366,7 +366,9 @@ def expand_cameras(viewmats: Tensor, camera_index: Tensor) -> Tensor:
     return torch.gather(m, 1, idx[..., None, None].expand(*idx.shape, *m.shape[2:]))
 
 
-def rotation_about(axis: Sequence[float], angle: float, *, dtype: torch.dtype = torch.float64) -> Tensor:
+def rotation_about(
+    axis: Sequence[float], angle: float, *, dtype: torch.dtype = torch.float64
+) -> Tensor:
     """Rotation matrix ``(3, 3)`` of ``angle`` radians about ``axis`` (Rodrigues)."""
     a = torch.tensor(check_float_sequence(axis, "axis", length=3), dtype=torch.float64)
     if float(a.norm()) == 0:

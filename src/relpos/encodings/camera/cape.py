@@ -47,6 +47,8 @@ class CaPE6DoF(CameraFrames):
                 "(4-channel pose chunks)"
             )
 
-    def camera_blocks(self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
         # T = P^-T = c2w^T, T^-1 = P^T
         return invert_se3(viewmats).transpose(-1, -2), viewmats.transpose(-1, -2)

@@ -142,7 +142,9 @@ class CameraFrames(Encoding):
         self.dims = 2 if rope_channels else 1
 
     # ------------------------------------------------------------------ subclass hooks
-    def camera_blocks(self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """``(M, M^-1)`` per token, float64 ``(B|1, L, 4, 4)``, from checked float64 cameras
         ``viewmats (B|1, L, 4, 4)``, ``Ks (B|1, L, 3, 3)`` or None, and ``pos``."""
         raise NotImplementedError
@@ -182,9 +184,7 @@ class CameraFrames(Encoding):
             )
         return keys[:, keys.shape[1] - length :]
 
-    def prepare_rotary(
-        self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]
-    ) -> FrameState:
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> FrameState:
         """Check the call's cameras and build the frames (``FrameState``, float64)."""
         Lq, Lk = q_pos.shape[1], k_pos.shape[1]
         k_view = self._cameras(inputs, "k_viewmats", Lk)
@@ -201,7 +201,11 @@ class CameraFrames(Encoding):
             elif k_K is None:
                 raise ValueError("inputs['q_Ks'] needs inputs['k_Ks'] (intrinsics for both sides)")
         for side, view, K in (("q", q_view, q_K), ("k", k_view, k_K)):
-            if K is not None and K.shape[0] != view.shape[0] and 1 not in (K.shape[0], view.shape[0]):
+            if (
+                K is not None
+                and K.shape[0] != view.shape[0]
+                and 1 not in (K.shape[0], view.shape[0])
+            ):
                 raise ValueError(
                     f"inputs[{side + '_Ks'!r}] and the {side} side's viewmats must share the "
                     f"batch size, got {K.shape[0]} and {view.shape[0]}"
@@ -230,7 +234,9 @@ class CameraFrames(Encoding):
             M = None
             if state is not None:
                 if not isinstance(state, FrameState):
-                    raise TypeError(f"state must be a FrameState (prepare_rotary), got {type(state).__name__}")
+                    raise TypeError(
+                        f"state must be a FrameState (prepare_rotary), got {type(state).__name__}"
+                    )
                 if role == "q":
                     M = state.q_blocks.transpose(-1, -2)
                 elif role == "o":

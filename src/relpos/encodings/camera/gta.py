@@ -107,7 +107,9 @@ class GTA(CameraFrames):
     def example_options(cls) -> dict:
         return {"grid": (8, 8)}
 
-    def camera_blocks(self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
         s = self.trans_coeff.to(torch.float64)
         R, t = viewmats[..., :3, :3], viewmats[..., :3, 3:]
         Rt = R.transpose(-1, -2)

@@ -106,7 +106,9 @@ class PRoPE(CameraFrames):
             )
         return normalize_K(Ks, self.image_size, self.principal_point)
 
-    def camera_blocks(self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
         if Ks is None:
             return viewmats, invert_se3(viewmats)
         K = self._normalized_K(Ks)

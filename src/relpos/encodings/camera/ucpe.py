@@ -111,7 +111,9 @@ class UCPE(PRoPE):
     def example_options(cls) -> dict:
         return {"grid": (4, 4), "image_size": (32.0, 32.0)}
 
-    def camera_blocks(self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
         if self.grid is None or self.image_size is None:
             raise ValueError(
                 "encoding 'ucpe' casts a ray per patch: create it with grid=(Px, Py) and "
