@@ -54,6 +54,8 @@ __all__ = [
     "expand_cameras",
     "check_viewmats",
     "check_intrinsics",
+    "pixel_rays",
+    "rotation_about",
 ]
 
 #: tolerance of the rigidity checks (``R^T R = I``, bottom row) in ``check_viewmats``
@@ -358,7 +360,8 @@ def expand_cameras(viewmats: Tensor, camera_index: Tensor) -> Tensor:
         idx = idx[None].expand(m.shape[0], -1)
     if idx.dim() != 2 or idx.shape[0] not in (1, m.shape[0]):
         raise ValueError(
-            f"camera_index must have shape (B, L) with B = {m.shape[0]}, got {tuple(camera_index.shape)}"
+            f"camera_index must have shape (B, L) with B = {m.shape[0]}, "
+            f"got {tuple(camera_index.shape)}"
         )
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= m.shape[1]):
         raise ValueError(f"camera_index must lie in [0, {m.shape[1]}) (C = viewmats.shape[1])")

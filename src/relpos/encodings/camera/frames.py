@@ -247,7 +247,8 @@ class CameraFrames(Encoding):
                     side = "q" if role in ("q", "o") else "k"
                     raise ValueError(
                         f"the cameras of this call (inputs[{side + '_viewmats'!r}]) have shape "
-                        f"{tuple(M.shape)}, but {role} has batch {x.shape[0]} and {x.shape[2]} tokens"
+                        f"{tuple(M.shape)}, but {role} has batch {x.shape[0]} and "
+                        f"{x.shape[2]} tokens"
                     )
             xp = x[..., : self.proj_channels].to(cd)
             parts.append(xp if M is None else apply_proj4(xp, M.to(cd)))
