@@ -55,6 +55,7 @@ __all__ = [
     "check_viewmats",
     "check_intrinsics",
     "pixel_rays",
+    "ray_plucker",
     "rotation_about",
 ]
 
@@ -312,7 +313,15 @@ def plucker(
     if frame == "first":
         viewmats = anchor(viewmats, 0)
     o, d = patch_rays(viewmats, Ks, grid, image_size)
-    return torch.cat((torch.linalg.cross(o, d), d), -1)
+    return ray_plucker(o, d)
+
+
+def ray_plucker(origins: Tensor, directions: Tensor) -> Tensor:
+    """Plücker coordinates ``[o x d, d]`` of rays through ``origins (..., 3)`` with unit
+    ``directions (..., 3)``: ``(..., 6)``. The moment ``o x d`` is the same for every point
+    ``o + s d`` of the ray (spec R.10); under a rigid ``G = [R | t]``: ``d' = R d``,
+    ``m' = R m + t x R d`` (R.13)."""
+    return torch.cat((torch.linalg.cross(origins, directions), directions), -1)
 
 
 def random_se3(

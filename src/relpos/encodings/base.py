@@ -290,9 +290,7 @@ class Encoding(nn.Module):
         return {}
 
     # ----------------------------------------------------------------- hooks
-    def prepare_rotary(
-        self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]
-    ) -> Any:
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> Any:
         """Per-call state of the rotation, built once from the call's ``inputs`` (camera
         matrices, rays) and the normalised positions ``q_pos (B|1, Lq[, m])``, ``k_pos (B|1,
         Lk[, m])`` (with a KV cache: the new tokens' only). The engine calls it after checking

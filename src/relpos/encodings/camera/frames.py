@@ -110,6 +110,8 @@ class CameraFrames(Encoding):
     #: whether ``k_Ks`` is required (UCPE casts its rays through them)
     needs_intrinsics: ClassVar[bool] = False
     rope_layout: ClassVar[str] = "half"
+    #: the RoPE channels come in multiples of this (PRoPE: 4, a pair per axis)
+    rope_multiple: ClassVar[int] = 2
     rope_sign: ClassVar[float] = -1.0
     #: image size used by ``example_inputs`` (W, H) when the encoding has none
     EXAMPLE_IMAGE: ClassVar[tuple[float, float]] = (32.0, 32.0)
@@ -132,7 +134,12 @@ class CameraFrames(Encoding):
 
     def _set_channels(self, proj_channels: int, rope_channels: int, requirement: str) -> None:
         """Record the channel layout; a head_dim that cannot take it is refused by name."""
-        if proj_channels % 4 or rope_channels % 2 or proj_channels + rope_channels > self.head_dim:
+        if (
+            proj_channels % 4
+            or rope_channels % self.rope_multiple
+            or rope_channels < 0
+            or proj_channels + rope_channels > self.head_dim
+        ):
             raise ValueError(
                 f"head_dim={self.head_dim} cannot take encoding {self.name!r}: {requirement} "
                 f"(camera channels {proj_channels}, rope channels {rope_channels})"

@@ -57,6 +57,7 @@ class PRoPE(CameraFrames):
     reads_intrinsics = True
     rope_layout = "half"
     rope_sign = -1.0
+    rope_multiple = 4
     options = {
         "image_size": FloatSequence(
             length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
@@ -83,7 +84,9 @@ class PRoPE(CameraFrames):
         self.base = base
         self.rope_fraction = rope_fraction
         self.principal_point = principal_point
-        rope = int(round(head_dim * rope_fraction / 4)) * 4
+        rope = int(round(head_dim * rope_fraction))
+        if abs(head_dim * rope_fraction - rope) > 1e-9:
+            rope = -1  # not a whole number of channels: refused below
         self._set_channels(
             head_dim - rope,
             rope,
