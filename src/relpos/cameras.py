@@ -274,10 +274,10 @@ def pixel_rays(viewmats: Tensor, Ks: Tensor, pixels: Tensor) -> tuple[Tensor, Te
     ``R_c2w normalize(((u - cx)/fx, (v - cy)/fy, 1))``."""
     K = Ks[..., None, :, :]
     u, v = pixels[..., 0], pixels[..., 1]
-    d_cam = torch.stack(
-        ((u - K[..., 0, 2]) / K[..., 0, 0], (v - K[..., 1, 2]) / K[..., 1, 1], torch.ones_like(u)),
-        -1,
-    )
+    x = (u - K[..., 0, 2]) / K[..., 0, 0]
+    y = (v - K[..., 1, 2]) / K[..., 1, 1]
+    x, y = torch.broadcast_tensors(x, y)
+    d_cam = torch.stack((x, y, torch.ones_like(x)), -1)
     R_c2w = viewmats[..., :3, :3].transpose(-1, -2)
     d = _normalize((R_c2w[..., None, :, :] @ d_cam[..., None])[..., 0])
     o = camera_centers(viewmats)[..., None, :].expand_as(d)
