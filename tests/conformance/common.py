@@ -104,6 +104,20 @@ def rotate_qk(enc: relpos.Encoding, q, k, q_pos, k_pos):
     return enc.rotate_qk(q, k, q_pos, k_pos, state)
 
 
+def head_dim_refused(name: str, head_dim: int) -> str | None:
+    """Why the encoding (with its ``example_options``) refuses ``head_dim`` by name (the
+    small models of the suite have head_dim 8; RayNova needs 16), or None when it takes it."""
+    try:
+        relpos.create(
+            name, num_heads=1, head_dim=head_dim, **encoding_class(name).example_options()
+        )
+    except ValueError as err:
+        if "head_dim" in str(err):
+            return f"the encoding cannot take head_dim={head_dim}: {err}"
+        raise
+    return None
+
+
 def model_inputs(name: str, batch: int, length: int) -> dict:
     """Keyword ``inputs`` for a ``TransformerLM`` forward with this encoding ({} if none)."""
     enc = encoding_class(name)

@@ -59,10 +59,14 @@ class FrameState:
     """What ``CameraFrames.prepare_rotary`` computes once per call (float64).
 
     ``q_blocks (B|1, Lq, 4, 4)``: the camera blocks ``M_i`` of the queries (q gets ``M_i^T``,
-    the output ``M_i``); ``k_inverse (B|1, Lk, 4, 4)``: ``M_j^-1`` of the keys (k and v)."""
+    the output ``M_i``); ``k_inverse (B|1, Lk, 4, 4)``: ``M_j^-1`` of the keys (k and v).
+    ``q_angles`` / ``k_angles``: RoPE angles per section, ``(B|1, L, pairs)``, for encodings
+    whose RoPE coordinates come from the cameras (RayNova); None: ``rope_sections(pos)``."""
 
-    q_blocks: Tensor
-    k_inverse: Tensor
+    q_blocks: Tensor | None
+    k_inverse: Tensor | None
+    q_angles: list[Tensor] | None = None
+    k_angles: list[Tensor] | None = None
 
 
 def apply_proj4(x: Tensor, M: Tensor) -> Tensor:
@@ -191,8 +195,11 @@ class CameraFrames(Encoding):
             )
         return keys[:, keys.shape[1] - length :]
 
-    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> FrameState:
-        """Check the call's cameras and build the frames (``FrameState``, float64)."""
+    def gather_cameras(
+        self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+        """The call's cameras, checked, as float64 ``(q_viewmats, q_Ks, k_viewmats, k_Ks)``
+        (the query side defaulting to the last Lq key tokens'; Ks None when not read)."""
         Lq, Lk = q_pos.shape[1], k_pos.shape[1]
         k_view = self._cameras(inputs, "k_viewmats", Lk)
         assert k_view is not None  # required: the engine checked its presence
@@ -217,6 +224,11 @@ class CameraFrames(Encoding):
                     f"inputs[{side + '_Ks'!r}] and the {side} side's viewmats must share the "
                     f"batch size, got {K.shape[0]} and {view.shape[0]}"
                 )
+        return q_view, q_K, k_view, k_K
+
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> FrameState:
+        """Check the call's cameras and build the frames (``FrameState``, float64)."""
+        q_view, q_K, k_view, k_K = self.gather_cameras(q_pos, k_pos, inputs)
         q_blocks, _ = self.camera_blocks(q_view, q_K, q_pos)
         _, k_inverse = self.camera_blocks(k_view, k_K, k_pos)
         return FrameState(q_blocks=q_blocks, k_inverse=k_inverse)
@@ -239,7 +251,7 @@ class CameraFrames(Encoding):
         parts = []
         if self.proj_channels:
             M = None
-            if state is not None:
+            if state is not None and self.proj_channels:
                 if not isinstance(state, FrameState):
                     raise TypeError(
                         f"state must be a FrameState (prepare_rotary), got {type(state).__name__}"
@@ -262,7 +274,10 @@ class CameraFrames(Encoding):
         if self.rope_channels:
             sign = self.rope_sign if role in ("q", "k", "v") else -self.rope_sign
             start = self.proj_channels
-            for angles in self.rope_sections(pos):
+            sections = None
+            if isinstance(state, FrameState):
+                sections = state.q_angles if role in ("q", "o") else state.k_angles
+            for angles in self.rope_sections(pos) if sections is None else sections:
                 n = angles.shape[-1]
                 a = torch.remainder(sign * angles, 2 * math.pi)
                 cos, sin = a.cos().to(cd)[:, None], a.sin().to(cd)[:, None]
