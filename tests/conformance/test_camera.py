@@ -25,9 +25,21 @@ import torch
 
 import relpos
 from relpos import cameras
+from relpos.encodings.base import QueryGroups
 from relpos.nn import LayerCache
 
-from .common import B, D, H, assert_close_rel, lift_positions, make_encoding, rotary_state, rotate
+from .common import (
+    B,
+    D,
+    H,
+    assert_close_rel,
+    lift_positions,
+    make_encoding,
+    merge_groups,
+    rotate,
+    rotation_groups,
+    scores,
+)
 
 L = 12
 
@@ -129,6 +141,8 @@ def test_output_rotation_undoes_the_key_rotation(name):
     _, k, _, pos, inputs = _call(enc)
     kp = pos["k_pos"]
     state = enc.prepare_rotary(kp, kp, inputs)
+    if isinstance(state, QueryGroups):
+        pytest.skip("expected rotations under depth doubt attenuate (tested per encoding)")
     back = rotate(enc, rotate(enc, k, kp, "k", state), kp, "o", state)
     torch.testing.assert_close(back, k, rtol=0, atol=1e-12)
 
@@ -150,6 +164,10 @@ def test_kv_cache_decoding_with_the_new_cameras_equals_the_full_call(name):
     q, k, v, pos, inputs = _call(enc, dtype=torch.float32)
     full = relpos.attention(q, k, v, enc, causal=True, inputs=inputs, **pos)
     cache = LayerCache()
+    if not enc.cache_rotated_keys:  # keys encoded in each query's frame: refused by name
+        with pytest.raises(ValueError, match="cache"):
+            relpos.attention(q, k, v, enc, causal=True, inputs=inputs, cache=cache, **pos)
+        return
     outs = []
     for s, e in ((0, 5), (5, 6), (6, L)):
         step = {n: t[:, s:e] for n, t in inputs.items()}
@@ -260,7 +278,7 @@ def test_bad_intrinsics_are_refused_by_name(name, bad):
 def test_head_dims_the_method_cannot_take_are_refused(name):
     _camera_encoding(name)
     with pytest.raises(ValueError, match="head_dim"):
-        relpos.create(name, num_heads=H, head_dim=D + 2)
+        relpos.create(name, num_heads=H, head_dim=D + 1)
 
 
 def test_values_of_another_head_dim_are_refused_when_re_framed(name):
@@ -278,9 +296,9 @@ def test_rotary_state_matches_the_engine(name):
     on it)."""
     enc = _camera_encoding(name).double()
     q, k, _, pos, _ = _call(enc)
-    state = rotary_state(enc, pos["q_pos"], pos["k_pos"], B, L, L)
-    qr, kr = enc.rotate_qk(q, k, pos["q_pos"], pos["k_pos"], state)
-    from .common import scores
-
+    parts = []
+    for rows, state in rotation_groups(enc, pos["q_pos"], pos["k_pos"], B, L, L):
+        qr, kr = enc.rotate_qk(q, k, pos["q_pos"], pos["k_pos"], state)
+        parts.append((rows, qr @ kr.transpose(-1, -2) * D**-0.5))
     s = scores(q, k, enc, **pos)
-    torch.testing.assert_close(s, qr @ kr.transpose(-1, -2) * D**-0.5, rtol=0, atol=1e-12)
+    torch.testing.assert_close(s, merge_groups(parts), rtol=0, atol=1e-12)

@@ -22,9 +22,11 @@ from .common import (
     in_table,
     lift_positions,
     make_encoding,
+    merge_groups,
     rotary_state,
     rotate,
     rotate_qk,
+    rotation_groups,
     scores,
 )
 
@@ -120,9 +122,13 @@ def test_value_term_and_multiplier_flags_match_the_output(name):
         logits = logits.masked_fill(torch.ones(LQ, LK, dtype=torch.bool).triu(1), -torch.inf)
     # rotations of values and outputs (RoVE, camera frames) are part of the rotary hook, not
     # a value term
-    state = rotary_state(enc, pos[:, LK - LQ :], pos, B, LQ, LK)
-    plain = torch.softmax(logits, dim=-1) @ rotate(enc, v, pos, "v", state)
-    plain = rotate(enc, plain, pos[:, LK - LQ :], "o", state)
+    weights = torch.softmax(logits, dim=-1)
+    plain = merge_groups(
+        [
+            (rows, rotate(enc, weights @ rotate(enc, v, pos, "v", st), pos[:, LK - LQ :], "o", st))
+            for rows, st in rotation_groups(enc, pos[:, LK - LQ :], pos, B, LQ, LK)
+        ]
+    )
     out = attention(
         q, k, v, enc, q_pos=pos[:, LK - LQ :], k_pos=pos, backend="eager", causal=causal
     )
@@ -146,8 +152,11 @@ def test_no_bias_means_the_logits_are_the_rotated_dot_products(name):
     if enc.dims == 1:
         qp, kp = qp[None], kp[None]
     logits = scores(q, k, enc, q_pos=qp, k_pos=kp)
-    qr, kr = rotate_qk(enc, q, k, qp, kp)
-    plain = qr @ kr.transpose(-1, -2) * enc.default_scale(D)
+    parts = []
+    for rows, st in rotation_groups(enc, qp, kp, B, LQ, LK):
+        qr, kr = enc.rotate_qk(q, k, qp, kp) if st is None else enc.rotate_qk(q, k, qp, kp, st)
+        parts.append((rows, qr @ kr.transpose(-1, -2) * enc.default_scale(D)))
+    plain = merge_groups(parts)
     same = torch.allclose(logits, plain, rtol=1e-9, atol=1e-9)
     assert same != enc.has_bias, (
         f"{name}: has_bias={enc.has_bias} but the logits "

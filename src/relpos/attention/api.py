@@ -250,9 +250,19 @@ def attention(
         cache=cache,
     )
     name = choose_backend(call) if backend == "auto" else backend
+    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        # one attention per query group (RayRoPE: keys re-encoded in each query camera);
+        # every query keeps the row of its own group
+        out = None
+        for rows, sub in call.group_calls():
+            part = sub.rotate_output(BACKENDS[name](sub))
+            keep = rows[:, None, :, None]
+            out = torch.where(keep, part, 0.0 if out is None else out)
+        assert out is not None
+        return out
     out = BACKENDS[name](call)
-    if encoding is not None and encoding.has_rotary:
-        out = call.rotate_output(out)
+    if encoding is not None and encoding.has_rotary and not call.query_grouped:
+        out = call.rotate_output(out)  # (an empty grouped call: zeros, nothing to rotate)
     return out
 
 
@@ -284,6 +294,12 @@ def scores(
         check_causal=False,
         inputs=inputs,
     )
+    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        out = None
+        for rows, sub in call.group_calls():
+            out = torch.where(rows[:, None, :, None], logits(sub), 0.0 if out is None else out)
+        assert out is not None
+        return out
     return logits(call)
 
 

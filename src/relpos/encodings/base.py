@@ -123,6 +123,19 @@ class KeySegment:
         return hit
 
 
+@dataclass
+class QueryGroups:
+    """A rotation state (``prepare_rotary``) for encodings whose key encoding depends on the
+    query (RayRoPE: keys are expressed in the query's camera). ``groups``: a list of
+    ``(rows, state)``, ``rows (B|1, Lq)`` bool selecting the queries of the group and
+    ``state`` the ordinary rotation state of that group (``rotate(x, pos, role, state)``).
+    The engine runs one attention per group, with q, k, v and the output rotated by the
+    group's state, and keeps each query's row from its own group: exact, at the cost of one
+    attention per group. No KV cache (the keys' encoding changes with the queries)."""
+
+    groups: list[tuple[Tensor, Any]]
+
+
 class Encoding(nn.Module):
     """Base class of every relpos encoding. Identity everywhere unless a subclass overrides.
 
