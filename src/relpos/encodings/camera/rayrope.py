@@ -169,9 +169,11 @@ class RayRoPE(CameraFrames):
     def example_inputs(
         cls, batch: int, length_q: int, length_k: int, generator: torch.Generator
     ) -> dict[str, Tensor]:
-        """``CameraFrames.example_inputs`` plus depths: log depth ``N(1, 0.3^2)`` and sigma
-        ``U(0, 0.3)`` per token (prefix-consistent: drawn for 64 tokens and cut)."""
-        out = super().example_inputs(batch, length_q, length_k, generator)
+        """``CameraFrames.example_inputs`` with the same two cameras in every batch row (each
+        distinct query camera costs one attention), plus depths: log depth ``N(1, 0.3^2)``
+        and sigma ``U(0, 0.3)`` per token (prefix-consistent: drawn for 64 tokens and cut)."""
+        one = super().example_inputs(1, length_q, length_k, generator)
+        out = {n: t.expand(batch, *t.shape[1:]).contiguous() for n, t in one.items()}
         n = max(64, length_k, length_q)
         logd = 1.0 + 0.3 * torch.randn(batch, n, generator=generator, dtype=torch.float64)
         sigma = 0.3 * torch.rand(batch, n, generator=generator, dtype=torch.float64)
