@@ -232,9 +232,19 @@ def attention(
     )
     if blocks is not None:  # the encoding bounds the query span of a call (xPos)
         return torch.cat([attention(**block, backend=backend) for block in blocks], dim=2)
+    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        # one attention per query group (RayRoPE: keys re-encoded in each query camera);
+        # every query keeps the row of its own group
+        out = None
+        for rows, sub in call.group_calls():
+            part = sub.rotate_output(BACKENDS[name](sub))
+            keep = rows[:, None, :, None]
+            out = torch.where(keep, part, 0.0 if out is None else out)
+        assert out is not None
+        return out
     out = BACKENDS[name](call)
-    if encoding is not None and encoding.has_rotary:
-        out = encoding.rotate(out, call.q_pos, "o")
+    if encoding is not None and encoding.has_rotary and not call.query_grouped:
+        out = call.rotate_output(out)  # (an empty grouped call: zeros, nothing to rotate)
     return out
 
 
@@ -266,6 +276,12 @@ def scores(
         check_causal=False,
         inputs=inputs,
     )
+    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        out = None
+        for rows, sub in call.group_calls():
+            out = torch.where(rows[:, None, :, None], logits(sub), 0.0 if out is None else out)
+        assert out is not None
+        return out
     return logits(call)
 
 

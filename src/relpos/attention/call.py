@@ -13,6 +13,7 @@ owns activation checkpointing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..encodings.base import BiasContext, Encoding
+from ..encodings.base import BiasContext, Encoding, QueryGroups
 from ..positions import CallPositions, Positions, normalize_positions
 from ..validation import check_float
 
@@ -111,6 +112,32 @@ class AttentionCall:
     mask_mod: MaskMod | None = None
     # the position facts of the call (spans, distance range), shared with ``ctx``
     positions: CallPositions | None = None
+    # what the encoding's ``prepare_rotary`` returned (camera frames), passed to ``rotate``
+    # for the output ("o") by ``relpos.attention``; None for position-only rotations
+    rotary_state: object = None
+
+    @property
+    def query_grouped(self) -> bool:
+        """The rotation state is per query group (``QueryGroups``): backends run once per
+        group on ``group_calls()``."""
+        return isinstance(self.rotary_state, QueryGroups)
+
+    def group_calls(self) -> list[tuple[Tensor, AttentionCall]]:
+        """For a query-grouped call: ``(rows (B|1, Lq) bool, call)`` per group, each call with
+        q, k, v rotated by the group's state (q, k, v of this call are not rotated)."""
+        assert isinstance(self.rotary_state, QueryGroups) and self.encoding is not None
+        out = []
+        for rows, state in self.rotary_state.groups:
+            q, k, v = _rotate(self.encoding, self.q, self.k, self.v, self.q_pos, self.k_pos, state)
+            out.append((rows, dataclasses.replace(self, q=q, k=k, v=v, rotary_state=state)))
+        return out
+
+    def rotate_output(self, out: Tensor) -> Tensor:
+        """The encoding's rotation of the attention output (role "o")."""
+        assert self.encoding is not None
+        if self.rotary_state is None:
+            return self.encoding.rotate(out, self.q_pos, "o")
+        return self.encoding.rotate(out, self.q_pos, "o", self.rotary_state)
 
     @property
     def has_user_mask(self) -> bool:
@@ -361,11 +388,21 @@ def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor
 
 
 def _rotate(
-    encoding: Encoding, q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor
+    encoding: Encoding,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qp: Tensor,
+    kp: Tensor,
+    state: object = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The encoding's rotations of queries, keys and values (the one place that rotates)."""
-    q, k = encoding.rotate_qk(q, k, qp, kp)
-    return q, k, encoding.rotate(v, kp, "v")
+    """The encoding's rotations of queries, keys and values (the one place that rotates);
+    ``state`` (``prepare_rotary``) is passed only when there is one."""
+    if state is None:
+        q, k = encoding.rotate_qk(q, k, qp, kp)
+        return q, k, encoding.rotate(v, kp, "v")
+    q, k = encoding.rotate_qk(q, k, qp, kp, state)
+    return q, k, encoding.rotate(v, kp, "v", state)
 
 
 def prepare_call(
@@ -446,6 +483,18 @@ def prepare_call(
         encoding.check_positions(qp.tensor, "q_pos")
         encoding.check_positions(kp.tensor, "k_pos")
     inputs = _check_inputs(encoding, inputs)
+    # per-call rotation state (camera frames), from the new tokens' positions and inputs:
+    # with a KV cache the new keys are rotated once and cached rotated
+    state = None
+    if encoding is not None and encoding.has_rotary:
+        state = encoding.prepare_rotary(qp.tensor, kp.tensor, inputs)
+    grouped = isinstance(state, QueryGroups)
+    if grouped and cache is not None:
+        assert encoding is not None
+        raise ValueError(
+            f"encoding {encoding.name!r} encodes the keys in each query's frame (query-grouped): "
+            f"a KV cache of rotated or raw keys cannot serve it; call without cache"
+        )
     rotated = False
     if cache is not None:
         rotated = (
@@ -456,7 +505,7 @@ def prepare_call(
         )
         if rotated:
             assert encoding is not None
-            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
         cache.rotated = rotated
         k, v, k_all = cache.append(k, v, kp.tensor)
         kp = Positions(k_all)
@@ -469,8 +518,8 @@ def prepare_call(
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
             q, k = pieces[0]
-        elif encoding.has_rotary and not rotated:
-            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
+        elif encoding.has_rotary and not rotated and not grouped:
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
         if k.shape[1] != v.shape[1]:
             # per-head rotations expand grouped keys to the query heads: values follow
             v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
@@ -491,6 +540,7 @@ def prepare_call(
         pieces,
         mask_mod,
         positions,
+        state,
     )
 
 

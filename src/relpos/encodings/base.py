@@ -5,6 +5,10 @@ Every RPE changes attention through some of
     logit(h, i, j) = < R_h(p_i) q_i , R_h(p_j) k_j > * scale  +  b_h(i, j [, q_i, k_j])
 
 * ``rotate(x, pos, role)`` — the multiplicative part ``R_h(p)`` (roles "q", "k", "v", "o");
+  rotations that read per-call ``inputs`` (camera matrices) build a state once per call in
+  ``prepare_rotary(q_pos, k_pos, inputs)``; the engine then calls ``rotate(x, pos, role,
+  state)`` for q, k, v and the output (``state`` is passed only when it is not None, so
+  encodings without one keep the three-argument ``rotate``);
 * ``bias(ctx, b, h, i, j)`` — the additive part as an element-wise function of index tensors
   (the FlexAttention ``score_mod`` shape), so one formula serves every backend;
 * ``prepare(q, k, q_pos, k_pos, inputs)`` — per-call precomputation captured by ``bias``
@@ -119,6 +123,19 @@ class KeySegment:
         return hit
 
 
+@dataclass
+class QueryGroups:
+    """A rotation state (``prepare_rotary``) for encodings whose key encoding depends on the
+    query (RayRoPE: keys are expressed in the query's camera). ``groups``: a list of
+    ``(rows, state)``, ``rows (B|1, Lq)`` bool selecting the queries of the group and
+    ``state`` the ordinary rotation state of that group (``rotate(x, pos, role, state)``).
+    The engine runs one attention per group, with q, k, v and the output rotated by the
+    group's state, and keeps each query's row from its own group: exact, at the cost of one
+    attention per group. No KV cache (the keys' encoding changes with the queries)."""
+
+    groups: list[tuple[Tensor, Any]]
+
+
 class Encoding(nn.Module):
     """Base class of every relpos encoding. Identity everywhere unless a subclass overrides.
 
@@ -141,6 +158,11 @@ class Encoding(nn.Module):
             ``relpos.attention(..., inputs={name: tensor})``: ``{name: expected form}``.
         keeps_own_init: models (``relpos.nn``) leave the encoding's parameters as the
             encoding initialised them.
+        rotates_values: ``rotate`` acts on values ("v") and outputs ("o") too (RoVE, the
+            per-token camera frames of ``relpos.encodings.camera``).
+        se3_invariant: logits and outputs are unchanged when every camera of the call is
+            moved by one rigid transform of the world (camera encodings; the conformance
+            module ``test_camera.py`` checks it).
     """
 
     name: ClassVar[str] = ""
@@ -168,6 +190,8 @@ class Encoding(nn.Module):
     has_value_term: bool = False
     multiplies_probs: bool = False
     piecewise: bool = False
+    rotates_values: bool = False
+    se3_invariant: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
     #: submodules (by name, as in ``named_modules``) that keep their own init even when the
@@ -193,6 +217,8 @@ class Encoding(nn.Module):
         "has_value_term",
         "multiplies_probs",
         "piecewise",
+        "rotates_values",
+        "se3_invariant",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -277,16 +303,27 @@ class Encoding(nn.Module):
         return {}
 
     # ----------------------------------------------------------------- hooks
-    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
-        """Multiplicative part. ``x (B, H, L, D)``, ``pos (B|1, L[, m])``. Identity here."""
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> Any:
+        """Per-call state of the rotation, built once from the call's ``inputs`` (camera
+        matrices, rays) and the normalised positions ``q_pos (B|1, Lq[, m])``, ``k_pos (B|1,
+        Lk[, m])`` (with a KV cache: the new tokens' only). The engine calls it after checking
+        the input names and passes the result to ``rotate(x, pos, role, state)`` for q, k, v
+        and the output. Default None: the rotation reads positions only."""
+        return None
+
+    def rotate(self, x: Tensor, pos: Tensor, role: str, state: Any = None) -> Tensor:
+        """Multiplicative part. ``x (B, H, L, D)``, ``pos (B|1, L[, m])``; ``state``: what
+        ``prepare_rotary`` returned (passed by the engine only when not None). Identity."""
         return x
 
     def rotate_qk(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: Any = None
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys together (override when the pair shares state, e.g. xPos
         centres both on one reference position). Default: ``rotate`` each."""
-        return self.rotate(q, q_pos, "q"), self.rotate(k, k_pos, "k")
+        if state is None:
+            return self.rotate(q, q_pos, "q"), self.rotate(k, k_pos, "k")
+        return self.rotate(q, q_pos, "q", state), self.rotate(k, k_pos, "k", state)
 
     def prepare(
         self,
