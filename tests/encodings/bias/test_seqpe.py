@@ -10,6 +10,7 @@ import torch
 
 import relpos
 from relpos.encodings.bias.seqpe_encoder import (
+    RandomShift,
     SequentialPositionEncoder,
     contrastive_labels,
     contrastive_loss,
@@ -149,3 +150,17 @@ def test_defaults_follow_the_released_config_for_a_gpt2_small_attention():
     assert enc.pe_q.weight.shape == (768, 768) and enc.pe_k.bias is None
     assert enc.keeps_own_init
     assert float(enc.encoder.digit.weight.std()) == pytest.approx(0.02, rel=0.05)
+
+
+def test_random_shift_uses_shifted_windows_at_the_given_rate():
+    gen = torch.Generator().manual_seed(0)
+    shift = RandomShift(512, 20000, rate=0.1, downsample=320, generator=gen)
+    assert len(shift.starts) == 320 and int(shift.starts.max()) <= 20000 - 512
+    draws = [shift.next() for _ in range(2000)]
+    moved = [d for d in draws if int(d[0]) != 0]
+    assert all(torch.equal(d, torch.arange(512)) for d in draws if int(d[0]) == 0)
+    assert 0.07 < len(moved) / len(draws) < 0.13
+    assert all(torch.equal(d, torch.arange(int(d[0]), int(d[0]) + 512)) for d in moved)
+    assert {int(d[0]) for d in moved} <= set(shift.starts.tolist())
+    with pytest.raises(ValueError, match="rate"):
+        RandomShift(4, 10, rate=1.5)

@@ -6,7 +6,8 @@ ghrua/seqpe ``SequentialPE``; spec remaining.md section 3, authority A).
 (each axis left-padded with the digit 0, the padding not masked); ``SequentialPositionEncoder``
 embeds the digits, appends a CLS vector and returns the CLS state's projection: one learned
 vector per position, for any position below ``10 ** max_digits`` and any number of axes.
-Also the two regularisers of the paper (``contrastive_loss``, ``distillation_loss``).
+Also the two regularisers of the paper (``contrastive_loss``, ``distillation_loss``) and its
+training-time position shift (``RandomShift``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "contrastive_labels",
     "contrastive_loss",
     "distillation_loss",
+    "RandomShift",
 ]
 
 
@@ -173,3 +175,48 @@ def distillation_loss(encoder: nn.Module, student: Tensor, teacher: Tensor) -> T
     forward = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
     backward = F.kl_div(log_t, log_s, log_target=True, reduction="batchmean")
     return forward + backward
+
+
+class RandomShift:
+    """SeqPE's random shift of the training positions (ghrua/seqpe ``SeqPeMainTaskPosSampler``,
+    1-D, the released config: ``rate 0.1``, ``downsample 320``).
+
+    The admissible starts ``0 .. max_position - length`` are shuffled once and the first
+    ``downsample`` kept (all when ``downsample`` is None); each ``next()`` is, with probability
+    ``rate``, the window ``[s, s + length)`` of the next start in that list (cycling, a new
+    random offset into it each pass, as the official sampler's epochs), else ``0 .. length-1``.
+    Returns ``(length,)`` int64 positions for ``relpos.attention(..., q_pos=..., k_pos=...)``.
+    """
+
+    def __init__(
+        self,
+        length: int,
+        max_position: int,
+        *,
+        rate: float = 0.1,
+        downsample: int | None = 320,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if not (0.0 <= rate <= 1.0):
+            raise ValueError(f"rate must be a probability in [0, 1], got {rate}")
+        if length < 1 or max_position < length:
+            raise ValueError(
+                f"need 1 <= length <= max_position, got length={length}, "
+                f"max_position={max_position}"
+            )
+        self.length, self.rate, self.generator = length, rate, generator
+        starts = torch.randperm(max_position - length + 1, generator=generator)
+        self.starts = starts if downsample is None else starts[:downsample]
+        self._next = self._offset()
+
+    def _offset(self) -> int:
+        return int(torch.randint(0, min(32, len(self.starts)), (), generator=self.generator))
+
+    def next(self) -> Tensor:
+        if float(torch.rand((), generator=self.generator)) >= self.rate:
+            return torch.arange(self.length)
+        if self._next >= len(self.starts):
+            self._next = self._offset()
+        start = int(self.starts[self._next])
+        self._next += 1
+        return torch.arange(start, start + self.length)
