@@ -58,6 +58,8 @@ def test_auto_rule_is_a_capability_not_a_name():
         ("shaw", {}, 64, ("eager", "dense")),
         ("shaw", {}, 1100, ("chunked", "probabilities")),
         ("dca", {"pretraining_length": 16}, 1100, ("chunked", "piecewise-sdpa")),
+        ("cope", {}, 64, ("eager", "dense")),
+        ("cope", {}, 1100, ("chunked", "row-suffix")),
     ],
 )
 def test_plan_names_the_path(name, options, length, expected):

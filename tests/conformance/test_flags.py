@@ -8,6 +8,8 @@ table (``relpos list``) and the backends read the same flags.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -234,12 +236,20 @@ def test_adds_to_input_matches_embed(name):
             enc.embed(pos, H * D)
 
 
+@functools.cache
+def _listing_rows() -> tuple[dict, ...]:
+    """``relpos list``'s rows, built once per worker (they build every encoding)."""
+    from relpos.cli import encoding_rows
+
+    return tuple(encoding_rows())
+
+
 def test_relpos_list_reports_instance_flags(name):
     """``relpos list`` (and so the README table) shows the flags of a default instance."""
-    from relpos.cli import LIST_HEAD_DIM, LIST_HEADS, encoding_rows
+    from relpos.cli import LIST_HEAD_DIM, LIST_HEADS
 
     enc = relpos.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM)
-    (row,) = [r for r in encoding_rows() if r["name"] == name]
+    (row,) = [r for r in _listing_rows() if r["name"] == name]
     assert row["family"] == enc.family
     assert row["relative"] == ("yes" if enc.relative else "no")
     hooks = row["hooks"].split(", ")

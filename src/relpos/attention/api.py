@@ -18,12 +18,14 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   scatters it back through an ``Lq x Lk`` gather (FIRE at the lab's training size, batch 16
   x L 128 x 4 heads, trains on it without naming it);
 * encodings that change the weights themselves (``Encoding.needs_probabilities``: value
-  terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
+  terms, URPE, piecewise logits, row-dependent terms such as CoPE) -> ``eager`` up to the
+  same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``), without running it.
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``),
+without running it.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def choose_backend(call: AttentionCall) -> str:
 def backend_path(call: AttentionCall, backend: str) -> str:
     """The path ``backend`` takes for this call: ``"fused"`` (sdpa, no bias) or
     ``"dense-bias"`` (sdpa, materialised bias), ``"dense"`` (eager), ``"score-mod"`` (flex),
-    or the chunked backend's ``"piecewise-sdpa"`` / ``"probabilities"`` / ``"toeplitz"`` /
-    ``"tile"``."""
+    or the chunked backend's ``"piecewise-sdpa"`` / ``"row-suffix"`` / ``"probabilities"`` /
+    ``"toeplitz"`` / ``"tile"``."""
     if backend == "chunked":
         return chunked_path(call)
     if backend == "sdpa":
@@ -108,8 +110,8 @@ def _check_backend(backend: object, encoding: Encoding | None) -> None:
         assert encoding is not None
         raise ValueError(
             f"backend {backend!r} cannot run encoding {encoding.name!r}: it changes the "
-            f"attention weights beyond an additive score (value terms, multiplied weights or "
-            f"piecewise logits); use backend 'auto' or one of {ok}"
+            f"attention weights beyond an additive score (value terms, multiplied weights, "
+            f"piecewise logits or row-dependent terms); use backend 'auto' or one of {ok}"
         )
 
 

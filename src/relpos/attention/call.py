@@ -235,8 +235,8 @@ class AttentionCall:
         assert self.encoding is not None and self.ctx is not None
         return self.encoding.block_context(self.ctx, i, j)
 
-    def allowed_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
-        """``mask_mod`` over query rows ``q_start:q_end`` and keys ``0:k_end``: bool,
+    def allowed_block(self, q_start: int, q_end: int, k_end: int, k_start: int = 0) -> Tensor:
+        """``mask_mod`` over query rows ``q_start:q_end`` and keys ``k_start:k_end``: bool,
         broadcastable to ``(B, H, T, S)``. Queries are passed in key coordinates
         (``i + Lk - Lq``, aligned bottom-right like ``causal``)."""
         assert self.mask_mod is not None
@@ -245,7 +245,7 @@ class AttentionCall:
         b = torch.arange(B, device=dev)[:, None, None, None]
         h = torch.arange(H, device=dev)[None, :, None, None]
         i = torch.arange(q_start, q_end, device=dev)[None, None, :, None] + self.causal_offset
-        j = torch.arange(k_end, device=dev)[None, None, None, :]
+        j = torch.arange(k_start, k_end, device=dev)[None, None, None, :]
         out = self.mask_mod(b, h, i, j)
         if not isinstance(out, Tensor) or out.dtype != torch.bool:
             raise TypeError(
@@ -253,27 +253,30 @@ class AttentionCall:
                 f"{out.dtype if isinstance(out, Tensor) else type(out).__name__}"
             )
         try:
-            torch.broadcast_shapes(out.shape, (B, H, q_end - q_start, k_end))
+            torch.broadcast_shapes(out.shape, (B, H, q_end - q_start, k_end - k_start))
         except RuntimeError:
             raise ValueError(
                 f"mask_mod must return a mask broadcastable to (B, H, T, S) = "
-                f"{(B, H, q_end - q_start, k_end)} for index tensors of those shapes, got "
+                f"{(B, H, q_end - q_start, k_end - k_start)} for index tensors of those shapes, "
+                f"got "
                 f"{tuple(out.shape)}"
             ) from None
         return out
 
-    def mask_block(self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype) -> Tensor | None:
+    def mask_block(
+        self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype, k_start: int = 0
+    ) -> Tensor | None:
         """Additive float mask (0 / -inf) for the query rows ``q_start:q_end`` and keys
-        ``0:k_end``, combining ``causal``, the user ``mask`` and ``mask_mod``; None when
+        ``k_start:k_end``, combining ``causal``, the user ``mask`` and ``mask_mod``; None when
         nothing is masked."""
         out = None
         dev = self.q.device
         if self.causal:
             i = torch.arange(q_start, q_end, device=dev)[:, None] + self.causal_offset
-            j = torch.arange(k_end, device=dev)[None, :]
+            j = torch.arange(k_start, k_end, device=dev)[None, :]
             out = torch.zeros((), dtype=dtype, device=dev).masked_fill(j > i, float("-inf"))
         if self.mask is not None:
-            m = self.mask[..., q_start:q_end, :k_end]
+            m = self.mask[..., q_start:q_end, k_start:k_end]
             if m.dtype == torch.bool:
                 m = torch.zeros((), dtype=dtype, device=dev).masked_fill(~m, float("-inf"))
             else:
@@ -281,7 +284,7 @@ class AttentionCall:
             out = m if out is None else out + m
         if self.mask_mod is not None:
             m = torch.zeros((), dtype=dtype, device=dev).masked_fill(
-                ~self.allowed_block(q_start, q_end, k_end), float("-inf")
+                ~self.allowed_block(q_start, q_end, k_end, k_start), float("-inf")
             )
             out = m if out is None else out + m
         return out

@@ -15,7 +15,7 @@ Every RPE changes attention through some of
   (e.g. ``q @ E_rel^T``), reading optional per-call ``inputs`` (graphs, boxes);
 * ``embed(pos, dim)`` — absolute encodings added to the token embeddings by ``relpos.nn``.
 
-Three further hooks change the attention weights themselves (backends that only take an
+Further hooks change the attention weights themselves (backends that only take an
 additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` and
 ``chunked`` can, see ``needs_probabilities``):
 
@@ -29,6 +29,11 @@ additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` 
   states its layout once, as ``KeySegment`` s (key range + distance band per piece, for a
   block of queries); ``piece_index`` is derived from them here, and the engine's piecewise
   kernel (``relpos.attention.piecewise``) reads the same segments block by block.
+* ``row_gates(ctx, s, b, h, i, j)`` + ``row_bias(ctx, s, g, count, b, h, i, j)`` — a
+  row-dependent logit term (flag ``row_dependent``; CoPE, TRA): the term at (i, j) reads the
+  suffix sum ``count_ij = sum_{t >= j} g_it`` of gates computed from the whole row of content
+  logits ``s`` (gates of masked keys are 0). Not a score_mod: the engine forms the suffix sum
+  (eager over the row, chunked walking key blocks right to left with the running sum).
 
 Position facts: ``BiasContext.distance_range`` (and ``ctx.positions``, a
 ``relpos.positions.CallPositions``) give the reachable ``q_pos - k_pos`` range and whether the
@@ -152,8 +157,9 @@ class Encoding(nn.Module):
         max_positions: for learned tables, positions must lie in ``[0, max_positions)``.
         cache_rotated_keys: keys may be cached after ``rotate`` (their rotation never depends
             on later tokens). False makes ``relpos.nn`` cache raw keys and re-rotate.
-        has_value_term / multiplies_probs / piecewise: which of the weight-changing hooks are
-            active (see the module docstring); any of them sets ``needs_probabilities``.
+        has_value_term / multiplies_probs / piecewise / row_dependent: which of the
+            weight-changing hooks are active (see the module docstring); any of them sets
+            ``needs_probabilities``.
         required_inputs / optional_inputs: per-call tensors the encoding reads, passed as
             ``relpos.attention(..., inputs={name: tensor})``: ``{name: expected form}``.
         keeps_own_init: models (``relpos.nn``) leave the encoding's parameters as the
@@ -192,6 +198,9 @@ class Encoding(nn.Module):
     piecewise: bool = False
     rotates_values: bool = False
     se3_invariant: bool = False
+    #: the logit term at (i, j) reads the whole row of content logits through a suffix sum of
+    #: gates over keys (``row_gates`` / ``row_bias``): CoPE's counted positions, TRA
+    row_dependent: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
     #: submodules (by name, as in ``named_modules``) that keep their own init even when the
@@ -219,6 +228,7 @@ class Encoding(nn.Module):
         "piecewise",
         "rotates_values",
         "se3_invariant",
+        "row_dependent",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -273,9 +283,9 @@ class Encoding(nn.Module):
     @property
     def needs_probabilities(self) -> bool:
         """The encoding changes the attention weights beyond an additive score term (value
-        terms, multiplied probabilities, piecewise logits): only the ``eager`` and
-        ``chunked`` backends run it."""
-        return self.has_value_term or self.multiplies_probs or self.piecewise
+        terms, multiplied probabilities, piecewise logits, row-dependent terms): only the
+        ``eager`` and ``chunked`` backends run it."""
+        return self.has_value_term or self.multiplies_probs or self.piecewise or self.row_dependent
 
     @property
     def needs_context(self) -> bool:
@@ -414,6 +424,31 @@ class Encoding(nn.Module):
     ) -> Tensor:
         """Element-wise factor applied to the softmax weights before they weight the values."""
         raise RuntimeError(f"encoding {self.name!r} does not multiply the attention weights")
+
+    def row_gates(
+        self, ctx: BiasContext, s: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor
+    ) -> Tensor:
+        """Row-dependent encodings: the gates ``g (B, H, T, S)`` of a block of content logits
+        ``s (B, H, T, S)`` (scaled rotated dot products, before any mask) at query indices
+        ``i`` and key indices ``j`` (index grids as for ``bias``). The engine zeroes the gates
+        of masked keys and forms ``count_ij = sum_{t >= j} g_it`` over the row."""
+        raise RuntimeError(f"encoding {self.name!r} has no row-dependent term")
+
+    def row_bias(
+        self,
+        ctx: BiasContext,
+        s: Tensor,
+        g: Tensor,
+        count: Tensor,
+        b: Tensor,
+        h: Tensor,
+        i: Tensor,
+        j: Tensor,
+    ) -> Tensor:
+        """Row-dependent encodings: the logit term ``(B, H, T, S)`` added to ``s`` from the
+        block's gates ``g`` (masked keys 0) and their suffix sums ``count`` over the whole row
+        (``count_ij = sum_{t >= j} g_it``, float64). ``-inf`` removes a pair."""
+        raise RuntimeError(f"encoding {self.name!r} has no row-dependent term")
 
     def pieces(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
