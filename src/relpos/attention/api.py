@@ -39,6 +39,14 @@ from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
+from .fold import (
+    FOLD_LOGIT_TOLERANCE,
+    exact_fold_attention,
+    exact_fold_pieces,
+    fold_path,
+    fold_refusal,
+    fold_rounding_bound,
+)
 from .sdpa import sdpa_attention
 
 DENSE_BIAS_LIMIT = 1 << 22  # elements of a materialised (B, H, Lq, Lk) bias (16 MiB in fp32)
@@ -48,14 +56,30 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
     "sdpa": sdpa_attention,
     "chunked": chunked_attention,
     "flex": flex_attention_backend,
+    "fold": exact_fold_attention,
 }
 
 
 def supported_backends(encoding: Encoding | None) -> list[str]:
-    """Backends that compute this encoding exactly (``sdpa`` materialises biases)."""
+    """Backends that compute this encoding exactly (``sdpa`` materialises biases; ``fold``
+    takes biases that fold exactly into q/k channels, ``exact_fold_pieces``)."""
     if encoding is not None and encoding.needs_probabilities:
         return ["eager", "chunked"]
-    return ["eager", "sdpa", "chunked", "flex"]
+    out = ["eager", "sdpa", "chunked", "flex"]
+    if exact_fold_pieces(encoding) is not None and not encoding.has_rotary:
+        out.append("fold")
+    return out
+
+
+def _folds_exactly(call: AttentionCall) -> bool:
+    """``auto`` takes the ``fold`` backend: the bias folds exactly, the folded logits' rounding
+    bound is within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU
+    (the multi-pass merge has fused kernels there; elsewhere it would form logits)."""
+    if fold_refusal(call) is not None or call.q.shape[2] == 0 or call.k.shape[2] == 0:
+        return False
+    if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
+        return False
+    return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
 
 
 def _trains_bias(call: AttentionCall) -> bool:
@@ -77,6 +101,8 @@ def choose_backend(call: AttentionCall) -> str:
         return "eager" if small else "chunked"
     if not call.has_bias and (call.mask_mod is None or small):
         return "sdpa"
+    if _folds_exactly(call):
+        return "fold"
     if small:
         if _trains_bias(call) and chunked_path(call) == "toeplitz":
             return "chunked"
@@ -97,12 +123,25 @@ def backend_path(call: AttentionCall, backend: str) -> str:
         return "dense-bias" if call.has_bias else "fused"
     if backend == "flex":
         return "score-mod"
+    if backend == "fold":
+        reason = fold_refusal(call)
+        if reason is not None:
+            raise ValueError(reason)
+        return fold_path(call)
     return "dense"
 
 
 def _check_backend(backend: object, encoding: Encoding | None) -> None:
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+    if backend == "fold" and "fold" not in supported_backends(encoding):
+        name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
+        raise ValueError(
+            f"backend 'fold' cannot run {name}: it folds biases that are piecewise linear in "
+            f"q_pos - k_pos (ALiBi) into q/k channels; for other biases use "
+            f"relpos.efficient.folded_attention(..., rank=r) (a low-rank fold with its measured "
+            f"weight error) or backend 'auto' or one of {supported_backends(encoding)}"
+        )
     if backend != "auto" and backend not in (ok := supported_backends(encoding)):
         assert encoding is not None
         raise ValueError(
