@@ -226,7 +226,7 @@ def _fourier_fold(encoding, bias, i, j, n_freq, causal):
         a, b = coef[1 : 1 + n_freq], coef[1 + n_freq :]
         wi = i.to(torch.float64) * omega  # (Lq, K)
         wj = j.t().to(torch.float64) * omega  # (Lk, K)
-        # a cos(w(i-j)) + b sin(w(i-j)) = cos wi (a cos wj - b sin wj) + sin wi (a sin wj + b cos wj)
+        # a cos w(i-j) + b sin w(i-j) = cos wi (a cos wj - b sin wj) + sin wi (a sin wj + b cos wj)
         u = torch.cat([wi.cos(), wi.sin()], dim=1)
         w = torch.cat([a * wj.cos() - b * wj.sin(), a * wj.sin() + b * wj.cos()], dim=1)
         u_all.append(u)
