@@ -80,7 +80,8 @@ def fold_refusal(call: AttentionCall) -> str | None:
         return f"encoding {enc.name!r} rotates q and k as well: backend 'fold' folds biases only"
     if call.has_user_mask:
         return "backend 'fold' takes causal=True/False only, not a mask or mask_mod"
-    if call.distance_delta() is None:
+    empty = call.q.shape[2] == 0 or call.k.shape[2] == 0  # validated, not encoded
+    if not empty and call.distance_delta() is None:
         return (
             "backend 'fold' needs q_pos and k_pos that are one batch-shared integer range "
             "(e.g. the defaults); got other positions"
