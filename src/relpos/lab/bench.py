@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import math
 import os
@@ -206,13 +207,14 @@ def run_bench(plan: BenchPlan, log=print) -> dict[str, Any]:
             log(f"relpos bench: {dname} L={L}: timing {len(fns)} cases")
             timing = measure.time_round_robin(fns, warmup=plan.warmup, repeats=plan.repeats)
             base = timing[BASELINE]["median_s"]
+            gc.collect()  # once per length: the memory baselines hold live data only
             for key, row in rows.items():
                 row.update(dtype=dname, length=L)
                 if key in timing:
                     row.update(timing[key])
                     row["ratio"] = timing[key]["median_s"] / base
                     if plan.memory:
-                        row["memory"] = measure.measure_peak(fns[key])
+                        row["memory"] = measure.measure_peak(fns[key], collect=False)
                         row["extra_mb"] = row["memory"]["extra_mb"]
                 cases.append(row)
             del q, k, v, fns

@@ -194,10 +194,11 @@ def malloc_trim() -> bool:
     return True
 
 
-def measure_peak(run: Callable[[], object]) -> dict:
+def measure_peak(run: Callable[[], object], *, collect: bool = True) -> dict:
     """Extra peak memory of one call of ``run``: ``extra_mb`` (resident memory on CPU, or
     ``torch.cuda.max_memory_allocated`` growth when CUDA is in use), ``method``,
-    ``baseline_kb``, ``peak_kb``."""
+    ``baseline_kb``, ``peak_kb``. ``collect=False`` skips the ``gc.collect()`` before the
+    baseline (a caller measuring many cases collects once)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -207,7 +208,8 @@ def measure_peak(run: Callable[[], object]) -> dict:
         extra = torch.cuda.max_memory_allocated() - base
         del out
         return {"method": "torch.cuda.max_memory_allocated", "extra_mb": extra / MB}
-    gc.collect()
+    if collect:
+        gc.collect()
     trimmed = malloc_trim()
     base = status_kb("VmRSS")
     ok = reset_peak()
