@@ -100,12 +100,14 @@ def fold_rounding_bound(call: AttentionCall) -> float:
 
 
 def position_digits(index: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Key channels for the integer key indices ``index (L,) >= 0`` in ``dtype`` and the
-    power-of-two factor of each channel: ``(channels (L, n), weights (n,))`` with
-    ``sum_t channels[:, t] * weights[t] * 2^(3t)... = index`` exactly, i.e. channel ``t`` holds
-    ``a_t 2^(3t)`` and the query side multiplies it by ``c 2^(3t)``, so that the products sum
-    to ``c * index`` (base-64 digits ``a_t``). Half types get
-    ``ceil(log_64(max index + 1))`` digits; fp32 one channel while the index is below 2^24."""
+    """Key channels holding the integer key indices ``index (L,) >= 0`` exactly in ``dtype``:
+    ``(channels (L, n), weights (n,) float64)`` with ``sum_t channels[:, t] * weights[t] ==
+    index``. The query side multiplies channel ``t`` by ``c * weights[t]``, so the kernel's
+    products sum to ``c * index`` exactly in its fp32 accumulator.
+
+    Half types: base-64 digits ``a_t`` split as channel ``a_t 2^(3t)`` and weight ``2^(3t)``
+    (every factor exact in bf16 and fp16, none above 63 * 2^(3t)), ``ceil(log_64(max + 1))``
+    of them. fp32 / fp64: one channel (weight 1) while the index is below 2^24."""
     top = int(index.max()) + 1 if index.numel() else 1
     if dtype not in _HALF and top <= 1 << 24:
         return index.to(dtype)[:, None], torch.ones(1, dtype=torch.float64)
