@@ -4,6 +4,11 @@
 docs/benchmarks.md (2-core CPU, torch 2.13):
 
 * no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
+* a bias that folds exactly into q/k channels (``DistanceBias.linear_pieces``: every ALiBi
+  form; no user mask; positions one batch-shared integer range) while the folded logits'
+  rounding bound ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats)
+  -> ``fold`` (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by
+  log-sum-exp for the two-sided forms; multi-pass folds on CPU only), at any size;
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -23,7 +28,8 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``), without running it.
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"fold-sdpa"``,
+``"fold-passes"``), without running it.
 """
 
 from __future__ import annotations
@@ -227,7 +233,8 @@ def attention(
             evaluates it per query block, flex builds a block mask from it, eager and sdpa
             evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
-        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
+        backend: "auto", "eager", "sdpa", "chunked", "flex" or "fold" (biases folded exactly
+            into q/k channels: ALiBi; see ``supported_backends``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
         cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
