@@ -12,7 +12,8 @@ so ``F.scaled_dot_product_attention(q~, k~, v~, scale=scale)`` is the biased att
 ``L x L`` tensor (v is zero-padded to the channel width: the CPU and CUDA flash kernels want one
 head dim; the output is sliced back).
 
-**Exact folds** (``exact_fold_attention``; the engine's ``fold`` backend). A bias that is
+**Exact folds** (``relpos.attention.fold``: the engine's ``fold`` backend,
+``relpos.attention(..., backend="fold")``; this module re-exports its helpers). A bias that is
 piecewise linear in the distance ``d = q_pos - k_pos`` with fixed breakpoints
 (``DistanceBias.linear_pieces``: every ALiBi form) folds exactly, one pass per piece:
 
@@ -127,9 +128,9 @@ class LowRankFold:
 
 def _bias_matrix(encoding: Encoding, Lq: int, Lk: int, device) -> Tensor:
     """``(H, Lq, Lk)`` bias over the default positions (queries the last ``Lq`` keys), float64."""
-    B, H, D = 1, encoding.num_heads, encoding.head_dim
-    q = torch.zeros(B, H, Lq, D, device=device)
-    k = torch.zeros(B, H, Lk, D, device=device)
+    H, D = encoding.num_heads, encoding.head_dim
+    q = torch.zeros(1, H, Lq, D, device=device)
+    k = torch.zeros(1, H, Lk, D, device=device)
     with torch.no_grad():  # zero q, k: the logits are the bias alone
         bias = scores(q, k, encoding)[0]
     return bias.to(torch.float64)
@@ -171,7 +172,8 @@ def low_rank_fold(
     length_k = length_q if length_k is None else check_int(length_k, "length_k", minimum=1)
     rank = check_int(rank, "rank (the number of folded channels)", minimum=1)
     method = check_choice(method, "method", ("svd", "fourier"))
-    device = next((b.device for b in encoding.buffers()), torch.device("cpu"))
+    tensors = [*encoding.parameters(), *encoding.buffers()]
+    device = tensors[0].device if tensors else torch.device("cpu")
     bias = _bias_matrix(encoding, length_q, length_k, device)  # (H, Lq, Lk)
     off = length_k - length_q
     i = torch.arange(length_q, device=device)[:, None] + off
