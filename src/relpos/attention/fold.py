@@ -150,6 +150,15 @@ def _band(piece: LinearPiece, call: AttentionCall, delta: int) -> tuple[int | No
     return lo, hi
 
 
+def _with_channels(x: Tensor, extra: Tensor, width: int) -> Tensor:
+    """``[x, extra]`` zero-padded to ``width`` channels, in one new tensor (one copy of x)."""
+    pad = width - x.shape[-1] - extra.shape[-1]
+    parts = [x, extra]
+    if pad:
+        parts.append(x.new_zeros(*x.shape[:-1], pad))
+    return torch.cat(parts, dim=-1)
+
+
 def _fold_passes(call: AttentionCall) -> tuple[list[_Pass], Tensor, Tensor, int]:
     """The passes of an exact fold, the key and value tensors with their channels, and the
     value head dim."""
@@ -170,9 +179,8 @@ def _fold_passes(call: AttentionCall) -> tuple[list[_Pass], Tensor, Tensor, int]
     width = max(D + n, Dv)
     if dev.type == "cuda":
         width = -(-width // 8) * 8  # flash kernels: head dims in multiples of 8
-    k_t = torch.cat([k, channels.expand(B, k.shape[1], Lk, n)], dim=-1)
-    k_t = F.pad(k_t, (0, width - D - n))
-    v_t = F.pad(v, (0, width - Dv))
+    k_t = _with_channels(k, channels.expand(B, k.shape[1], Lk, n), width)
+    v_t = v if width == Dv else F.pad(v, (0, width - Dv))
     # the query's distance origin in key-index units: d = I_i - j, I_i = i + off + delta
     I = torch.arange(Lq, device=dev, dtype=torch.float64) + (call.causal_offset + delta)
     passes = []
@@ -183,8 +191,7 @@ def _fold_passes(call: AttentionCall) -> tuple[list[_Pass], Tensor, Tensor, int]
         # c j * scale = -a j: the kernel's column term; c rounded to the dtype first
         c = (-piece.slope / scale).to(dtype)
         consts = c[:, None].to(torch.float64) * weights.to(dev)  # (H, n): c 2^(3t)
-        q_t = torch.cat([q, consts.to(dtype)[None, :, None, :].expand(B, H, Lq, n)], dim=-1)
-        q_t = F.pad(q_t, (0, width - D - n))
+        q_t = _with_channels(q, consts.to(dtype)[None, :, None, :].expand(B, H, Lq, n), width)
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         # bias = scale c (j - I + gamma) = kernel's scale c (j - centre) + this row term
         corr = scale * c.to(torch.float64)[:, None] * (centre + piece.gamma - I)[None, :]
