@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.lab import measure
-
 from relpos.encodings.bias.fire import FIRE
+from relpos.lab import measure
 
 print("machine:", measure.machine_line(measure.machine_info()))
 

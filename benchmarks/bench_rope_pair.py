@@ -14,9 +14,8 @@ import math
 import torch
 
 import relpos
-from relpos.lab import measure
-
 from relpos.functional import apply_rotary_fused, apply_rotary_pair_fused
+from relpos.lab import measure
 
 print("machine:", measure.machine_line(measure.machine_info()))
 
