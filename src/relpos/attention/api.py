@@ -53,6 +53,7 @@ from .fold import (
     fold_refusal,
     fold_rounding_bound,
 )
+from .query_split import split_call
 from .sdpa import sdpa_attention
 
 DENSE_BIAS_LIMIT = 1 << 22  # elements of a materialised (B, H, Lq, Lk) bias (16 MiB in fp32)
@@ -179,6 +180,23 @@ def plan(
     Gradient mode matters (``auto`` trains learnable biases on ``chunked``): call it under
     the same ``torch.no_grad()`` as the attention it describes."""
     _check_backend(backend, encoding)
+    cache = None if cache is None else copy.copy(cache)
+    blocks = split_call(
+        q,
+        k,
+        v,
+        encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        mask=mask,
+        mask_mod=mask_mod,
+        cache=cache,
+        scale=scale,
+        inputs=inputs,
+    )
+    if blocks is not None:  # the first query block stands for the call
+        return plan(**blocks[0], backend=backend)
     call = prepare_call(
         q,
         k,
@@ -191,7 +209,7 @@ def plan(
         scale=scale,
         inputs=inputs,
         mask_mod=mask_mod,
-        cache=None if cache is None else copy.copy(cache),
+        cache=cache,
     )
     name = choose_backend(call) if backend == "auto" else backend
     return name, backend_path(call, name)
@@ -247,6 +265,22 @@ def attention(
         ``(B, H, Lq, Dv)`` in the dtype of q.
     """
     _check_backend(backend, encoding)
+    blocks = split_call(
+        q,
+        k,
+        v,
+        encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        mask=mask,
+        mask_mod=mask_mod,
+        cache=cache,
+        scale=scale,
+        inputs=inputs,
+    )
+    if blocks is not None:  # the encoding bounds the query span of a call (xPos)
+        return torch.cat([attention(**block, backend=backend) for block in blocks], dim=2)
     call = prepare_call(
         q,
         k,

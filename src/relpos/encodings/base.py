@@ -437,5 +437,13 @@ class Encoding(nn.Module):
                 f"{self.max_positions})"
             )
 
+    def query_span_limit(self, dtype: torch.dtype) -> float | None:
+        """The widest span of query positions one call may encode in activations of
+        ``dtype``, or None (no limit). ``relpos.attention`` cuts a wider call into blocks of
+        consecutive queries (``attention/query_split.py``: exact, rows are independent);
+        xPos's per-call envelope centre needs it. Encodings with a limit cache raw keys
+        (``cache_rotated_keys = False``)."""
+        return None
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
