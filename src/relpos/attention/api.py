@@ -5,10 +5,11 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 
 * no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
 * a bias that folds exactly into q/k channels (``DistanceBias.linear_pieces``: every ALiBi
-  form; no user mask; positions one batch-shared integer range) while the folded logits'
-  rounding bound ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats)
-  -> ``fold`` (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by
-  log-sum-exp for the two-sided forms; multi-pass folds on CPU only), at any size;
+  form; no user mask; positions one batch-shared integer range), for calls with more than a
+  few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``), while the folded logits' rounding bound
+  ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats) -> ``fold``
+  (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by log-sum-exp
+  for the two-sided forms; multi-pass folds on CPU only), at any size;
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -79,10 +80,17 @@ def supported_backends(encoding: Encoding | None) -> list[str]:
 
 
 def _folds_exactly(call: AttentionCall) -> bool:
-    """``auto`` takes the ``fold`` backend: the bias folds exactly, the folded logits' rounding
-    bound is within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU
-    (the multi-pass merge has fused kernels there; elsewhere it would form logits)."""
-    if fold_refusal(call) is not None or call.q.shape[2] == 0 or call.k.shape[2] == 0:
+    """``auto`` takes the ``fold`` backend: the bias folds exactly, the ``Lq x Lk`` bias it
+    saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D + 1)``, so
+    decoding steps keep the small materialised bias), the folded logits' rounding bound is
+    within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU (the
+    multi-pass merge has fused kernels there; elsewhere it would form logits)."""
+    Lq, Lk, D = call.q.shape[2], call.k.shape[2], call.q.shape[3]
+    if fold_refusal(call) is not None or Lq == 0 or Lk == 0:
+        return False
+    if Lq * Lk <= (Lq + 2 * Lk) * (D + 1):
+        # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
+        # with the small bias materialised than with a copy of the whole key cache
         return False
     if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
         return False
