@@ -63,6 +63,11 @@ COMMANDS: dict[str, Command] = {
         "length per RoPE scaling method",
         "relpos.lab.longctx.command",
     ),
+    "bench": command(
+        "time and peak memory of encodings x backends x lengths beside no-bias SDPA "
+        "(ratios, JSON/CSV, log-log plots)",
+        "relpos.lab.bench",
+    ),
     "analyze": command(
         "diagnostics: RoPE decay bound, base lower bound, attention resolution, wavelengths",
         "relpos.analysis.cli",

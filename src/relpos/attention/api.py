@@ -4,6 +4,12 @@
 docs/benchmarks.md (2-core CPU, torch 2.13):
 
 * no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
+* a bias that folds exactly into q/k channels (``DistanceBias.linear_pieces``: every ALiBi
+  form; no user mask; positions one batch-shared integer range), for calls with more than a
+  few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``), while the folded logits' rounding bound
+  ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats) -> ``fold``
+  (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by log-sum-exp
+  for the two-sided forms; multi-pass folds on CPU only), at any size;
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -24,8 +30,8 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``),
-without running it.
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
+``"fold-sdpa"``, ``"fold-passes"``), without running it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
+from .fold import (
+    FOLD_LOGIT_TOLERANCE,
+    exact_fold_attention,
+    exact_fold_pieces,
+    fold_path,
+    fold_refusal,
+    fold_rounding_bound,
+)
 from .query_split import split_call
 from .sdpa import sdpa_attention
 
@@ -51,14 +65,37 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
     "sdpa": sdpa_attention,
     "chunked": chunked_attention,
     "flex": flex_attention_backend,
+    "fold": exact_fold_attention,
 }
 
 
 def supported_backends(encoding: Encoding | None) -> list[str]:
-    """Backends that compute this encoding exactly (``sdpa`` materialises biases)."""
+    """Backends that compute this encoding exactly (``sdpa`` materialises biases; ``fold``
+    takes biases that fold exactly into q/k channels, ``exact_fold_pieces``)."""
     if encoding is not None and encoding.needs_probabilities:
         return ["eager", "chunked"]
-    return ["eager", "sdpa", "chunked", "flex"]
+    out = ["eager", "sdpa", "chunked", "flex"]
+    if exact_fold_pieces(encoding) is not None and not encoding.has_rotary:
+        out.append("fold")
+    return out
+
+
+def _folds_exactly(call: AttentionCall) -> bool:
+    """``auto`` takes the ``fold`` backend: the bias folds exactly, the ``Lq x Lk`` bias it
+    saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D + 1)``, so
+    decoding steps keep the small materialised bias), the folded logits' rounding bound is
+    within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU (the
+    multi-pass merge has fused kernels there; elsewhere it would form logits)."""
+    Lq, Lk, D = call.q.shape[2], call.k.shape[2], call.q.shape[3]
+    if fold_refusal(call) is not None or Lq == 0 or Lk == 0:
+        return False
+    if Lq * Lk <= (Lq + 2 * Lk) * (D + 1):
+        # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
+        # with the small bias materialised than with a copy of the whole key cache
+        return False
+    if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
+        return False
+    return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
 
 
 def _trains_bias(call: AttentionCall) -> bool:
@@ -80,6 +117,8 @@ def choose_backend(call: AttentionCall) -> str:
         return "eager" if small else "chunked"
     if not call.has_bias and (call.mask_mod is None or small):
         return "sdpa"
+    if _folds_exactly(call):
+        return "fold"
     if small:
         if _trains_bias(call) and chunked_path(call) == "toeplitz":
             return "chunked"
@@ -100,12 +139,25 @@ def backend_path(call: AttentionCall, backend: str) -> str:
         return "dense-bias" if call.has_bias else "fused"
     if backend == "flex":
         return "score-mod"
+    if backend == "fold":
+        reason = fold_refusal(call)
+        if reason is not None:
+            raise ValueError(reason)
+        return fold_path(call)
     return "dense"
 
 
 def _check_backend(backend: object, encoding: Encoding | None) -> None:
     if backend != "auto" and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+    if backend == "fold" and "fold" not in supported_backends(encoding):
+        name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
+        raise ValueError(
+            f"backend 'fold' cannot run {name}: it folds biases that are piecewise linear in "
+            f"q_pos - k_pos (ALiBi) into q/k channels; for other biases use "
+            f"relpos.efficient.folded_attention(..., rank=r) (a low-rank fold with its measured "
+            f"weight error) or backend 'auto' or one of {supported_backends(encoding)}"
+        )
     if backend != "auto" and backend not in (ok := supported_backends(encoding)):
         assert encoding is not None
         raise ValueError(
@@ -205,7 +257,8 @@ def attention(
             evaluates it per query block, flex builds a block mask from it, eager and sdpa
             evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
-        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
+        backend: "auto", "eager", "sdpa", "chunked", "flex" or "fold" (biases folded exactly
+            into q/k channels: ALiBi; see ``supported_backends``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
         cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
