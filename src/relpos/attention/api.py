@@ -20,10 +20,14 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 * encodings that change the weights themselves (``Encoding.needs_probabilities``: value
   terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
+* ``feature_map`` given (the call asks for the kernelized model, not softmax attention) ->
+  ``linear`` (``attention/linear.py``), the only backend that computes it; ``linear`` is
+  never chosen otherwise and the softmax backends refuse ``feature_map``.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``), without running it.
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``; the linear backend's
+``"linear-scan"``, ``"linear-sum"``, ``"linear-fft"``), without running it.
 """
 
 from __future__ import annotations
@@ -34,11 +38,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..efficient.feature_maps import FeatureMap, create_feature_map
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
+from .linear import linear_attention, linear_path, prepare_linear_call
 from .sdpa import sdpa_attention
 
 DENSE_BIAS_LIMIT = 1 << 22  # elements of a materialised (B, H, Lq, Lk) bias (16 MiB in fp32)
@@ -100,9 +107,27 @@ def backend_path(call: AttentionCall, backend: str) -> str:
     return "dense"
 
 
-def _check_backend(backend: object, encoding: Encoding | None) -> None:
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+#: backends of other attention models than softmax, chosen through their own argument
+MODEL_BACKENDS = ("linear",)
+
+
+def _check_backend(backend: object, encoding: Encoding | None, feature_map: object = None) -> None:
+    if backend != "auto" and backend not in BACKENDS and backend not in MODEL_BACKENDS:
+        raise ValueError(
+            f"backend must be one of {['auto', *BACKENDS, *MODEL_BACKENDS]}, got {backend!r}"
+        )
+    if feature_map is not None and backend not in ("auto", "linear"):
+        raise ValueError(
+            f"feature_map asks for kernelized attention, which only backend 'linear' computes; "
+            f"got backend {backend!r} (pass backend='linear' or 'auto', or feature_map=None)"
+        )
+    if backend == "linear":
+        if feature_map is None:
+            raise ValueError(
+                "backend 'linear' computes kernelized attention: pass feature_map ('elu1', "
+                "'relu', 'prf' or a relpos.efficient.FeatureMap)"
+            )
+        return
     if backend != "auto" and backend not in (ok := supported_backends(encoding)):
         assert encoding is not None
         raise ValueError(
@@ -127,13 +152,31 @@ def plan(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> tuple[str, str]:
     """``(backend, path)`` that ``relpos.attention`` with these arguments would take (see
     the module docstring for the paths). It validates and prepares the call (rotations,
     the encoding's precomputation) but runs no attention; a ``cache`` is left unchanged.
     Gradient mode matters (``auto`` trains learnable biases on ``chunked``): call it under
     the same ``torch.no_grad()`` as the attention it describes."""
-    _check_backend(backend, encoding)
+    _check_backend(backend, encoding, feature_map)
+    if feature_map is not None:
+        create_feature_map(feature_map, q.shape[-1])
+        call = prepare_linear_call(
+            q,
+            k,
+            v,
+            encoding,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            inputs=inputs,
+            mask_mod=mask_mod,
+            cache=None if cache is None else copy.copy(cache),
+        )
+        return "linear", linear_path(call)
     call = prepare_call(
         q,
         k,
@@ -166,7 +209,8 @@ def attention(
     backend: str = "auto",
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
-    cache: KeyValueCache | None = None,
+    cache: KeyValueCache | LinearState | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -188,7 +232,8 @@ def attention(
             evaluates it per query block, flex builds a block mask from it, eager and sdpa
             evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
-        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
+        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``);
+            "linear" for kernelized attention (with ``feature_map``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
         cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
@@ -196,27 +241,59 @@ def attention(
             queries attend to every cached key. Default positions continue the cache
             (``cache.length ..``). The engine stores keys rotated when the encoding allows
             (``cache_rotated_keys``) and rotates the whole cache on every call otherwise.
+            Kernelized attention also takes a ``relpos.efficient.LinearState`` (causal, no
+            bias): the recurrent sums, O(1) per decoded token.
+        feature_map: ask for kernelized attention ``phi(q) . phi(k)`` instead of softmax:
+            ``"elu1"``, ``"relu"``, ``"prf"`` (Performer's positive random features with
+            default options) or a ``relpos.efficient.FeatureMap``. Runs on backend
+            ``linear`` (``auto`` picks it): rotary encodings rotate the features (RoFormer
+            eq. 19), distance-only biases multiply the kernel by ``exp(b)`` through an FFT
+            (Luo et al. 2021); see ``relpos.attention.linear``.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
     """
-    _check_backend(backend, encoding)
-    call = prepare_call(
-        q,
-        k,
-        v,
-        encoding,
-        q_pos=q_pos,
-        k_pos=k_pos,
-        causal=causal,
-        mask=mask,
-        scale=scale,
-        inputs=inputs,
-        mask_mod=mask_mod,
-        cache=cache,
-    )
-    name = choose_backend(call) if backend == "auto" else backend
-    out = BACKENDS[name](call)
+    _check_backend(backend, encoding, feature_map)
+    if feature_map is not None:
+        fmap = create_feature_map(feature_map, q.shape[-1])
+        call = prepare_linear_call(
+            q,
+            k,
+            v,
+            encoding,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            inputs=inputs,
+            mask_mod=mask_mod,
+            cache=cache,
+        )
+        state = cache if isinstance(cache, LinearState) else None
+        out = linear_attention(call, fmap, state)
+    else:
+        if isinstance(cache, LinearState):
+            raise ValueError(
+                "cache=LinearState is the recurrent state of kernelized attention: pass "
+                "feature_map=... (or a relpos.nn.LayerCache for softmax attention)"
+            )
+        call = prepare_call(
+            q,
+            k,
+            v,
+            encoding,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            inputs=inputs,
+            mask_mod=mask_mod,
+            cache=cache,
+        )
+        name = choose_backend(call) if backend == "auto" else backend
+        out = BACKENDS[name](call)
     if encoding is not None and encoding.has_rotary:
         out = encoding.rotate(out, call.q_pos, "o")
     return out
