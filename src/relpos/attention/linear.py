@@ -148,6 +148,14 @@ def prepare_linear_call(
         rotate=False,
     )
     path = linear_path(call)
+    if isinstance(cache, LinearState) and encoding is not None and encoding.has_rotary:
+        if not encoding.cache_rotated_keys:
+            raise ValueError(
+                f"cache=LinearState sums rotated key features, but encoding {encoding.name!r} "
+                "rotates a key differently from call to call (cache_rotated_keys=False: its "
+                "rotation reads the call's other positions or heads): decode with a KV cache "
+                "(relpos.nn.LayerCache) instead"
+            )
     if isinstance(cache, LinearState) and path != "linear-scan":
         assert encoding is not None
         raise ValueError(

@@ -9,6 +9,8 @@ from .feature_maps import (
     create_feature_map,
 )
 from .kernelized import kernelized_attention, kernelized_reference, toeplitz_matvec
+from .linear_rope import rotate_features
+from .state import LinearState
 
 __all__ = [
     "FeatureMap",
@@ -19,4 +21,6 @@ __all__ = [
     "kernelized_attention",
     "kernelized_reference",
     "toeplitz_matvec",
+    "rotate_features",
+    "LinearState",
 ]
