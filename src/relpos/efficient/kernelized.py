@@ -163,7 +163,7 @@ def _fft_sums(
     n = 1 << max(0, math.ceil(math.log2(max(table.shape[-1] + Lk - 1, 1))))
     per_feature = max(1, B * H * n * Dv)
     step = max(1, min(m, CHUNK_ELEMENTS // per_feature))
-    grad = torch.is_grad_enabled()
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (table, aq, ak, v))
 
     def numerator_chunk(table: Tensor, aq_c: Tensor, ak_c: Tensor, v: Tensor) -> Tensor:
         x = (ak_c[..., :, None] * v[..., None, :]).flatten(-2)  # (B, H, Lk, c * Dv)
