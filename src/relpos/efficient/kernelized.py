@@ -18,7 +18,8 @@ where ``(a, a') = (phi_q, phi_k)``, or the rotated features of RoFormer's linear
 ``j`` is a Toeplitz mat-vec along the sequence, one per column of ``a'_j (x) v_j`` (``m * Dv``
 columns) and of ``phi_k`` (``m`` columns): ``y_i = sum_j c[i - j + Lk - 1] x_j`` is the linear
 convolution of the table with ``x``, read at ``i + Lk - 1``, formed by ``rfft``/``irfft`` of
-length ``N >= Lq + 2 Lk - 2`` (no wrap-around): O(B H m Dv N log N) time. Columns are
+a fast length ``N >= Lq + Lk - 1`` (the rows read receive no wrapped-around term, see
+``_toeplitz_last``): O(B H m Dv N log N) time. Columns are
 processed in feature chunks (``O(B H N chunk Dv)`` memory, activation checkpointing under
 autograd), so the outer products ``phi_k (x) v`` are never held whole.
 
@@ -57,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 __all__ = [
     "FFT_TOLERANCE",
     "toeplitz_matvec",
+    "fft_length",
     "kernelized_attention",
     "kernelized_reference",
     "choose_fft_dtype",
@@ -69,6 +71,28 @@ FFT_TOLERANCE = 1e-5
 CHUNK_ELEMENTS = 1 << 23
 #: query rows per chunk of the causal scan without a table
 SCAN_CHUNK = 128
+
+
+def fft_length(size: int) -> int:
+    """The smallest ``2^a * {1, 3, 5}`` >= ``size`` (fast FFT lengths)."""
+    best = 1 << max(0, math.ceil(math.log2(max(size, 1))))
+    for odd in (3, 5):
+        n = odd << max(0, math.ceil(math.log2(max(size / odd, 1))))
+        if size <= n < best:
+            best = n
+    return best
+
+
+def _toeplitz_last(table_f: Tensor, x: Tensor, n: int, length_q: int) -> Tensor:
+    """``toeplitz_matvec`` with the sequence on the last axis: ``x (..., Lk)``, the table's
+    ``rfft`` of length ``n`` given (``(..., n // 2 + 1)``, broadcasting) -> ``(..., Lq)``.
+
+    A circular convolution of length ``n >= Lq + Lk - 1`` is enough: the outputs read,
+    ``Lk - 1 .. Lk + Lq - 2``, receive no wrapped-around term (the linear convolution has
+    support ``0 .. Lq + 2 Lk - 3`` and ``Lk - 1 + n`` lies beyond it)."""
+    Lk = x.shape[-1]
+    y = torch.fft.irfft(table_f * torch.fft.rfft(x, n=n), n=n)
+    return y[..., Lk - 1 : Lk - 1 + length_q]
 
 
 def toeplitz_matvec(table: Tensor, x: Tensor, fft_dtype: torch.dtype | None = None) -> Tensor:
@@ -84,11 +108,9 @@ def toeplitz_matvec(table: Tensor, x: Tensor, fft_dtype: torch.dtype | None = No
     if Lq < 0:
         raise ValueError(f"table must have Lq + Lk - 1 >= Lk - 1 = {Lk - 1} entries, got {T}")
     dtype = fft_dtype or x.dtype
-    n = 1 << max(0, math.ceil(math.log2(max(T + Lk - 1, 1))))
-    tf = torch.fft.rfft(table.to(dtype), n=n)
-    xf = torch.fft.rfft(x.to(dtype), n=n, dim=-2)
-    y = torch.fft.irfft(tf[..., :, None] * xf, n=n, dim=-2)
-    return y[..., Lk - 1 : Lk - 1 + Lq, :]
+    n = fft_length(T)
+    tf = torch.fft.rfft(table.to(dtype), n=n)[..., None, :]
+    return _toeplitz_last(tf, x.to(dtype).transpose(-1, -2), n, Lq).transpose(-1, -2)
 
 
 def _window_max(table: Tensor, width: int) -> Tensor:
@@ -116,8 +138,7 @@ def choose_fft_dtype(table: Tensor, length_k: int, input_dtype: torch.dtype) -> 
     """The FFT dtype for this table (see the module docstring): float32 when every row's error
     bound ``eps * log2(N) * e^gap`` is below ``FFT_TOLERANCE`` and ``N < 2^14``; else float64;
     ``ValueError`` when float64 cannot resolve some row either."""
-    T = table.shape[-1]
-    n = 1 << max(1, math.ceil(math.log2(max(T + length_k - 1, 2))))
+    n = fft_length(table.shape[-1])
     gaps = row_gaps(table.detach().double(), length_k)
     finite = gaps[torch.isfinite(gaps)]
     gap = float(finite.max()) if finite.numel() else 0.0
@@ -157,29 +178,32 @@ def _fft_sums(
     dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """Numerator ``(B, H, Lq, Dv)`` and denominator ``(B, H, Lq)`` through the FFT, in feature
-    chunks (checkpointed under autograd)."""
+    chunks (checkpointed under autograd). ``table`` holds the weights ``c`` (not logs)."""
     B, H, Lk, m = ak.shape
+    Lq = aq.shape[2]
     Dv = v.shape[-1]
-    n = 1 << max(0, math.ceil(math.log2(max(table.shape[-1] + Lk - 1, 1))))
+    n = fft_length(table.shape[-1])
+    table_f = torch.fft.rfft(table.to(dtype), n=n)  # (H, n // 2 + 1)
     per_feature = max(1, B * H * n * Dv)
     step = max(1, min(m, CHUNK_ELEMENTS // per_feature))
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (table, aq, ak, v))
+    v_t = v.to(dtype).transpose(-1, -2)  # (B, H, Dv, Lk): the sequence last for the FFT
 
-    def numerator_chunk(table: Tensor, aq_c: Tensor, ak_c: Tensor, v: Tensor) -> Tensor:
-        x = (ak_c[..., :, None] * v[..., None, :]).flatten(-2)  # (B, H, Lk, c * Dv)
-        y = toeplitz_matvec(table, x, dtype).unflatten(-1, (ak_c.shape[-1], Dv))
-        return torch.einsum("bhlm,bhlmd->bhld", aq_c.to(dtype), y)
+    def numerator_chunk(table_f: Tensor, aq_c: Tensor, ak_c: Tensor, v_t: Tensor) -> Tensor:
+        x = ak_c.to(dtype).transpose(-1, -2)[..., :, None, :] * v_t[..., None, :, :]
+        y = _toeplitz_last(table_f[:, None, None, :], x, n, Lq)  # (B, H, c, Dv, Lq)
+        return torch.einsum("bhlm,bhmdl->bhld", aq_c.to(dtype), y)
 
     num = None
     for s in range(0, m, step):
-        args = (table, aq[..., s : s + step], ak[..., s : s + step], v)
-        part = (
-            checkpoint(numerator_chunk, *args, use_reentrant=False)
-            if grad
-            else numerator_chunk(*args)
-        )
+        args = (table_f, aq[..., s : s + step], ak[..., s : s + step], v_t)
+        if grad:
+            part = checkpoint(numerator_chunk, *args, use_reentrant=False)
+        else:
+            part = numerator_chunk(*args)
         num = part if num is None else num + part
-    den = (dq.to(dtype) * toeplitz_matvec(table, dk, dtype)).sum(-1)
+    ksum = _toeplitz_last(table_f[:, None, :], dk.to(dtype).transpose(-1, -2), n, Lq)
+    den = (dq.to(dtype) * ksum.transpose(-1, -2)).sum(-1)
     assert num is not None
     return num, den
 
