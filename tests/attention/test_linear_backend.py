@@ -7,7 +7,13 @@ import torch
 
 import relpos
 from relpos.attention import plan
-from relpos.efficient import LinearState, PositiveRandomFeatures, kernelized_reference
+from relpos.attention.linear import prepare_linear_call
+from relpos.efficient import (
+    LinearState,
+    PositiveRandomFeatures,
+    kernelized_attention,
+    kernelized_reference,
+)
 
 H, D = 4, 8
 
@@ -103,10 +109,64 @@ def test_refusals_name_what_kernelized_attention_cannot_run():
         relpos.attention(q, k, v, alibi, q_pos=batch_pos, k_pos=batch_pos, feature_map="elu1")
     with pytest.raises(ValueError, match="causal=True"):
         relpos.attention(q, k, v, None, feature_map="elu1", cache=LinearState())
+    kerple = relpos.create("kerple-log", num_heads=H, head_dim=D)
     with pytest.raises(ValueError, match="no recurrent state"):
-        relpos.attention(q, k, v, alibi, causal=True, feature_map="elu1", cache=LinearState())
+        relpos.attention(q, k, v, kerple, causal=True, feature_map="elu1", cache=LinearState())
     with pytest.raises(ValueError, match="pass feature_map"):
         relpos.attention(q, k, v, None, causal=True, cache=LinearState())
+
+
+def test_alibi_takes_the_decayed_scan_and_decodes_with_a_state():
+    q, k, v = qkv(12)
+    sym = relpos.create("alibi", num_heads=H, head_dim=D, bidirectional="symmetric").double()
+    assert plan(q, k, v, sym, feature_map="elu1")[1] == "linear-decay"
+    assert plan(q, k, v, sym, causal=True, feature_map="elu1")[1] == "linear-decay"
+    for causal in (False, True):  # the decayed scan equals the FFT of the same table
+        out = relpos.attention(q, k, v, sym, causal=causal, feature_map="elu1")
+        call = prepare_linear_call(
+            q,
+            k,
+            v,
+            sym,
+            q_pos=None,
+            k_pos=None,
+            causal=causal,
+            mask=None,
+            scale=None,
+            inputs=None,
+            mask_mod=None,
+            cache=None,
+        )
+        fft, _ = kernelized_attention(
+            elu1(q), elu1(k), v, table=call.distance_table(causal), causal=causal, method="fft"
+        )
+        torch.testing.assert_close(out, fft, atol=1e-10, rtol=1e-8)
+    full = relpos.attention(q, k, v, sym, causal=True, feature_map="elu1")
+    state = LinearState()
+    parts = [
+        relpos.attention(
+            q[:, :, t : t + 1],
+            k[:, :, t : t + 1],
+            v[:, :, t : t + 1],
+            sym,
+            causal=True,
+            feature_map="elu1",
+            cache=state,
+        )
+        for t in range(12)
+    ]
+    torch.testing.assert_close(torch.cat(parts, 2), full, atol=1e-10, rtol=1e-8)
+    other = relpos.create("alibi", num_heads=H, head_dim=D, total_heads=2 * H).double()
+    with pytest.raises(ValueError, match="another bias decay"):
+        relpos.attention(
+            q[:, :, :1],
+            k[:, :, :1],
+            v[:, :, :1],
+            other,
+            causal=True,
+            feature_map="elu1",
+            cache=state,
+        )
 
 
 @pytest.mark.parametrize("feature_map", ["elu1", "prf"])

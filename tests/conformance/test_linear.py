@@ -140,13 +140,17 @@ def test_linear_shift_invariance(name):
 
 def test_linear_decoding_equals_the_full_forward(name):
     """Token by token after a prefill of 3: with the recurrent ``LinearState`` when the call
-    has no bias and the keys' rotation is call-independent, else with a KV cache."""
+    has no bias or a geometric one (ALiBi) and the keys' rotation is call-independent, else
+    with a KV cache."""
     enc = _encoding(name)
     if enc.required_inputs or enc.needs_inputs or not _runs(enc):
         pytest.skip("per-call inputs, or refused by name")
     q, k, v = _qkv()
     full = attention(q, k, v, enc, causal=True, feature_map="elu1")
-    recurrent = not enc.has_bias and (not enc.has_rotary or enc.cache_rotated_keys)
+    path = relpos.attention.plan(q, k, v, enc, causal=True, feature_map="elu1")[1]
+    recurrent = path in ("linear-scan", "linear-decay") and (
+        not enc.has_rotary or enc.cache_rotated_keys
+    )
     cache = LinearState() if recurrent else LayerCache()
     parts = []
     for s, e in [(0, 3)] + [(t, t + 1) for t in range(3, L)]:

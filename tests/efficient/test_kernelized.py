@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from relpos.efficient import kernelized, kernelized_attention, kernelized_reference
-from relpos.efficient.kernelized import choose_fft_dtype, row_gaps, toeplitz_matvec
+from relpos.efficient.kernelized import (
+    choose_fft_dtype,
+    geometric_halves,
+    row_gaps,
+    toeplitz_matvec,
+)
 
 # efficient.md §1 "How to verify": b_t = -0.1|t| + 0.05 t with t = j - i (key minus query);
 # the table is indexed by the index distance d = i - j = -t
@@ -26,9 +31,14 @@ def causal_table(table: torch.Tensor, lq: int) -> torch.Tensor:
     return table.masked_fill(torch.arange(table.shape[-1]) < lq - 1, float("-inf"))
 
 
-def run(table, causal, **kw):
+def run(table, causal, method="auto"):
     out, _ = kernelized_attention(
-        PHI_Q[None, None], PHI_K[None, None], V[None, None, :, None], table=table, causal=causal
+        PHI_Q[None, None],
+        PHI_K[None, None],
+        V[None, None, :, None],
+        table=table,
+        causal=causal,
+        method=method,
     )
     return out.flatten()
 
@@ -50,14 +60,19 @@ def test_toeplitz_matvec_matches_the_spec_values_and_catches_the_transposed_bug(
     torch.testing.assert_close(symmetric, expected, atol=1e-6, rtol=0)
 
 
-def test_kernelized_attention_matches_the_spec_values():
+@pytest.mark.parametrize("method", ["auto", "fft"])
+def test_kernelized_attention_matches_the_spec_values(method):
+    """The spec's tables decay geometrically on both sides: ``auto`` runs the decayed scan,
+    ``fft`` the FFT; both give the reference values."""
+    assert geometric_halves(ASYM[None], 4, 4, causal=False) is not None
     bidirectional = torch.tensor([2.439077, 2.146939, 2.621074, 2.438567], dtype=torch.float64)
     causal = torch.tensor([1.0, 1.247453, 2.081123, 2.438567], dtype=torch.float64)
-    torch.testing.assert_close(run(ASYM[None], False), bidirectional, atol=1e-6, rtol=0)
-    torch.testing.assert_close(run(causal_table(ASYM[None], 4), True), causal, atol=1e-6, rtol=0)
+    torch.testing.assert_close(run(ASYM[None], False, method), bidirectional, atol=1e-6, rtol=0)
+    got = run(causal_table(ASYM[None], 4), True, method)
+    torch.testing.assert_close(got, causal, atol=1e-6, rtol=0)
     sym = causal_table((-0.1 * DIST.abs())[None], 4)
     expected = torch.tensor([1.0, 1.23826, 2.052245, 2.370835], dtype=torch.float64)
-    torch.testing.assert_close(run(sym, True), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(run(sym, True, method), expected, atol=1e-6, rtol=0)
 
 
 def _random(B, H, lq, lk, m, dv, dtype=torch.float32, seed=0):
@@ -196,6 +211,54 @@ def test_float32_fft_is_accurate_at_a_thousand_tokens_with_alibi():
     d = torch.arange(-(n - 1), n, dtype=torch.float64)
     table = causal_table((-0.25 * d.abs())[None].expand(2, -1), n)
     pq, pk, v, _ = _random(1, 2, n, n, 4, 3)
-    out, _ = kernelized_attention(pq, pk, v, table=table.float(), causal=True)
+    out, _ = kernelized_attention(pq, pk, v, table=table.float(), causal=True, method="fft")
     ref = kernelized_reference(pq.double(), pk.double(), v.double(), table=table, causal=True)
     torch.testing.assert_close(out.double(), ref, atol=1e-5 * float(ref.abs().max()), rtol=1e-5)
+
+
+def _alibi_like(lq, lk, slopes, behind=None, causal=True):
+    """``-s d`` at or before the query, ``b(-1) - s' (|d| - 1)`` after it (``d`` in key
+    coordinates), ``-inf`` after it when causal."""
+    d = torch.arange(lq + lk - 1, dtype=torch.float64) - (lq - 1)
+    s = torch.tensor(slopes, dtype=torch.float64)[:, None]
+    s2 = s if behind is None else torch.tensor(behind, dtype=torch.float64)[:, None]
+    table = torch.where(d >= 0, -s * d, -0.7 - s2 * (d.abs() - 1))
+    return table.masked_fill(d < 0, float("-inf")) if causal else table
+
+
+def test_geometric_tables_are_recognised_and_others_are_not():
+    assert geometric_halves(_alibi_like(9, 9, [0.5, 0.0]), 9, 9, causal=True) is not None
+    both = geometric_halves(_alibi_like(9, 9, [0.5, 0.1], [0.2, 0.3], causal=False), 9, 9, False)
+    assert both is not None
+    torch.testing.assert_close(both[0], torch.tensor([-0.5, -0.1], dtype=torch.float64))
+    torch.testing.assert_close(both[1], torch.tensor([-0.2, -0.3], dtype=torch.float64))
+    torch.testing.assert_close(both[2], torch.full((2,), -0.7, dtype=torch.float64))
+    d = torch.arange(17, dtype=torch.float64) - 8
+    kerple = -torch.log1p(d.abs())[None]  # not affine in d
+    assert geometric_halves(kerple, 9, 9, causal=False) is None
+    growing = (0.1 * d)[None]  # grows with the distance: no decay
+    assert geometric_halves(growing, 9, 9, causal=False) is None
+    assert geometric_halves(_alibi_like(9, 4, [0.5]), 9, 4, causal=True) is None  # Lq > Lk
+
+
+@pytest.mark.parametrize("lq,lk,causal", [(30, 30, True), (30, 30, False), (7, 30, True)])
+def test_decayed_scan_equals_the_reference(lq, lk, causal):
+    pq, pk, v, _ = _random(2, 2, lq, lk, 4, 3, dtype=torch.float64)
+    table = _alibi_like(lq, lk, [0.5, 0.03], [0.2, 0.0], causal=causal)
+    out, _ = kernelized_attention(pq, pk, v, table=table, causal=causal)
+    ref = kernelized_reference(pq, pk, v, table=table, causal=causal)
+    torch.testing.assert_close(out, ref, atol=1e-13, rtol=1e-11)
+
+
+def test_decayed_scan_does_not_underflow_or_overflow_for_steep_slopes_in_float32():
+    """``g^(i-j)`` is formed inside chunks and carried across them; ``g^(-j)`` never is."""
+    n = 1200  # 0.5 * n = 600 nats: g^n underflows float32 (below e^-104)
+    table = _alibi_like(n, n, [0.5, 2.0**-8]).float()
+    pq, pk, v, _ = _random(1, 2, n, n, 3, 2)
+    out, _ = kernelized_attention(pq, pk, v, table=table, causal=True)
+    assert torch.isfinite(out).all()
+    rows = slice(n - 40, n)  # the last rows against the dense reference
+    ref = kernelized_reference(
+        pq.double(), pk.double(), v.double(), table=table.double(), causal=True
+    )
+    torch.testing.assert_close(out[:, :, rows].double(), ref[:, :, rows], atol=1e-5, rtol=1e-5)

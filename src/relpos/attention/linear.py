@@ -13,16 +13,19 @@ How the encoding drives it (``linear_path``):
   the features after ``phi`` with its ``rotate_qk`` (RoFormer eq. 19, ``efficient.linear_rope``)
   and the denominator stays unrotated;
 * a distance-only bias with a per-distance table for the call (ALiBi, T5, KERPLE, FIRE below
-  its threshold, Sandwich: ``AttentionCall.distance_table``): ``"linear-fft"``, the Toeplitz RPE
-  ``c = exp(b)`` on the kernel by FFT (Luo et al. 2021, ``efficient.kernelized``);
+  its threshold, Sandwich: ``AttentionCall.distance_table``): the Toeplitz RPE ``c = exp(b)``
+  on the kernel (Luo et al. 2021, ``efficient.kernelized``): ``"linear-decay"`` when the table
+  decays geometrically on each side of distance 0 (ALiBi: a decayed scan, O(L), with a
+  recurrent state), else ``"linear-fft"`` (by FFT, O(L log L));
 * refused by name: biases that are not a function of ``q_pos - k_pos`` for the call (or whose
   positions are not a batch-shared integer range: no Toeplitz structure), encodings that change
   the weights themselves (value terms, multiplied weights, piecewise logits), ``mask_mod`` and
   masks other than key padding (``(B|1, H|1, 1, Lk)``: padded keys get zero features).
 
-Decoding: ``cache=relpos.efficient.LinearState()`` (causal, no bias) carries the sums
-``(S, Z)``: O(m Dv) per token, equal to the full forward. A ``relpos.nn.LayerCache`` also
-works (raw keys are cached and every call recomputes over all keys), also with a bias.
+Decoding: ``cache=relpos.efficient.LinearState()`` (causal; no bias or a geometric one)
+carries the sums ``(S, Z)``: O(m Dv) per token, equal to the full forward. A
+``relpos.nn.LayerCache`` also works (raw keys are cached and every call recomputes over all
+keys), with any bias.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..efficient.feature_maps import FeatureMap
-from ..efficient.kernelized import kernelized_attention
+from ..efficient.kernelized import geometric_halves, kernelized_attention
 from ..efficient.linear_rope import rotate_features
 from ..efficient.state import LinearState
 from ..encodings.base import Encoding
@@ -42,8 +45,9 @@ __all__ = ["linear_attention", "linear_path", "prepare_linear_call"]
 
 
 def linear_path(call: AttentionCall) -> str:
-    """``"linear-fft"`` (a per-distance bias table), ``"linear-scan"`` (causal, no bias) or
-    ``"linear-sum"`` (bidirectional, no bias); ``ValueError`` naming what cannot run."""
+    """``"linear-decay"`` (a geometric per-distance table, ALiBi), ``"linear-fft"`` (any other
+    per-distance table), ``"linear-scan"`` (causal, no bias) or ``"linear-sum"``
+    (bidirectional, no bias); ``ValueError`` naming what cannot run."""
     enc = call.encoding
     if enc is not None and enc.needs_probabilities:
         raise ValueError(
@@ -66,7 +70,11 @@ def linear_path(call: AttentionCall) -> str:
                 "batch-shared integer range (the FFT runs over index distances); use softmax "
                 "attention for it, or positions 0..L-1"
             )
-        return "linear-fft"
+        table = call.distance_table(call.causal)
+        assert table is not None
+        Lq, Lk = call.q.shape[2], call.k.shape[2]
+        geometric = geometric_halves(table, Lq, Lk, call.causal) is not None
+        return "linear-decay" if geometric else "linear-fft"
     return "linear-scan" if call.causal else "linear-sum"
 
 
@@ -156,12 +164,12 @@ def prepare_linear_call(
                 "rotation reads the call's other positions or heads): decode with a KV cache "
                 "(relpos.nn.LayerCache) instead"
             )
-    if isinstance(cache, LinearState) and path != "linear-scan":
+    if isinstance(cache, LinearState) and path not in ("linear-scan", "linear-decay"):
         assert encoding is not None
         raise ValueError(
-            f"cache=LinearState holds sums without a bias; encoding {encoding.name!r} adds a "
-            "Toeplitz bias, which has no recurrent state in general: decode with a KV cache "
-            "(relpos.nn.LayerCache) instead"
+            f"cache=LinearState holds sums without a bias or with a geometric decay (ALiBi); "
+            f"encoding {encoding.name!r} adds a Toeplitz bias of another shape, which has no "
+            "recurrent state: decode with a KV cache (relpos.nn.LayerCache) instead"
         )
     return call
 
@@ -199,7 +207,11 @@ def linear_attention(
     rotated = None
     if enc is not None and enc.has_rotary:
         rotated = rotate_features(enc, phi_q, phi_k, call.q_pos, call.k_pos)
-    table = call.distance_table(call.causal) if path == "linear-fft" else None
+    table = call.distance_table(call.causal) if path in ("linear-fft", "linear-decay") else None
+    log_decay = None
+    if state is not None and table is not None:
+        log_decay = _state_decay(call, state.length + Lk)
+        state.check_decay(log_decay)
     out, final = kernelized_attention(
         phi_q,
         phi_k,
@@ -209,8 +221,33 @@ def linear_attention(
         rotated=rotated,
         key_valid=_key_valid(call),
         state=sums,
+        log_decay=log_decay,
     )
     if state is not None:
         assert final is not None
         state.update(final, log_offset, Lk)
     return out.to(call.q.dtype)
+
+
+def _state_decay(call: AttentionCall, total: int) -> Tensor:
+    """The per-head ``log g`` of a geometric causal bias, read the same way on every decoding
+    call (from the bias at index distances 0, 1 and ``total - 1``, the farthest key the state
+    holds), so a state built over many calls keeps one decay; ``ValueError`` when these
+    three points are not on one line (the bias is not geometric that far)."""
+    enc = call.encoding
+    delta = call.distance_delta()
+    assert enc is not None and delta is not None
+    far = max(total - 1, 2)
+    d = torch.tensor([0, 1, far], device=call.q.device) + delta
+    h = torch.arange(enc.num_heads, device=call.q.device)[:, None]
+    b = enc.bias_at_distance(h, d[None]).double()  # (H, 3)
+    step = b[:, 0] - b[:, 1]
+    if bool((step < 0).any()) or not bool(
+        torch.allclose(b[:, 0] - b[:, 2], step * far, rtol=1e-5, atol=1e-6)
+    ):
+        raise ValueError(
+            f"cache=LinearState needs a geometric bias (ALiBi) over the whole decoded length: "
+            f"encoding {enc.name!r} is not geometric up to distance {far}; decode with a KV "
+            "cache (relpos.nn.LayerCache)"
+        )
+    return -step

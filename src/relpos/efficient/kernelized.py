@@ -55,6 +55,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from ..validation import check_choice
+
 __all__ = [
     "FFT_TOLERANCE",
     "toeplitz_matvec",
@@ -63,6 +65,7 @@ __all__ = [
     "kernelized_reference",
     "choose_fft_dtype",
     "row_gaps",
+    "geometric_halves",
 ]
 
 #: the relative error the FFT path must stay under (estimated per row, see module docstring)
@@ -208,6 +211,62 @@ def _fft_sums(
     return num, den
 
 
+def _causal_sums(
+    a_q: Tensor,
+    a_k: Tensor,
+    x: Tensor,
+    init: Tensor | None,
+    log_decay: Tensor | None,
+    chunk: int = SCAN_CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """``out_i = sum_{j<=i} g^(i-j) (a_q_i . a_k_j) x_j + g^(i+1) a_q_i . init`` for queries
+    aligned with the keys (``a_q (B,H,L,m)``, ``a_k (B,H,L,m)``, ``x (B,H,L,X)``,
+    ``init (B,H,m,X)``: sums over earlier keys), with ``g = exp(log_decay) <= 1`` per head
+    (``log_decay (H,)``; None: ``g = 1``). Chunks of ``chunk`` rows: an explicit
+    lower-triangular product inside a chunk, the carried sums across chunks (a cumulative sum
+    for ``g = 1``, a recurrence over chunks otherwise: no ``g^(-j)`` is ever formed, so
+    nothing overflows). Returns ``out (B,H,L,X)`` and the sums after the last key
+    ``(B,H,m,X)``."""
+    B, H, L, m = a_k.shape
+    nc = math.ceil(L / chunk) if L else 0
+    pad = nc * chunk - L
+
+    def blocks(t: Tensor) -> Tensor:
+        return torch.nn.functional.pad(t, (0, 0, 0, pad)).unflatten(2, (nc, chunk))
+
+    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=a_k.device).tril()
+    aq_b, ak_b, x_b = blocks(a_q), blocks(a_k), blocks(x)  # (B, H, nc, C, .)
+    scores = aq_b @ ak_b.transpose(-1, -2)  # (B, H, nc, C, C)
+    if log_decay is None:
+        kv = ak_b.transpose(-1, -2) @ x_b  # (B, H, nc, m, X)
+        before = kv.cumsum(2) - kv  # exclusive prefix over chunks
+        if init is not None:
+            before = before + init[:, :, None]
+        out = aq_b @ before + scores.masked_fill(~tri, 0.0) @ x_b
+        final = kv.sum(2) + (0 if init is None else init)
+        return out.flatten(2, 3)[:, :, :L], final
+    ld = log_decay.to(a_k.dtype).view(1, H, 1, 1)
+    idx = torch.arange(chunk, device=a_k.device, dtype=a_k.dtype)
+    lag = (idx[:, None] - idx[None, :]).clamp(min=0)
+    within = torch.exp(ld[..., None] * lag).masked_fill(~tri, 0.0)  # (1, H, 1, C, C)
+    to_end = torch.exp(ld * (chunk - 1 - idx))[..., None]  # (1, H, 1, C, 1)
+    from_start = torch.exp(ld * (idx + 1))[..., None]
+    kv = (ak_b * to_end).transpose(-1, -2) @ x_b  # sums at each chunk's last row
+    step = torch.exp(ld * chunk)  # (1, H, 1, 1)
+    carry = torch.zeros_like(kv[:, :, 0]) if init is None else init
+    befores = []
+    for c in range(nc):
+        befores.append(carry)
+        carry = step * carry + kv[:, :, c]
+    before = torch.stack(befores, 2) if befores else kv
+    out = (aq_b * from_start) @ before + (scores * within) @ x_b
+    to_last = torch.exp(ld[..., 0] * (L - 1 - torch.arange(L, device=a_k.device)))[..., None]
+    final = (a_k * to_last).transpose(-1, -2) @ x
+    if init is not None:
+        final = final + init * torch.exp(ld * L)
+    return out.flatten(2, 3)[:, :, :L], final
+
+
 def _scan_sums(
     aq: Tensor,
     ak: Tensor,
@@ -215,49 +274,61 @@ def _scan_sums(
     dk: Tensor | None,
     v: Tensor,
     state: tuple[Tensor, Tensor] | None,
-    chunk: int = SCAN_CHUNK,
+    log_decay: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
-    """Causal sums with ``c = 1`` for queries aligned with the keys (``Lq == Lk``): query ``i``
-    sees keys ``0..i`` plus the carried ``state = (S (B,H,m,Dv), Z (B,H,m))``. Chunks of
-    ``chunk`` rows: within a chunk an explicit lower-triangular product, across chunks the
-    exclusive prefix sum of per-chunk sums. ``dq``/``dk`` None: the denominator uses ``aq``/
-    ``ak`` (no rotation). Returns numerator, denominator and the final state."""
-    B, H, L, m = ak.shape
+    """Causal numerator ``(B,H,L,Dv)``, denominator ``(B,H,L)`` and final state ``(S, Z)`` for
+    queries aligned with the keys, carrying ``state`` (``_causal_sums``). ``dq``/``dk`` None:
+    the denominator uses ``aq``/``ak`` (no rotation), through a ones column of ``v``."""
     Dv = v.shape[-1]
-    rotated = dq is not None
-    if not rotated:  # a ones column gives the denominator in the same products
-        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    nc = math.ceil(L / chunk) if L else 0
-    pad = nc * chunk - L
+    if dq is None:
+        x = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        init = None if state is None else torch.cat([state[0], state[1][..., None]], dim=-1)
+        out, final = _causal_sums(aq, ak, x, init, log_decay)
+        return out[..., :Dv], out[..., Dv], (final[..., :Dv], final[..., Dv])
+    assert dk is not None
+    num, S = _causal_sums(aq, ak, v, None if state is None else state[0], log_decay)
+    ones = torch.ones_like(v[..., :1])
+    den, Z = _causal_sums(dq, dk, ones, None if state is None else state[1][..., None], log_decay)
+    return num, den[..., 0], (S, Z[..., 0])
 
-    def blocks(x: Tensor) -> Tensor:
-        return torch.nn.functional.pad(x, (0, 0, 0, pad)).unflatten(2, (nc, chunk))
 
-    tri = torch.ones(chunk, chunk, dtype=torch.bool, device=ak.device).tril()
-    aq_b, ak_b, v_b = blocks(aq), blocks(ak), blocks(v)  # (B, H, nc, C, .)
-    kv = ak_b.transpose(-1, -2) @ v_b  # (B, H, nc, m, Dv(+1))
-    before = kv.cumsum(2) - kv  # exclusive prefix over chunks
-    S0 = None if state is None else state[0]
-    if S0 is not None:
-        init = S0 if rotated else torch.cat([S0, state[1][..., None]], dim=-1)
-        before = before + init[:, :, None]
-    scores = (aq_b @ ak_b.transpose(-1, -2)).masked_fill(~tri, 0.0)
-    out = aq_b @ before + scores @ v_b  # (B, H, nc, C, Dv(+1))
-    out = out.flatten(2, 3)[:, :, :L]
-    total = kv.sum(2) + (0 if S0 is None else init)
-    if rotated:
-        assert dq is not None and dk is not None
-        dq_b, dk_b = blocks(dq), blocks(dk)
-        ksum = dk_b.sum(-2)  # (B, H, nc, m)
-        kbefore = ksum.cumsum(2) - ksum
-        if state is not None:
-            kbefore = kbefore + state[1][:, :, None]
-        dscores = (dq_b @ dk_b.transpose(-1, -2)).masked_fill(~tri, 0.0)
-        den = (dq_b * kbefore[..., None, :]).sum(-1) + dscores.sum(-1)
-        den = den.flatten(2, 3)[:, :, :L]
-        Z = ksum.sum(2) + (0 if state is None else state[1])
-        return out, den, (total, Z)
-    return out[..., :Dv], out[..., Dv], (total[..., :Dv], total[..., Dv])
+def geometric_halves(
+    table: Tensor, length_q: int, length_k: int, causal: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None] | None:
+    """Whether the table's weights decay geometrically on each side of distance 0 (ALiBi):
+    ``b(d) = b(0) - s d`` for key-coordinate distances ``d = 0 .. Lk - 1`` and, when not
+    causal, ``b(d) = b(-1) - s' (|d| - 1)`` for ``d = -1 .. -(Lq - 1)``, with ``s, s' >= 0``,
+    to ``1e-6 (1 + |b|)``. Returns ``(log_decay (H,), log_decay' (H,) | None, log_ratio (H,) |
+    None)`` (``-s``, ``-s'``, ``b(-1) - b(0)``) in float64, or None. Needs ``Lq <= Lk`` (and
+    ``Lq == Lk`` when not causal)."""
+    if length_q > length_k or (not causal and length_q != length_k):
+        return None
+    t = table.detach().double()
+
+    def slope(b: Tensor) -> Tensor | None:  # b (H, n) along growing |d|
+        if not bool(torch.isfinite(b).all()):
+            return None
+        if b.shape[-1] < 2:
+            return torch.zeros(b.shape[0], dtype=b.dtype, device=b.device)
+        n = b.shape[-1]
+        s = (b[:, 0] - b[:, -1]) / (n - 1)
+        fit = b[:, :1] - s[:, None] * torch.arange(n, dtype=b.dtype, device=b.device)
+        if bool((s < 0).any()) or bool(((fit - b).abs() > 1e-6 * (1 + b.abs())).any()):
+            return None
+        return s
+
+    ahead = slope(t[:, length_q - 1 :])
+    if ahead is None:
+        return None
+    if causal:
+        return -ahead, None, None
+    back = t[:, : length_q - 1].flip(-1)
+    behind = slope(back)
+    if behind is None:
+        return None
+    if back.shape[-1] == 0:  # one query: no key after it
+        return -ahead, -behind, torch.zeros_like(behind)
+    return -ahead, -behind, back[:, 0] - t[:, length_q - 1]
 
 
 def kernelized_attention(
@@ -271,6 +342,8 @@ def kernelized_attention(
     key_valid: Tensor | None = None,
     state: tuple[Tensor, Tensor] | None = None,
     fft_dtype: torch.dtype | None = None,
+    method: str = "auto",
+    log_decay: Tensor | None = None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
     """Kernelized attention ``z (B, H, Lq, Dv)`` (see the module docstring) and, for causal
     calls without a table, the final state ``(S (B, H, m, Dv), Z (B, H, m))``.
@@ -287,7 +360,13 @@ def kernelized_attention(
         key_valid: ``(B, 1|H, Lk)`` bool, False for padded keys (their features become 0).
         state: causal calls without a table: sums ``(S, Z)`` over earlier keys (decoding).
         fft_dtype: dtype of the FFT (None: ``choose_fft_dtype``).
+        method: ``"auto"``: a table that decays geometrically on each side of distance 0
+            (ALiBi; ``geometric_halves``) runs as a decayed scan, O(L m Dv), exact and with a
+            recurrent state; any other table by FFT. ``"fft"``: always the FFT.
+        log_decay: ``(H,)`` the geometric decay of a causal table when the call alone cannot
+            show it (decoding one key at a time with ``state``); else read from the table.
     """
+    check_choice(method, "method", ("auto", "fft"))
     B, H, Lq, m = phi_q.shape
     Lk = phi_k.shape[2]
     Dv = v.shape[-1]
@@ -304,8 +383,16 @@ def kernelized_attention(
         valid_count = key_valid.long().cumsum(-1)  # (B, 1|H, Lk)
     off = Lk - Lq
     if table is not None:
+        geo = geometric_halves(table, Lq, Lk, causal) if method == "auto" else None
+        if geo is not None and log_decay is not None:
+            geo = (log_decay.to(geo[0]), None, None)
+        if geo is not None:
+            return _decay_path(aq, ak, dq, dk, v, geo, causal, state, rotated is not None)
         if state is not None:
-            raise ValueError("a decoding state holds sums with c = 1; it cannot carry a table")
+            raise ValueError(
+                "a decoding state holds sums with c = 1 or a geometric decay (ALiBi); this "
+                "table has neither"
+            )
         dtype = fft_dtype or choose_fft_dtype(table, Lk, work)
         shift = table.detach().amax(-1, keepdim=True)
         shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
@@ -342,6 +429,63 @@ def kernelized_attention(
     if dead:
         out = torch.cat([out.new_zeros(B, H, dead, Dv), out], dim=2)
     return out, final
+
+
+def _decay_path(
+    aq: Tensor,
+    ak: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    v: Tensor,
+    geo: tuple[Tensor, Tensor | None, Tensor | None],
+    causal: bool,
+    state: tuple[Tensor, Tensor] | None,
+    rotated: bool,
+) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """A geometric table (``geometric_halves``): weights ``g^d`` relative to distance 0 for
+    keys at or before the query, by a decayed causal scan (queries padded in front to the
+    keys); when not causal plus ``e^(b(-1) - b(0)) g'^(j - i - 1)`` for the keys after it, by
+    the same scan over the reversed sequence with the keys shifted by one (strictly after:
+    no subtraction of the diagonal). ``Lq <= Lk`` (``Lq == Lk`` when not causal)."""
+    ahead, behind, ratio = geo
+    Lq, Lk = aq.shape[2], ak.shape[2]
+    pre = Lk - Lq
+
+    def front(x: Tensor) -> Tensor:
+        return torch.nn.functional.pad(x, (0, 0, pre, 0))
+
+    num, den, final = _scan_sums(
+        front(aq),
+        ak,
+        front(dq) if rotated else None,
+        dk if rotated else None,
+        v,
+        state,
+        ahead,
+    )
+    num, den = num[:, :, pre:], den[:, :, pre:]
+    if causal:
+        return _nonzero_ratio(num, den, None), final
+    assert behind is not None and ratio is not None
+
+    def after(x: Tensor) -> Tensor:  # key j + 1 at row j, reversed
+        return torch.nn.functional.pad(x[:, :, 1:], (0, 0, 0, 1)).flip(2)
+
+    nb, db, _ = _scan_sums(
+        aq.flip(2),
+        after(ak),
+        dq.flip(2) if rotated else None,
+        after(dk) if rotated else None,
+        after(v),
+        None,
+        behind,
+    )
+    top = ratio.clamp(min=0)  # weights relative to the larger side: nothing overflows
+    w_ahead = torch.exp(-top).to(num.dtype).view(1, -1, 1)
+    w_behind = torch.exp(ratio - top).to(num.dtype).view(1, -1, 1)
+    num = w_ahead[..., None] * num + w_behind[..., None] * nb.flip(2)
+    den = w_ahead * den + w_behind * db.flip(2)
+    return _nonzero_ratio(num, den, None), None
 
 
 def _alive(

@@ -1,4 +1,4 @@
-"""``LinearState``: the recurrent state of causal kernelized attention without a bias.
+"""``LinearState``: the recurrent state of causal kernelized attention (no bias, or ALiBi).
 
 Causal linear attention (``c = 1``; RoFormer's rotary form included) is an RNN (Katharopoulos
 et al. 2020): after the keys ``0..t``
@@ -6,8 +6,10 @@ et al. 2020): after the keys ``0..t``
     S_t = sum_{j<=t} a'_j v_j^T   (m, Dv)        Z_t = sum_{j<=t} phi_k_j   (m,)
 
 (``a'`` = rotated key features for RoFormer's linear form, else ``phi_k``), and a new query
-reads ``z = a_q^T S / phi_q^T Z``. Decoding with the state costs O(m Dv) per token whatever
-the position, and equals the full causal forward (``tests/conformance/test_linear.py``).
+reads ``z = a_q^T S / phi_q^T Z``. With a geometric bias (causal ALiBi, ``c = g^(i-j)``) the
+sums decay: ``S_t = g S_{t-1} + a'_t v_t^T`` (``log_decay`` per head). Decoding with the
+state costs O(m Dv) per token whatever the position, and equals the full causal forward
+(``tests/conformance/test_linear.py``).
 
 Pass an empty ``LinearState()`` as ``relpos.attention(..., feature_map=..., causal=True,
 cache=state)``; each call adds its keys. Default positions continue ``state.length``.
@@ -35,6 +37,24 @@ class LinearState:
     Z: Tensor | None = None
     log_offset: Tensor | None = None
     length: int = 0
+    #: per-head ``log g`` of a geometric bias (ALiBi: ``-slope``), None without a bias
+    log_decay: Tensor | None = None
+
+    def check_decay(self, log_decay: Tensor) -> None:
+        """Record the call's geometric decay (``(H,)``); ``ValueError`` if the sums were
+        formed with another one."""
+        if self.S is None:
+            self.log_decay = log_decay
+            return
+        if (
+            self.log_decay is None
+            or self.log_decay.shape != log_decay.shape
+            or not bool(torch.allclose(self.log_decay, log_decay, rtol=1e-6, atol=1e-9))
+        ):
+            raise ValueError(
+                "cache (LinearState) holds sums formed with another bias decay (or none): use "
+                "one LinearState per encoding"
+            )
 
     def absorb_offset(self, log_offset: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         """Align a call's key ``log_offset`` with the state's: returns ``(factor, offset)``,
