@@ -9,9 +9,11 @@ Cases, timed round robin at each L (a case is skipped above its --max-* length):
 * ``linear-scan``: ``relpos.attention(q, k, v, None, causal=True, feature_map="elu1")`` —
   causal linear attention, chunked prefix scan, O(L m Dv).
 * ``linear-rope``: the same with ``rope`` (RoFormer eq. 19: features rotated, denominator not).
-* ``linear-fft-alibi``: ALiBi as ``c = exp(b)`` on the kernel, Toeplitz by FFT (Luo et al.
-  2021), elu+1 features (m = 64): O(m Dv L log L).
-* ``linear-fft-alibi-prf16``: the same with 16 positive random features (m = 16).
+* ``linear-decay-alibi``: ALiBi as ``c = exp(b)`` on the kernel; its table decays
+  geometrically, so it runs as a decayed scan (path ``linear-decay``), O(L m Dv).
+* ``linear-fft-kerple``: KERPLE-log (not geometric) as ``c = exp(b)``, Toeplitz by FFT (Luo
+  et al. 2021, path ``linear-fft``), elu+1 features (m = 64): O(m Dv L log L).
+* ``linear-fft-kerple-prf16``: the same with 16 positive random features (m = 16).
 
 Printed: the table (median ms, ratio vs sdpa-nobias, extra peak MB in a fresh child), the
 log-log slope of time vs L per case (least squares over the lengths run: ~1 for O(L), ~1.1
@@ -63,7 +65,14 @@ B, H, D = 1, 8, 64
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 QUICK_LENGTHS = [512, 1024, 2048]
 BASELINE = "sdpa-nobias"
-CASES = [BASELINE, "linear-scan", "linear-rope", "linear-fft-alibi", "linear-fft-alibi-prf16"]
+CASES = [
+    BASELINE,
+    "linear-scan",
+    "linear-rope",
+    "linear-decay-alibi",
+    "linear-fft-kerple",
+    "linear-fft-kerple-prf16",
+]
 
 
 def make_inputs(L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -74,9 +83,9 @@ def make_inputs(L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def limit(case: str, args) -> int:
     if case == BASELINE:
         return args.max_sdpa
-    if case == "linear-fft-alibi":
+    if case == "linear-fft-kerple":
         return args.max_fft
-    if case == "linear-fft-alibi-prf16":
+    if case == "linear-fft-kerple-prf16":
         return args.max_fft_prf
     return 1 << 40
 
@@ -87,8 +96,11 @@ def build_case(case: str, q, k, v) -> tuple[Callable[[], object], dict]:
     enc, fm = None, "elu1"
     if case == "linear-rope":
         enc = relpos.create("rope", num_heads=H, head_dim=D)
-    elif case.startswith("linear-fft-alibi"):
+    elif case == "linear-decay-alibi":
         enc = relpos.create("alibi", num_heads=H, head_dim=D)
+    elif case.startswith("linear-fft-kerple"):
+        torch.manual_seed(0)
+        enc = relpos.create("kerple-log", num_heads=H, head_dim=D)
     if case.endswith("prf16"):
         fm = PositiveRandomFeatures(D, 16, seed=0)
     path = plan(q, k, v, enc, causal=True, feature_map=fm)[1]
