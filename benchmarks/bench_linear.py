@@ -131,6 +131,16 @@ def slope(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     return my - b * mx, b
 
 
+def crossing(cross: float | None, pts: list[tuple[int, float]]) -> str:
+    """The fitted crossover, or why it is not worth printing (more than 16x beyond the
+    lengths measured: an extrapolation of noisy slopes)."""
+    if cross is None or not pts:
+        return "n/a"
+    if cross > 16 * pts[-1][0]:
+        return f"beyond 16 x {pts[-1][0]} (not reached)"
+    return f"{cross:.0f}"
+
+
 def report(args, info: dict, results: dict, mem: dict) -> str:
     settings = {
         "B": B,
@@ -191,7 +201,7 @@ def report(args, info: dict, results: dict, mem: dict) -> str:
                 f"{pts[0][0]}..{pts[-1][0]}" if pts else "-",
                 fmt(fit[1], 2) if fit else "n/a",
                 measured if measured is not None else "none measured",
-                f"{cross:.0f}" if cross is not None else "n/a",
+                crossing(cross, pts),
             ]
         )
     bfit = fits[BASELINE]
