@@ -27,11 +27,15 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   terms, URPE, piecewise logits, row-dependent terms such as CoPE) -> ``eager`` up to the
   same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
+* ``feature_map`` given (the call asks for the kernelized model, not softmax attention) ->
+  ``linear`` (``attention/linear.py``), the only backend that computes it; ``linear`` is
+  never chosen otherwise and the softmax backends refuse ``feature_map``.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
 ``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
-``"fold-sdpa"``, ``"fold-passes"``), without running it.
+``"fold-sdpa"``, ``"fold-passes"``; the linear backend's ``"linear-scan"``, ``"linear-sum"``,
+``"linear-decay"``, ``"linear-fft"``), without running it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..efficient.feature_maps import FeatureMap, create_feature_map
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
@@ -55,6 +61,7 @@ from .fold import (
     fold_refusal,
     fold_rounding_bound,
 )
+from .linear import linear_attention, linear_path, prepare_linear_call
 from .query_split import split_call
 from .sdpa import sdpa_attention
 
@@ -135,6 +142,8 @@ def backend_path(call: AttentionCall, backend: str) -> str:
     ``"toeplitz"`` / ``"tile"``."""
     if backend == "chunked":
         return chunked_path(call)
+    if backend == "linear":
+        return linear_path(call)
     if backend == "sdpa":
         return "dense-bias" if call.has_bias else "fused"
     if backend == "flex":
@@ -147,9 +156,27 @@ def backend_path(call: AttentionCall, backend: str) -> str:
     return "dense"
 
 
-def _check_backend(backend: object, encoding: Encoding | None) -> None:
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+#: backends of other attention models than softmax, chosen through their own argument
+MODEL_BACKENDS = ("linear",)
+
+
+def _check_backend(backend: object, encoding: Encoding | None, feature_map: object = None) -> None:
+    if backend != "auto" and backend not in BACKENDS and backend not in MODEL_BACKENDS:
+        raise ValueError(
+            f"backend must be one of {['auto', *BACKENDS, *MODEL_BACKENDS]}, got {backend!r}"
+        )
+    if feature_map is not None and backend not in ("auto", "linear"):
+        raise ValueError(
+            f"feature_map asks for kernelized attention, which only backend 'linear' computes; "
+            f"got backend {backend!r} (pass backend='linear' or 'auto', or feature_map=None)"
+        )
+    if backend == "linear":
+        if feature_map is None:
+            raise ValueError(
+                "backend 'linear' computes kernelized attention: pass feature_map ('elu1', "
+                "'relu', 'prf' or a relpos.efficient.FeatureMap)"
+            )
+        return
     if backend == "fold" and "fold" not in supported_backends(encoding):
         name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
         raise ValueError(
@@ -168,11 +195,26 @@ def _check_backend(backend: object, encoding: Encoding | None) -> None:
 
 
 def _dispatch(
-    q: Tensor, k: Tensor, v: Tensor, encoding: Encoding | None, backend: str, **call: object
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None,
+    backend: str,
+    feature_map: object = None,
+    **call: object,
 ) -> tuple[list[dict] | None, AttentionCall | None, str]:
     """Check ``backend``; then either the query blocks of a call the encoding cannot take at
-    once (``split_call``) or the prepared call and the backend that runs it."""
-    _check_backend(backend, encoding)
+    once (``split_call``) or the prepared call and the backend that runs it (``linear``
+    when a ``feature_map`` asks for kernelized attention)."""
+    _check_backend(backend, encoding, feature_map)
+    if feature_map is not None:
+        create_feature_map(feature_map, q.shape[-1])  # validates it
+        return None, prepare_linear_call(q, k, v, encoding, **call), "linear"  # type: ignore[arg-type]
+    if isinstance(call.get("cache"), LinearState):
+        raise ValueError(
+            "cache=LinearState is the recurrent state of kernelized attention: pass "
+            "feature_map=... (or a relpos.nn.LayerCache for softmax attention)"
+        )
     blocks = split_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
     if blocks is not None:
         return blocks, None, backend
@@ -195,6 +237,7 @@ def plan(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> tuple[str, str]:
     """``(backend, path)`` that ``relpos.attention`` with these arguments would take (see
     the module docstring for the paths). It validates and prepares the call (rotations,
@@ -207,6 +250,7 @@ def plan(
         v,
         encoding,
         backend,
+        feature_map,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
@@ -235,7 +279,8 @@ def attention(
     backend: str = "auto",
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
-    cache: KeyValueCache | None = None,
+    cache: KeyValueCache | LinearState | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -258,7 +303,8 @@ def attention(
             evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
         backend: "auto", "eager", "sdpa", "chunked", "flex" or "fold" (biases folded exactly
-            into q/k channels: ALiBi; see ``supported_backends``).
+            into q/k channels: ALiBi; see ``supported_backends``); "linear" for kernelized
+            attention (with ``feature_map``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
         cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
@@ -266,6 +312,14 @@ def attention(
             queries attend to every cached key. Default positions continue the cache
             (``cache.length ..``). The engine stores keys rotated when the encoding allows
             (``cache_rotated_keys``) and rotates the whole cache on every call otherwise.
+            Kernelized attention also takes a ``relpos.efficient.LinearState`` (causal, no
+            bias): the recurrent sums, O(1) per decoded token.
+        feature_map: ask for kernelized attention ``phi(q) . phi(k)`` instead of softmax:
+            ``"elu1"``, ``"relu"``, ``"prf"`` (Performer's positive random features with
+            default options) or a ``relpos.efficient.FeatureMap``. Runs on backend
+            ``linear`` (``auto`` picks it): rotary encodings rotate the features (RoFormer
+            eq. 19), distance-only biases multiply the kernel by ``exp(b)`` through an FFT
+            (Luo et al. 2021); see ``relpos.attention.linear``.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
@@ -276,6 +330,7 @@ def attention(
         v,
         encoding,
         backend,
+        feature_map,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
@@ -286,8 +341,14 @@ def attention(
         cache=cache,
     )
     if blocks is not None:  # the encoding bounds the query span of a call (xPos)
-        return torch.cat([attention(**block, backend=backend) for block in blocks], dim=2)
-    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        return torch.cat(
+            [attention(**block, backend=backend, feature_map=feature_map) for block in blocks],
+            dim=2,
+        )
+    if name == "linear":
+        fmap = create_feature_map(feature_map, q.shape[-1])
+        out = linear_attention(call, fmap, cache if isinstance(cache, LinearState) else None)
+    elif call.query_grouped and call.q.shape[2] and call.k.shape[2]:
         # one attention per query group (RayRoPE: keys re-encoded in each query camera);
         # every query keeps the row of its own group
         out = None
@@ -297,7 +358,8 @@ def attention(
             out = torch.where(keep, part, 0.0 if out is None else out)
         assert out is not None
         return out
-    out = BACKENDS[name](call)
+    else:
+        out = BACKENDS[name](call)
     if encoding is not None and encoding.has_rotary and not call.query_grouped:
         out = call.rotate_output(out)  # (an empty grouped call: zeros, nothing to rotate)
     return out

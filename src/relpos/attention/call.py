@@ -423,10 +423,13 @@ def prepare_call(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    rotate: bool = True,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention``, normalise positions and rotate q, k
     (and v, if the encoding asks).
 
+    ``rotate=False`` leaves q, k, v unrotated (and a cache stores raw keys): the ``linear``
+    backend rotates the feature maps of q and k itself (RoFormer's linear form).
     ``cache`` (KV-cache decoding, e.g. ``relpos.nn.LayerCache``): ``k``, ``v`` and ``k_pos``
     are the new tokens' (default positions ``cache.length ..``); they are appended to the
     cache and the queries attend to all cached keys. Encodings whose key rotation never
@@ -501,7 +504,8 @@ def prepare_call(
     rotated = False
     if cache is not None:
         rotated = (
-            encoding is not None
+            rotate
+            and encoding is not None
             and encoding.has_rotary
             and encoding.cache_rotated_keys
             and not encoding.piecewise
@@ -521,7 +525,7 @@ def prepare_call(
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
             q, k = pieces[0]
-        elif encoding.has_rotary and not rotated and not grouped:
+        elif encoding.has_rotary and not rotated and not grouped and rotate:
             q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
         if k.shape[1] != v.shape[1]:
             # per-head rotations expand grouped keys to the query heads: values follow
