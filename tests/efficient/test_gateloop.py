@@ -112,6 +112,19 @@ def test_unit_amplitude_constant_phase_is_a_relative_rotation():
     assert torch.allclose(y, (w * (dist[..., 0] >= 0)) @ v, atol=1e-12)
 
 
+def test_strong_gates_take_the_log_space_path_and_stay_exact():
+    # chunks whose total decay exceeds the factoring limit (60 in float32) use pairwise
+    # exponents; the others the factored matmul; both agree with float64
+    q, k, v, amplitude, phase = random_case(L=40, dtype=torch.float64)
+    amplitude[:, :, 8:16] = 1e-12  # log 1e-12 = -27.6 per token: chunks of 8 reach -221
+    ref = gateloop_scan(q, k, v, amplitude, phase, mode="attention")
+    args = (t.float() for t in (q, k, v, amplitude, phase))
+    for chunk_size in (8, 64):
+        y = gateloop_scan(*args, chunk_size=chunk_size)
+        assert torch.allclose(y.double(), ref, atol=2e-5)
+        args = (t.float() for t in (q, k, v, amplitude, phase))
+
+
 def test_exact_zero_gate_gives_no_nan():
     q, k, v, amplitude, phase = random_case(L=10)
     amplitude[:, :, 3] = 0.0

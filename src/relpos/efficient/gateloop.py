@@ -60,7 +60,7 @@ def gateloop_scan(
     *,
     log_amplitude: Tensor | None = None,
     mode: str = "chunked",
-    chunk_size: int = 16,
+    chunk_size: int = 64,
     output: str = "real",
     state: Tensor | None = None,
     return_state: bool = False,

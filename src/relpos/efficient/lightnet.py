@@ -153,7 +153,7 @@ def lightnet_scan(
     positions: Tensor | None = None,
     theta: Tensor | None = None,
     mode: str = "chunked",
-    chunk_size: int = 16,
+    chunk_size: int = 64,
     state: LightNetState | None = None,
     return_state: bool = False,
 ) -> Tensor | tuple[Tensor, LightNetState]:
@@ -226,7 +226,7 @@ def tpe_scan(
     *,
     causal: bool = True,
     mode: str = "chunked",
-    chunk_size: int = 16,
+    chunk_size: int = 64,
     state: Tensor | None = None,
     return_state: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:

@@ -17,14 +17,16 @@ Modes (all exact; they agree to rounding):
 * ``"attention"``: the quadratic surrogate attention in log space. The exponent
   ``G_i - G_j`` is masked to ``j ≤ i`` *before* ``exp``; the cumulative sums are float64.
   Never ``cumprod(a)`` times ``1/cumprod(a)``: that underflows (0.5^2000 = 0, then 1/0).
-* ``"chunked"``: chunks of ``T`` tokens. Inside a chunk, the pairwise exponents in log space
-  (``T x T x Dk``); across chunks, a carried state. Every exponential it forms has a
-  non-positive real part (``G_i - G_b`` and ``G_b - G_j`` around a chunk boundary ``b``), so
-  nothing overflows and the product underflows only where the true weight does. O(L) time,
-  O(T^2 Dk + Dk Dv) memory per batch row and head for each group of chunks it evaluates.
+* ``"chunked"``: chunks of ``T`` tokens (default 64). Across chunks, a carried state read
+  with ``exp(G_i - G_b)`` and built with ``exp(G_b - G_j)`` around the chunk boundary ``b``
+  (real part <= 0: nothing overflows). Inside a chunk, ``exp(G_i - G_j)`` is factored as
+  ``exp(G_i) exp(-G_j)`` (a matmul) when the chunk's total log-decay is at most
+  ``_FACTOR_LIMIT`` (60 in float32, 600 in float64: both factors finite and normal, each
+  exact to rounding); a chunk with a stronger decay takes the pairwise exponents in log
+  space (``T x T x Dk``, masked before exp) instead. O(L) time.
 
-Numerics: the log-decays and their cumulative sums are float64 (phases are angles: the
-product is formed in float64, reduced mod 2π, then evaluated in the working precision).
+Numerics: the log-decays and their cumulative sums are float64; magnitudes are evaluated in
+float64 and phases from float64 cos/sin (angles as float64 products), each rounded once.
 Work happens in float32/complex64 for float16, bfloat16 and float32 inputs, in
 float64/complex128 for float64. The real part of ``g`` must be ``<= 0`` (|a| <= 1); it is
 clipped at ``-LOG_FLOOR`` (exp(-1000) is 0 in float64), so an exact zero gate (``g = -inf``)
@@ -48,9 +50,11 @@ __all__ = ["MODES", "LOG_FLOOR", "decayed_recurrence", "working_dtypes"]
 
 MODES = ("chunked", "recurrent", "attention")
 LOG_FLOOR = 1000.0
-_TWO_PI = 2.0 * math.pi
 # Elements of one (..., T, T, Dk) or (..., Lq_block, L, Dk) pairwise tensor evaluated at once.
 _PAIR_BUDGET = 1 << 22
+# Largest total log-decay of a chunk for which exp(G_i) and exp(-G_j) are both finite and
+# normal in the working precision (e^60 = 1e26 in float32, e^600 = 4e260 in float64).
+_FACTOR_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
 
 
 def working_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
@@ -60,31 +64,36 @@ def working_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
     return torch.float32, torch.complex64
 
 
-def _exp(log: Tensor, real_dtype: torch.dtype) -> Tensor:
-    """``exp(log)`` for a float64 or complex128 exponent, evaluated in the working precision
-    (the phase is reduced mod 2π in float64 first)."""
-    if not log.is_complex():
-        return torch.exp(log.to(real_dtype))
-    magnitude = torch.exp(log.real.to(real_dtype))
-    angle = torch.remainder(log.imag, _TWO_PI).to(real_dtype)
-    return torch.polar(magnitude, angle)
+class _Exp:
+    """Evaluates ``exp(R + i Phi)`` for float64 exponents, rounded once to the working
+    precision: magnitudes ``exp(R)`` in float64; unit phases ``e^{i Phi}`` from float64
+    cos/sin, formed once per token and combined by products and conjugates (``e^{i(a-b)} =
+    e^{ia} conj(e^{ib})``), so no angle is rounded before its cos/sin."""
 
+    def __init__(self, real_dtype: torch.dtype, complex_dtype: torch.dtype | None) -> None:
+        self.real_dtype, self.complex_dtype = real_dtype, complex_dtype
 
-def _masked_exp(log: Tensor, keep: Tensor, real_dtype: torch.dtype) -> Tensor:
-    """``exp(log)`` where ``keep``, exactly 0 elsewhere; the exponent is masked before exp."""
-    if not log.is_complex():
-        return torch.exp(torch.where(keep, log, -math.inf).to(real_dtype))
-    magnitude = torch.exp(torch.where(keep, log.real, -math.inf).to(real_dtype))
-    angle = torch.where(keep, torch.remainder(log.imag, _TWO_PI), 0.0).to(real_dtype)
-    return torch.polar(magnitude, angle)
+    def magnitude(self, R: Tensor) -> Tensor:
+        return torch.exp(R).to(self.real_dtype)
 
+    def phase(self, Phi: Tensor | None) -> Tensor | None:
+        if Phi is None:
+            return None
+        return torch.complex(torch.cos(Phi).to(self.real_dtype), torch.sin(Phi).to(self.real_dtype))
 
-def _log_decay(g: Tensor) -> Tensor:
-    """The float64 (complex128) log-decay with its real part clipped at ``-LOG_FLOOR``."""
-    if g.is_complex():
-        g = g.to(torch.complex128)
-        return torch.complex(g.real.clamp(min=-LOG_FLOOR), g.imag)
-    return g.to(torch.float64).clamp(min=-LOG_FLOOR)
+    def __call__(self, R: Tensor, P: Tensor | None = None, *, conj: bool = False) -> Tensor:
+        """``exp(R) * P`` (``P`` a unit phase or None; ``conj``: its conjugate)."""
+        m = self.magnitude(R)
+        if P is None:
+            return m
+        return m * (P.conj() if conj else P)
+
+    def masked(self, R: Tensor, Phi: Tensor | None, keep: Tensor) -> Tensor:
+        """``exp(R + i Phi)`` where ``keep``, exactly 0 elsewhere (masked before exp)."""
+        m = torch.exp(torch.where(keep, R, -math.inf)).to(self.real_dtype)
+        if Phi is None:
+            return m
+        return m * self.phase(torch.where(keep, Phi, 0.0))
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Tensor | None) -> None:
@@ -102,9 +111,10 @@ def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Tensor | None) -> 
             f"v must have shape (B, H, L, Dv) with (B, H, L) = {tuple(q.shape[:3])}, "
             f"got {tuple(v.shape)}"
         )
-    if g.shape != q.shape:
+    if not isinstance(g, Tensor) or g.shape != q.shape:
         raise ValueError(
-            f"the log-decay must have the shape of q {tuple(q.shape)}, got {tuple(g.shape)}"
+            f"the log-decay must be a tensor of the shape of q {tuple(q.shape)}, "
+            f"got {tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__}"
         )
     if state is not None:
         expected = (*q.shape[:2], q.shape[3], v.shape[3])
@@ -121,7 +131,7 @@ def decayed_recurrence(
     g: Tensor,
     *,
     mode: str = "chunked",
-    chunk_size: int = 16,
+    chunk_size: int = 64,
     state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``S_t = exp(g_t) ⊙ S_{t-1} + k_t v_tᵀ``, ``y_t = q_tᵀ S_t`` (see the module docstring).
@@ -133,34 +143,38 @@ def decayed_recurrence(
     chunk_size = check_int(chunk_size, "chunk_size")
     _check(q, k, v, g, state)
     real_dtype, complex_dtype = working_dtypes(q.dtype)
-    dtype = (
-        complex_dtype
-        if (g.is_complex() or (state is not None and state.is_complex()))
-        else real_dtype
-    )
+    is_complex = g.is_complex() or (state is not None and state.is_complex())
+    dtype = complex_dtype if is_complex else real_dtype
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     q, k, v = (t.to(real_dtype) for t in (q, k, v))
-    S = (
-        torch.zeros(B, H, Dk, Dv, dtype=dtype, device=q.device)
-        if state is None
-        else state.to(dtype)
-    )
+    if state is None:
+        S = torch.zeros(B, H, Dk, Dv, dtype=dtype, device=q.device)
+    else:
+        S = state.to(dtype)
     if L == 0:
         return torch.zeros(B, H, 0, Dv, dtype=dtype, device=q.device), S
-    real = g.real if g.is_complex() else g
-    if bool((~(real <= 0)).any()):
+    R = (g.real if g.is_complex() else g).to(torch.float64)
+    if bool((~(R <= 0)).any()):
         raise ValueError("the log-decay's real part must be <= 0 (|a| <= 1) and not NaN")
-    g = _log_decay(g)
+    R = R.clamp(min=-LOG_FLOOR)
+    Phi = g.imag.to(torch.float64) if g.is_complex() else None
+    if Phi is None and is_complex:
+        Phi = torch.zeros_like(R)
+    ex = _Exp(real_dtype, complex_dtype if is_complex else None)
     if mode == "recurrent":
-        return _recurrent(q, k, v, g, S, real_dtype, dtype)
+        return _recurrent(q, k, v, R, Phi, S, ex, dtype)
     if mode == "attention":
-        return _attention(q, k, v, g, S, real_dtype, dtype)
-    return _chunked(q, k, v, g, S, chunk_size, real_dtype, dtype)
+        return _attention(q, k, v, R, Phi, S, ex, dtype)
+    return _chunked(q, k, v, R, Phi, S, chunk_size, ex, dtype)
 
 
-def _recurrent(q, k, v, g, S, real_dtype, dtype):
-    decay = _exp(g, real_dtype)  # (B, H, L, Dk)
+def _cumsum(x: Tensor | None, dim: int) -> Tensor | None:
+    return None if x is None else torch.cumsum(x, dim=dim)
+
+
+def _recurrent(q, k, v, R, Phi, S, ex, dtype):
+    decay = ex(R, ex.phase(Phi))  # a_t (B, H, L, Dk)
     ys = []
     for t in range(q.shape[2]):
         S = decay[:, :, t, :, None] * S + (k[:, :, t, :, None] * v[:, :, t, None, :]).to(dtype)
@@ -168,60 +182,75 @@ def _recurrent(q, k, v, g, S, real_dtype, dtype):
     return torch.stack(ys, dim=2), S
 
 
-def _attention(q, k, v, g, S0, real_dtype, dtype):
+def _attention(q, k, v, R, Phi, S0, ex, dtype):
     B, H, L, Dk = q.shape
-    G = torch.cumsum(g, dim=2)  # float64: G_i = Σ_{l<=i} g_l
+    GR, GP = _cumsum(R, 2), _cumsum(Phi, 2)  # float64: G_i = Σ_{l<=i} g_l
     qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
     rows = max(1, _PAIR_BUDGET // max(1, B * H * L * Dk))
     j = torch.arange(L, device=q.device)
+    P = ex.phase(GP)
     out = []
     for start in range(0, L, rows):
         i = torch.arange(start, min(L, start + rows), device=q.device)
         keep = (j[None, :] <= i[:, None])[None, None, :, :, None]
-        log = G[:, :, i, None, :] - G[:, :, None, :, :]  # (B, H, T, L, Dk)
-        w = _masked_exp(log, keep, real_dtype)
+        dR = GR[:, :, i, None, :] - GR[:, :, None, :, :]  # (B, H, T, L, Dk)
+        dP = None if GP is None else GP[:, :, i, None, :] - GP[:, :, None, :, :]
+        w = ex.masked(dR, dP, keep)
         scores = torch.einsum("bhtd,bhsd,bhtsd->bhts", qc[:, :, i], kc, w)
-        y = scores @ vc
-        y = y + (qc[:, :, i] * _exp(G[:, :, i], real_dtype)) @ S0  # the initial state
+        Pi = None if P is None else P[:, :, i]
+        y = scores @ vc + (qc[:, :, i] * ex(GR[:, :, i], Pi)) @ S0  # + the initial state
         out.append(y)
-    last = G[:, :, -1:]
-    S = _exp(last[:, :, 0], real_dtype)[..., None] * S0
-    S = S + (kc * _exp(last - G, real_dtype)).transpose(-1, -2) @ vc
+    P_last = None if P is None else P[:, :, -1:]
+    S = ex(GR[:, :, -1], None if P is None else P[:, :, -1])[..., None] * S0
+    if P is None:
+        weight = ex(GR[:, :, -1:] - GR)
+    else:
+        weight = ex(GR[:, :, -1:] - GR) * (P_last * P.conj())
+    S = S + (kc * weight).transpose(-1, -2) @ vc
     return torch.cat(out, dim=2), S
 
 
-def _chunked(q, k, v, g, S, T, real_dtype, dtype):
+def _chunked(q, k, v, R, Phi, S, T, ex, dtype):
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     pad = (-L) % T
     if pad:  # padded steps: no key, no decay (g = 0), outputs dropped
-        q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        g = torch.nn.functional.pad(g, (0, 0, 0, pad))
+        q, k, v, R = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v, R))
+        Phi = None if Phi is None else torch.nn.functional.pad(Phi, (0, 0, 0, pad))
     C = (L + pad) // T
     shape = (B, H, C, T)
     q, k, v = (t.reshape(*shape, t.shape[-1]).to(dtype) for t in (q, k, v))
-    G = torch.cumsum(g.reshape(*shape, Dk), dim=3)  # float64, local to each chunk
-    G_end = G[:, :, :, -1:]  # (B, H, C, 1, Dk)
-    tri = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[:, :, None]
-    group = max(1, _PAIR_BUDGET // max(1, B * H * T * T * Dk))
-    out = []
-    for c0 in range(0, C, group):
-        c = slice(c0, min(C, c0 + group))
-        Gc, Ge = G[:, :, c], G_end[:, :, c]
-        qc, kc, vc = q[:, :, c], k[:, :, c], v[:, :, c]
-        # Intra-chunk: exp(G_i - G_j) for j <= i, masked before exp.
-        w = _masked_exp(Gc[..., :, None, :] - Gc[..., None, :, :], tri, real_dtype)
-        scores = torch.einsum("bhcid,bhcjd,bhcijd->bhcij", qc, kc, w)
-        y = scores @ vc  # (B, H, c, T, Dv)
-        # Each chunk's own contribution to the state at its end: exp(G_end - G_j) <= 1.
-        U = (kc * _exp(Ge - Gc, real_dtype)).transpose(-1, -2) @ vc  # (B, H, c, Dk, Dv)
-        A = _exp(Ge[:, :, :, 0], real_dtype)[..., None]  # whole-chunk decay (B, H, c, Dk, 1)
-        starts = []
-        for n in range(U.shape[2]):  # the state entering each chunk (sequential over chunks)
-            starts.append(S)
-            S = A[:, :, n] * S + U[:, :, n]
-        S_in = torch.stack(starts, dim=2)  # (B, H, c, Dk, Dv)
-        y = y + (qc * _exp(Gc, real_dtype)) @ S_in  # inter-chunk: exp(G_i - G_b) <= 1
-        out.append(y)
-    y = torch.cat(out, dim=2).reshape(B, H, C * T, Dv)[:, :, :L]
-    return y, S
+    GR = torch.cumsum(R.reshape(*shape, Dk), dim=3)  # float64, local to each chunk
+    GP = None if Phi is None else torch.cumsum(Phi.reshape(*shape, Dk), dim=3)
+    P = ex.phase(GP)  # e^{i Phi_i}, (B, H, C, T, Dk)
+    R_end = GR[:, :, :, -1:]  # (B, H, C, 1, Dk)
+    P_end = None if P is None else P[:, :, :, -1:]
+    limit = _FACTOR_LIMIT[ex.real_dtype]
+    safe = -R_end[:, :, :, 0].amin(-1) <= limit  # (B, H, C)
+    tri = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    decay_in = ex(GR, P)  # exp(G_i - G_b), |.| <= 1: reads the state entering the chunk
+    # Intra-chunk scores. Where the chunk's total decay is at most `limit`, factor
+    # exp(G_i - G_j) = exp(G_i) exp(-G_j): both finite and normal, each exact to rounding,
+    # and the product is a matmul. Elsewhere, the pairwise exponents (masked before exp).
+    all_safe = bool(safe.all())
+    GR_safe = GR if all_safe else GR.clamp(min=-limit)
+    q_f = q * decay_in if all_safe else q * ex(GR_safe, P)
+    scores = q_f @ (k * ex(-GR_safe, P, conj=True)).transpose(-1, -2)
+    if not all_safe:
+        idx = (~safe).nonzero(as_tuple=True)
+        Ru = GR[idx]  # (N, T, Dk)
+        Pu = None if GP is None else GP[idx][:, :, None, :] - GP[idx][:, None, :, :]
+        w = ex.masked(Ru[:, :, None, :] - Ru[:, None, :, :], Pu, tri[:, :, None])
+        exact = torch.einsum("nid,njd,nijd->nij", q[idx], k[idx], w)
+        scores = scores.index_put(idx, exact)
+    y = torch.where(tri, scores, 0.0) @ v  # (B, H, C, T, Dv)
+    # Each chunk's contribution to the state at its end: exp(G_end - G_j), |.| <= 1.
+    weight = ex(R_end - GR) if P is None else ex(R_end - GR) * (P_end * P.conj())
+    U = (k * weight).transpose(-1, -2) @ v  # (B, H, C, Dk, Dv)
+    A = ex(R_end[:, :, :, 0], None if P is None else P_end[:, :, :, 0])[..., None]
+    starts = []
+    for n in range(C):  # the state entering each chunk (sequential over chunks)
+        starts.append(S)
+        S = A[:, :, n] * S + U[:, :, n]
+    y = y + (q * decay_in) @ torch.stack(starts, dim=2)
+    return y.reshape(B, H, C * T, Dv)[:, :, :L], S

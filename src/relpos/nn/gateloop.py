@@ -31,7 +31,7 @@ class GateLoop(nn.Module):
     of ``gateloop_scan`` (single-token calls always run the recurrence)."""
 
     def __init__(
-        self, dim: int, num_heads: int, *, mode: str = "chunked", chunk_size: int = 16
+        self, dim: int, num_heads: int, *, mode: str = "chunked", chunk_size: int = 64
     ) -> None:
         super().__init__()
         dim, num_heads = check_int(dim, "dim"), check_int(num_heads, "num_heads")

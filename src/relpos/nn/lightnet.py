@@ -48,7 +48,7 @@ class LightNetAttention(nn.Module):
         null_slot: bool = True,
         lrpe: bool = True,
         base: float = 10000.0,
-        chunk_size: int = 16,
+        chunk_size: int = 64,
     ) -> None:
         super().__init__()
         dim, num_heads = check_int(dim, "dim"), check_int(num_heads, "num_heads")
