@@ -217,3 +217,13 @@ def test_bad_inputs_name_the_argument():
         gateloop_scan(q, k, v, amplitude, phase, chunk_size=0)
     with pytest.raises(ValueError, match="real part"):
         decayed_recurrence(q, k, v, torch.ones_like(q))
+
+
+def test_chunk_groups_carry_the_state(monkeypatch):
+    from relpos.efficient import recurrence
+
+    case = random_case(L=19)
+    whole = gateloop_scan(*case, chunk_size=4)
+    monkeypatch.setattr(recurrence, "_GROUP_BUDGET", 1)  # one chunk per group
+    assert torch.allclose(gateloop_scan(*case, chunk_size=4), whole, atol=1e-12)
+    assert torch.allclose(whole, naive(*case).real, atol=1e-12)

@@ -55,6 +55,8 @@ _PAIR_BUDGET = 1 << 22
 # Largest total log-decay of a chunk for which exp(G_i) and exp(-G_j) are both finite and
 # normal in the working precision (e^60 = 1e26 in float32, e^600 = 4e260 in float64).
 _FACTOR_LIMIT = {torch.float32: 60.0, torch.float64: 600.0}
+# Elements of a group's largest per-chunk tensor in chunked mode (its working set).
+_GROUP_BUDGET = 1 << 20
 
 
 def working_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
@@ -211,6 +213,8 @@ def _attention(q, k, v, R, Phi, S0, ex, dtype):
 
 
 def _chunked(q, k, v, R, Phi, S, T, ex, dtype):
+    """Chunks of T tokens, evaluated in groups of chunks (a bounded working set: time
+    linear in L), the state carried from group to group."""
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     pad = (-L) % T
@@ -219,15 +223,29 @@ def _chunked(q, k, v, R, Phi, S, T, ex, dtype):
         Phi = None if Phi is None else torch.nn.functional.pad(Phi, (0, 0, 0, pad))
     C = (L + pad) // T
     shape = (B, H, C, T)
-    q, k, v = (t.reshape(*shape, t.shape[-1]).to(dtype) for t in (q, k, v))
-    GR = torch.cumsum(R.reshape(*shape, Dk), dim=3)  # float64, local to each chunk
-    GP = None if Phi is None else torch.cumsum(Phi.reshape(*shape, Dk), dim=3)
-    P = ex.phase(GP)  # e^{i Phi_i}, (B, H, C, T, Dk)
-    R_end = GR[:, :, :, -1:]  # (B, H, C, 1, Dk)
+    q, k, v, R = (t.reshape(*shape, t.shape[-1]) for t in (q, k, v, R))
+    Phi = None if Phi is None else Phi.reshape(*shape, Dk)
+    group = max(1, _GROUP_BUDGET // max(1, B * H * T * max(T, Dk, Dv)))
+    tri = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    out = []
+    for c0 in range(0, C, group):
+        c = slice(c0, min(C, c0 + group))
+        Pc = None if Phi is None else Phi[:, :, c]
+        y, S = _chunk_group(q[:, :, c], k[:, :, c], v[:, :, c], R[:, :, c], Pc, S, tri, ex, dtype)
+        out.append(y)
+    return torch.cat(out, dim=2).reshape(B, H, C * T, Dv)[:, :, :L], S
+
+
+def _chunk_group(q, k, v, R, Phi, S, tri, ex, dtype):
+    """One group of chunks ``(B, H, c, T, .)`` entering with state ``S``."""
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    GR = torch.cumsum(R, dim=3)  # float64, local to each chunk
+    GP = None if Phi is None else torch.cumsum(Phi, dim=3)
+    P = ex.phase(GP)  # e^{i Phi_i}, (B, H, c, T, Dk)
+    R_end = GR[:, :, :, -1:]  # (B, H, c, 1, Dk)
     P_end = None if P is None else P[:, :, :, -1:]
     limit = _FACTOR_LIMIT[ex.real_dtype]
-    safe = -R_end[:, :, :, 0].amin(-1) <= limit  # (B, H, C)
-    tri = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    safe = -R_end[:, :, :, 0].amin(-1) <= limit  # (B, H, c)
     decay_in = ex(GR, P)  # exp(G_i - G_b), |.| <= 1: reads the state entering the chunk
     # Intra-chunk scores. Where the chunk's total decay is at most `limit`, factor
     # exp(G_i - G_j) = exp(G_i) exp(-G_j): both finite and normal, each exact to rounding,
@@ -243,14 +261,14 @@ def _chunked(q, k, v, R, Phi, S, T, ex, dtype):
         w = ex.masked(Ru[:, :, None, :] - Ru[:, None, :, :], Pu, tri[:, :, None])
         exact = torch.einsum("nid,njd,nijd->nij", q[idx], k[idx], w)
         scores = scores.index_put(idx, exact)
-    y = torch.where(tri, scores, 0.0) @ v  # (B, H, C, T, Dv)
+    y = torch.where(tri, scores, 0.0) @ v  # (B, H, c, T, Dv)
     # Each chunk's contribution to the state at its end: exp(G_end - G_j), |.| <= 1.
     weight = ex(R_end - GR) if P is None else ex(R_end - GR) * (P_end * P.conj())
-    U = (k * weight).transpose(-1, -2) @ v  # (B, H, C, Dk, Dv)
+    U = (k * weight).transpose(-1, -2) @ v  # (B, H, c, Dk, Dv)
     A = ex(R_end[:, :, :, 0], None if P is None else P_end[:, :, :, 0])[..., None]
     starts = []
-    for n in range(C):  # the state entering each chunk (sequential over chunks)
+    for n in range(U.shape[2]):  # the state entering each chunk (sequential over chunks)
         starts.append(S)
         S = A[:, :, n] * S + U[:, :, n]
     y = y + (q * decay_in) @ torch.stack(starts, dim=2)
-    return y.reshape(B, H, C * T, Dv)[:, :, :L], S
+    return y, S
