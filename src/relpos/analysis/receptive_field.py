@@ -170,7 +170,12 @@ def plot_receptive_field(result: ReceptiveField, path: Any, erf: list[float] | N
     heads = len(result.trf[0])
     width = 0.8 / len(result.lengths)
     for n, (length, row) in enumerate(zip(result.lengths, result.trf, strict=True)):
-        bx.bar([h + n * width for h in range(heads)], [max(v, 1) for v in row], width, label=f"N={length}")
+        bx.bar(
+            [h + n * width for h in range(heads)],
+            [max(v, 1) for v in row],
+            width,
+            label=f"N={length}",
+        )
     bx.set_yscale("log")
     bx.set_xlabel("head")
     bx.set_ylabel(f"TRF (eps={result.epsilon:g})")
