@@ -169,7 +169,7 @@ def plot_score_maps(results: list[ScoreMaps], path: Any) -> None:
             vals = data[low]
             lo, hi = torch.quantile(vals, 0.01).item(), torch.quantile(vals, 0.99).item()
             shown = data.masked_fill(~low, float("nan"))
-            axes[row][col].imshow(shown, vmin=lo, vmax=hi, cmap="viridis")
+            axes[row][col].imshow(shown.numpy(), vmin=lo, vmax=hi, cmap="viridis")
             axes[row][col].set_title(f"{'S' if row == 0 else 'D'} layer {col}", fontsize=8)
             axes[row][col].axis("off")
         axes[2][col].axis("off")

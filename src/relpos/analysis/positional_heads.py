@@ -166,7 +166,7 @@ def plot_head_scores(results: list[HeadScores], path: Any) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
-        im = ax.imshow(torch.tensor(r.rho), aspect="auto", cmap="coolwarm", vmin=-1, vmax=1)
+        im = ax.imshow(r.rho, aspect="auto", cmap="coolwarm", vmin=-1, vmax=1)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(f"{r.label}: ρ(centroid, log distance)", fontsize=9)

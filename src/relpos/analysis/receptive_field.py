@@ -24,6 +24,7 @@ Shapes: a bias table ``(H, N)`` over distances ``0..N-1``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -88,7 +89,8 @@ class ReceptiveField:
     trf: list[list[int]]  # [length][head]
     doubled: list[int]  # TRF per head at 2 x the largest length (for the verdict)
     converges: list[bool]  # per head
-    mass: list[list[float]] = field(default_factory=list)  # [head][t] at the largest length
+    window: list[int] = field(default_factory=list)  # t (log-spaced) where mass is sampled
+    mass: list[list[float]] = field(default_factory=list)  # [head][i]: c_h(window[i]), largest N
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +107,8 @@ def theoretical_receptive_field(
     trf = [receptive_field(cumulative_mass(table[:, :n]), epsilon).tolist() for n in lengths]
     doubled = receptive_field(cumulative_mass(table), epsilon).tolist()
     converges = [abs(d - t) < 0.01 * max(t, 1) for t, d in zip(trf[-1], doubled, strict=True)]
-    mass = cumulative_mass(table[:, :largest])
+    window = torch.unique(torch.logspace(0, math.log10(largest), 256).round().long() - 1)
+    mass = cumulative_mass(table[:, :largest])[:, window]
     return ReceptiveField(
         encoding=encoding.name,
         epsilon=epsilon,
@@ -113,6 +116,7 @@ def theoretical_receptive_field(
         trf=trf,
         doubled=doubled,
         converges=converges,
+        window=window.tolist(),
         mass=mass.tolist(),
     )
 
@@ -156,11 +160,11 @@ def plot_receptive_field(result: ReceptiveField, path: Any, erf: list[float] | N
     from .output import save_figure
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    t = torch.arange(1, len(result.mass[0]) + 1)
+    t = [w + 1 for w in result.window]
     for h, m in enumerate(result.mass):
         ax.plot(t, m, label=f"head {h}" if len(result.mass) <= 8 else None)
     if erf is not None:
-        ax.plot(torch.arange(1, len(erf) + 1), erf, "k--", label="model ERF mass")
+        ax.plot(range(1, len(erf) + 1), erf, "k--", label="model ERF mass")
     ax.axhline(1 - result.epsilon, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("window t (tokens back)")
