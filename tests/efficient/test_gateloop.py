@@ -227,3 +227,16 @@ def test_chunk_groups_carry_the_state(monkeypatch):
     monkeypatch.setattr(recurrence, "_GROUP_BUDGET", 1)  # one chunk per group
     assert torch.allclose(gateloop_scan(*case, chunk_size=4), whole, atol=1e-12)
     assert torch.allclose(whole, naive(*case).real, atol=1e-12)
+
+
+@pytest.mark.slow  # torch.compile of the chunked scans (minutes on a loaded CPU)
+def test_torch_compile_gives_the_eager_result():
+    from relpos.efficient import lightnet_scan
+
+    q, k, v, amplitude, phase = random_case(L=40, dtype=torch.float32)
+    gl = torch.compile(lambda *a: gateloop_scan(*a, chunk_size=16))
+    assert torch.allclose(
+        gl(q, k, v, amplitude, phase), gateloop_scan(q, k, v, amplitude, phase, chunk_size=16)
+    )
+    ln = torch.compile(lambda *a: lightnet_scan(*a, chunk_size=16))
+    assert torch.allclose(ln(q, k, v), lightnet_scan(q, k, v, chunk_size=16))
