@@ -85,28 +85,36 @@ def test_kv_phase(capsys, tmp_path):
     )
 
 
+SLOW = pytest.mark.slow  # the model paths share capture_attention; two stay in the fast suite
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["receptive-field", "--lengths", "32", "--erf-length", "16", "--texts", "1"],
+        pytest.param(
+            ["receptive-field", "--lengths", "32", "--erf-length", "16", "--texts", "1"], marks=SLOW
+        ),
         ["positional-heads", "--length", "16"],
         ["influence", "--masks", "causal", "--encodings", "nope", "--length", "8"],
-        [
-            "causal-mask",
-            "--encodings",
-            "nope",
-            "--batch",
-            "4",
-            "--seq",
-            "8",
-            "--dim",
-            "8",
-            "--texts",
-            "1",
-        ],
-        ["kv-phase"],
+        pytest.param(
+            [
+                "causal-mask",
+                "--encodings",
+                "nope",
+                "--batch",
+                "4",
+                "--seq",
+                "8",
+                "--dim",
+                "8",
+                "--texts",
+                "1",
+            ],
+            marks=SLOW,
+        ),
+        pytest.param(["kv-phase"], marks=SLOW),
     ],
-    ids=lambda a: a[0],
+    ids=["receptive-field", "positional-heads", "influence", "causal-mask", "kv-phase"],
 )
 def test_every_mode_reads_a_model(capsys, tmp_path, argv):
     code, out, err = run(capsys, "analyze", *argv, "--model", "random-tiny", "--out", str(tmp_path))
