@@ -282,7 +282,7 @@ def _causal_mask(args: argparse.Namespace) -> int:
         "non-relativity of the mean score maps (seed 70)",
         ["input", *(f"l{i}" for i in shown)],
         rows,
-        caption="l<n>: layer n; NR = |D|_F / |S - mean|_F on the lower triangle; 0 = exactly relative",
+        caption="l<n>: layer n; NR = |D|_F / |S - mean|_F (lower triangle); 0 = relative",
     )
     return 0
 
