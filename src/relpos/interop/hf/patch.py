@@ -454,6 +454,14 @@ def patch(
             encodings[layer_type] = _encoding_for(method, facts, layer_type, options).to(device)
         if backend is None:
             backend = "auto"
+        from ...attention import supported_backends
+
+        allowed = supported_backends(next(iter(encodings.values())))
+        if backend != "auto" and backend not in allowed:
+            raise ValueError(
+                f"backend {backend!r} cannot run method {method!r} exactly; its backends are "
+                f"{allowed} (or 'auto')"
+            )
     handle = PatchHandle(model, method, backend, facts, encodings)
     handle._install()
     return handle
