@@ -323,8 +323,8 @@ def plan_longctx(
             require("relpos longctx", {"gguf": f"--model {model}", "tokenizers": "its tokenizer"})
     elif model not in ("smollm2", "random-tiny") and not Path(model).is_file():
         raise ValueError(
-            f"--model must be smollm2, random-tiny, a .gguf file or hf:<model folder, config "
-            f".json, .gguf or smollm2>, got {model!r}"
+            f"--model must be smollm2, random-tiny or a .gguf file (or hf:<transformers model "
+            f"folder, config .json, .gguf or smollm2>), got {model!r}"
         )
     elif model != "random-tiny":
         require(
