@@ -103,7 +103,7 @@ def test_a_config_json_runs_through_the_command(tmp_path, data_file, capsys):
 def test_the_adapter_scores_and_decodes_like_llamalm(tiny_folder):
     lm, _ = random_tiny_model()
     model, tokenizer = load_hf(f"hf:{tiny_folder}")
-    assert isinstance(model, HFCausalLM) and tokenizer.encode("ab") == [97, 98]
+    assert isinstance(model, HFCausalLM) and tokenizer is None  # the lab reads bytes
     ids = torch.randint(0, 256, (2, 50), generator=torch.Generator().manual_seed(0))
     for name, options in (("rope", {}), ("lm-infinite", {"local_branch": 16})):
         lm.set_encoding(name, **options)

@@ -11,10 +11,10 @@ measures the same functions as the built-in ``LlamaLM``.
 
 * ``smollm2``: the bundled SmolLM2 GGUF file, read by transformers' own GGUF loader;
 * a ``.gguf`` file: the same, for another Llama-family file;
-* a folder: ``from_pretrained(folder)`` (local files only) and its tokenizer, or UTF-8 bytes
-  when the folder has none and the vocabulary covers 256 ids;
-* a ``.json`` config: a model built from it with random weights (``torch.manual_seed(0)``),
-  over bytes (smoke tests, training from scratch).
+* a folder: ``from_pretrained(folder)`` (local files only) and its tokenizer (None when the
+  folder has none);
+* a ``.json`` config: a model built from it with random weights (``torch.manual_seed(0)``)
+  and no tokenizer (smoke tests, training from scratch).
 
 GGUF models use the file's own tokenizer as relpos builds it (``interop.gguf.build_tokenizer``),
 so both models read the same token ids. ``hf_config(spec)`` reads the config only (the lab's
@@ -231,9 +231,15 @@ def hf_config(spec: str) -> HFSummary:
     spec = parse_hf_spec(spec)
     gguf = _gguf_path(spec)
     if gguf is not None:
-        from ...lab.longctx.models import model_config
+        from ..gguf import llama_config, open_gguf, read_metadata
 
-        c = model_config(str(gguf))
+        reader = open_gguf(gguf)
+        shapes = {t.name: [int(n) for n in t.shape.tolist()] for t in reader.tensors}
+        c = llama_config(
+            read_metadata(reader),
+            vocab_size=shapes.get("token_embd.weight", [None])[-1],
+            tie_embeddings="output.weight" not in shapes,
+        )
         return HFSummary(
             name=c.name or spec,
             vocab_size=c.vocab_size,
@@ -254,7 +260,8 @@ def hf_config(spec: str) -> HFSummary:
 
 
 def load_hf(spec: str, *, seed: int = 0) -> tuple[HFCausalLM, Any]:
-    """``(HFCausalLM, tokenizer)`` of ``--model hf:<spec>`` (module docstring)."""
+    """``(HFCausalLM, tokenizer)`` of ``--model hf:<spec>`` (module docstring); the tokenizer
+    is None for a config, or a folder without one (the lab then reads UTF-8 bytes)."""
     _transformers()
     from transformers import AutoModelForCausalLM
 
@@ -279,15 +286,6 @@ def load_hf(spec: str, *, seed: int = 0) -> tuple[HFCausalLM, Any]:
         model = AutoModelForCausalLM.from_pretrained(spec, local_files_only=True)
         name = path.name
         tokenizer = _folder_tokenizer(path)
-    if tokenizer is None:
-        from ...lab.longctx.models import ByteTokenizer
-
-        if model.config.vocab_size < 256:
-            raise ValueError(
-                f"--model hf:{spec} has no tokenizer and a vocabulary of "
-                f"{model.config.vocab_size} < 256 ids, so it cannot read UTF-8 bytes"
-            )
-        tokenizer = ByteTokenizer()
     return HFCausalLM(model.float(), name), tokenizer
 
 

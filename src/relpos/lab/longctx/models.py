@@ -72,6 +72,13 @@ def load_model(name: str) -> tuple[Any, Any, float]:
         from ...interop.hf.lab_model import load_hf
 
         model, tokenizer = load_hf(name)
+        if tokenizer is None:  # a config, or a folder without a tokenizer: UTF-8 bytes
+            if model.config.vocab_size < 256:
+                raise ValueError(
+                    f"--model {name} has no tokenizer and a vocabulary of "
+                    f"{model.config.vocab_size} < 256 ids, so it cannot read UTF-8 bytes"
+                )
+            tokenizer = ByteTokenizer()
     elif name == "random-tiny":
         model, tokenizer = random_tiny_model()
     else:
