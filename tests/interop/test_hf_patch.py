@@ -163,6 +163,21 @@ def test_generate_through_the_patch_gives_relpos_llama_tokens():
     assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("method", SCHEDULES)
+def test_generate_on_a_left_padded_batch_gives_each_rows_tokens(method):
+    """Decoding with pads in the KV cache: key positions follow from each row's last query
+    position, so the padded row decodes as it does alone."""
+    options = encoding_class(method).example_options()
+    hf = model("llama")
+    ids = tokens(30)
+    batch, mask, _ = left_padded(ids, pad=4)
+    lm = relpos_twin(hf, method, options)
+    alone = lm.generate(ids[:, :26], 5)[0, 26:]
+    with patch(hf, method, **options):
+        out = hf.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(out[1, 30:], alone)
+
+
 def test_the_chunked_backend_gives_the_same_schedule():
     options = encoding_class("dca").example_options()
     hf = model("llama")
@@ -333,6 +348,17 @@ def test_refuses_packed_sequences_for_schedules():
     with patch(hf, "self-extend", group_size=4, neighbor_window=6):
         with pytest.raises(ValueError, match="packed"):
             logits(hf, ids, position_ids=pos)
+
+
+def test_refuses_a_static_cache_for_schedules():
+    hf = model("llama")
+    with patch(hf, "self-extend", group_size=4, neighbor_window=6):
+        with pytest.raises(ValueError, match="StaticCache"):
+            hf.generate(
+                tokens(10), max_new_tokens=3, do_sample=False, cache_implementation="static"
+            )
+    with patch(hf, "baseline"):  # the model's own RoPE: the mask holds everything
+        hf.generate(tokens(10), max_new_tokens=3, do_sample=False, cache_implementation="static")
 
 
 def test_refuses_attention_dropout_in_training():

@@ -46,7 +46,8 @@ cache (transformers keeps keys rotated with the frequencies of the step that cac
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
 attention interface or have no ``rotary_emb`` (``model.inspect_model``), attention-logit
 softcapping, attention sinks, an additive ``position_bias``, attention dropout while training,
-packed sequences and flash-attention varlen inputs (non-baseline), encodings that add to the
+packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
+slots are not the latest tokens in order; non-baseline methods), encodings that add to the
 token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
 (e.g. partial rotary for an encoding without it), and a model that is already patched.
 
@@ -219,7 +220,7 @@ class PatchHandle:
         self.name = f"relpos_{method.replace('-', '_')}_{next(_names)}"
         self.previous = model.config._attn_implementation
         self.active = False
-        self._hook: Any = None
+        self._hooks: list[Any] = []
         self._rotary_calls = 0
         self._positions = _PositionMemo()
 
@@ -231,7 +232,10 @@ class PatchHandle:
         tf.AttentionInterface.register(self.name, _attention_function(weakref.ref(self)))
         AttentionMaskInterface.register(self.name, sdpa_mask)
         if self.method != BASELINE:
-            self._hook = self.facts.rotary.register_forward_hook(self._identity_rotation)
+            self._hooks = [
+                self.facts.rotary.register_forward_hook(self._identity_rotation),
+                self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True),
+            ]
         try:
             self.model.set_attn_implementation(self.name)
             if self.model.config._attn_implementation != self.name:
@@ -249,9 +253,9 @@ class PatchHandle:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
 
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         if self.model.config._attn_implementation == self.name:
             self.model.set_attn_implementation(self.previous)
         AttentionInterface._global_mapping.pop(self.name, None)
@@ -292,6 +296,20 @@ class PatchHandle:
         )
 
     # -------------------------------------------------------------- the hooks
+    def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        """Refuse caches whose keys are not the latest ``Lk`` tokens in order (static and
+        indexed caches keep fixed slots, so key positions would not follow from the queries')."""
+        from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        for layer in getattr(cache, "layers", None) or ():
+            if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
+                raise ValueError(
+                    f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
+                    f"({type(layer).__name__}) is not supported; its key slots are not the "
+                    "latest tokens in order. Use the default DynamicCache, or method='baseline'"
+                )
+
     def _identity_rotation(self, module: nn.Module, args: Any, output: Any) -> Any:
         """``decoder.rotary_emb``'s ``(cos, sin)`` replaced by ``(1, 0)``: the model's
         ``q cos + rotate_half(q) sin`` is then exactly ``q`` (relpos rotates instead)."""
