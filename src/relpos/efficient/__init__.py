@@ -6,7 +6,13 @@
   recurrent, chunked and surrogate-attention form, O(1) decoding;
 * ``fold``: biases folded into q/k channels for the fused kernels (exact for ALiBi, low rank
   with a measured weight error otherwise).
+
+Layers: the kernelized building blocks sit below the engine (``attention/linear.py`` imports
+them); ``fold`` sits above it (it calls ``relpos.attention``), so its names are loaded on
+first use (``__getattr__``) and importing the engine never imports it.
 """
+
+from typing import Any
 
 from .feature_maps import (
     EluPlusOne,
@@ -15,7 +21,6 @@ from .feature_maps import (
     ReLUFeatures,
     create_feature_map,
 )
-from .fold import FOLD_LOGIT_TOLERANCE, LowRankFold, folded_attention, low_rank_fold
 from .gateloop import gateloop_scan
 from .kernelized import kernelized_attention, kernelized_reference, toeplitz_matvec
 from .lightnet import LightNetState, lightnet_keys, lightnet_scan, lrpe_theta, md_lrpe, tpe_scan
@@ -47,3 +52,13 @@ __all__ = [
     "lrpe_theta",
     "tpe_scan",
 ]
+
+_FOLD_NAMES = ("FOLD_LOGIT_TOLERANCE", "LowRankFold", "folded_attention", "low_rank_fold")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FOLD_NAMES:
+        from . import fold
+
+        return getattr(fold, name)
+    raise AttributeError(f"module 'relpos.efficient' has no attribute {name!r}")
