@@ -99,7 +99,7 @@ def test_value_term_and_multiplier_flags_match_the_output(name):
     enc = _enc(name)
     q, k, v = _qkv()
     causal = enc.causal_only
-    logits = scores(q, k, enc)
+    logits = scores(q, k, enc, v=v)  # v: selections that read it (LongHeads)
     if causal:
         logits = logits.masked_fill(torch.ones(LQ, LK, dtype=torch.bool).triu(1), -torch.inf)
     pos = lift_positions(enc, in_table(enc, torch.arange(LK)))
