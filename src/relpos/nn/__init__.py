@@ -2,6 +2,7 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .convolution import ConvolutionAttention
 from .llama import LlamaConfig, LlamaLM
 from .memory import SegmentRecurrence
 from .transformer import TransformerLM
@@ -14,4 +15,5 @@ __all__ = [
     "KVCache",
     "LayerCache",
     "SegmentRecurrence",
+    "ConvolutionAttention",
 ]

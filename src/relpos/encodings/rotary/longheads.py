@@ -95,7 +95,7 @@ class LongHeads(PiecewiseRoPE):
     queries all lie below ``begin_selective_length`` is plain RoPE at plain cost.
 
     Args:
-        window_size: ``w`` (256).
+        window_size: ``w`` (default ``min(256, A // 16)``: the official 256 for ``A >= 4096``).
         atten_length: ``A = k w``, the tokens each head reads (default
             ``max_position_embeddings``, else 4096); a multiple of ``w`` with ``k >= 3``.
         begin_selective_length: ``B``, the first query position that selects (default ``A``;
@@ -114,7 +114,7 @@ class LongHeads(PiecewiseRoPE):
     test_options = {"window_size": 4, "atten_length": 16}
 
     options = {
-        "window_size": Int(minimum=1, doc="w, tokens per chunk"),
+        "window_size": Int(minimum=1, optional=True, doc="w (default min(256, A // 16))"),
         "atten_length": Int(minimum=3, optional=True, doc="A = k w, tokens each head reads"),
         "begin_selective_length": Int(
             minimum=1, optional=True, doc="B >= A, first position that selects"
@@ -127,7 +127,7 @@ class LongHeads(PiecewiseRoPE):
         num_heads: int,
         head_dim: int,
         *,
-        window_size: int = 256,
+        window_size: int | None = None,
         atten_length: int | None = None,
         begin_selective_length: int | None = None,
         official_prefill: bool = False,
@@ -135,6 +135,8 @@ class LongHeads(PiecewiseRoPE):
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
         a = atten_length if atten_length is not None else (self.max_position_embeddings or 4096)
+        if window_size is None:
+            window_size = max(1, min(256, a // 16))
         if a % window_size or a // window_size < 3:
             raise ValueError(
                 f"atten_length (default: max_position_embeddings) must be a multiple k * "
