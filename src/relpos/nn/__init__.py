@@ -4,6 +4,7 @@ from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 from .convolution import ConvolutionAttention
 from .llama import LlamaConfig, LlamaLM
+from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
 from .transformer import TransformerLM
 
@@ -16,4 +17,7 @@ __all__ = [
     "LayerCache",
     "SegmentRecurrence",
     "ConvolutionAttention",
+    "DirectionMix",
+    "LocationAttention",
+    "reverse_align",
 ]
