@@ -34,7 +34,29 @@ def test_passkey_segments_are_prefix_documents_of_the_filler_and_the_question():
     assert sorted(ids) == ids  # contiguous, in order
 
 
+def test_llama_passes_pine_segments_to_every_layer_and_every_decoding_step():
+    import torch
+
+    from relpos.lab.longctx import random_tiny_model
+
+    model, _ = random_tiny_model()
+    tokens = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    rope_nll = model.token_nll(tokens)
+    model.set_encoding("pine")
+    text = torch.full((1, 39), -1)
+    text[0, -1] = 0  # running text: a prefix and a one-token suffix, plain RoPE
+    torch.testing.assert_close(model.token_nll(tokens, inputs={"segments": text}), rope_nll)
+    docs = torch.tensor([[-1] * 4 + [0] * 10 + [1] * 10 + [2] * 12 + [3] * 4])
+    nll = model.token_nll(tokens, inputs={"segments": docs[:, :39]})
+    assert not torch.allclose(nll, rope_nll)  # the documents see each other
+    out = model.generate(tokens, 3, inputs={"segments": docs})
+    full = model(out[:, :-1], inputs={"segments": docs})  # generated keys are suffix
+    assert torch.equal(full[0, 39:].argmax(-1), out[0, 40:])
+
+
+@pytest.mark.slow
 def test_tiny_run_measures_longheads_and_pine_beside_the_baseline(tmp_path, capsys):
+    """The CLI end to end (seconds)."""
     out = tmp_path / "run"
     argv = ["longctx", "--model", "random-tiny", "--methods", "baseline,longheads,pine"]
     argv += ["--lengths", "300", "--depths", "0.5", "--ppl-tokens", "32", "--out", str(out)]
