@@ -83,6 +83,8 @@ def test_auto_never_materialises_a_large_bias(name, bias_size_guard):
     out.square().mean().backward()
     assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
     assert all(s <= api.DENSE_BIAS_LIMIT for s in bias_size_guard), bias_size_guard
+    if enc.reads_past_queries:  # the last rows alone lack the earlier queries they read
+        return
     # and the answer is the eager one on the last rows
     tail = 8
     with torch.no_grad():

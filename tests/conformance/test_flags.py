@@ -119,8 +119,9 @@ def test_value_term_and_multiplier_flags_match_the_output(name):
     pos = pos[None] if enc.dims == 1 else pos
     # explicit positions: the rotations of v and o below must read the scores' positions
     # (m-D defaults are the diagonal, not the lifted ones)
-    logits = scores(q, k, enc, q_pos=pos[:, LK - LQ :], k_pos=pos)
-    if causal:
+    # v: selections that read it (LongHeads)
+    logits = scores(q, k, enc, q_pos=pos[:, LK - LQ :], k_pos=pos, v=v)
+    if causal and not enc.own_causal_mask:  # an own causal mask is in the scores already
         logits = logits.masked_fill(torch.ones(LQ, LK, dtype=torch.bool).triu(1), -torch.inf)
     # rotations of values and outputs (RoVE, camera frames) are part of the rotary hook, not
     # a value term

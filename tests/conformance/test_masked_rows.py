@@ -17,7 +17,17 @@ import torch
 
 from relpos.attention import chunked, supported_backends
 
-from .common import B, D, H, assert_close_rel, attention, encoding_params, in_table, make_encoding
+from .common import (
+    B,
+    D,
+    H,
+    assert_close_rel,
+    attention,
+    encoding_params,
+    in_table,
+    make_encoding,
+    scores,
+)
 
 
 def _problem(case: str, enc, gen: torch.Generator) -> dict:
@@ -44,7 +54,11 @@ def _problem(case: str, enc, gen: torch.Generator) -> dict:
     else:  # lq > lk: explicit positions (the default ones would start at Lk - Lq < 0)
         kw["q_pos"] = in_table(enc, torch.arange(lq))
         kw["k_pos"] = in_table(enc, torch.arange(lk) + (lq - lk))
-    if kw["causal"]:
+    if kw["causal"] and enc.own_causal_mask:  # the schedule's own mask is its causal one
+        inputs = {k_: kw[k_] for k_ in ("q_pos", "k_pos") if k_ in kw}
+        own = torch.isfinite(scores(q, k, enc, v=v, **inputs))  # (B, H, Lq, Lk)
+        visible = visible & own
+    elif kw["causal"]:
         i = torch.arange(lq)[:, None] + (lk - lq)
         visible = visible & (torch.arange(lk)[None, :] <= i)
     dead = ~visible.any(-1)

@@ -112,7 +112,7 @@ def test_trial_keys_are_the_same_for_every_method_and_differ_across_lengths():
 
 def test_the_registry_holds_the_rope_scalings_and_schedules_of_the_experiment():
     scalings = ["baseline", "pi", "ntk", "dynamic-ntk", "yarn"]
-    assert list(METHODS) == [*scalings, "lm-infinite", "dca", "self-extend"]
+    assert list(METHODS) == [*scalings, "lm-infinite", "dca", "self-extend", "longheads", "pine"]
     assert longctx.available_methods() == list(METHODS)
     assert {METHODS[n].encoding for n in scalings} == {"rope"}
     types = {n: METHODS[n].options.get("scaling", {}).get("rope_type") for n in scalings}

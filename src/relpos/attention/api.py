@@ -374,12 +374,16 @@ def scores(
     k_pos: Tensor | None = None,
     scale: float | None = None,
     inputs: dict[str, Tensor] | None = None,
+    v: Tensor | None = None,
 ) -> Tensor:
     """Attention logits ``(B, H, Lq, Lk)`` before masking and softmax (eager, O(L^2)).
 
     Piecewise encodings give their merged logits (-inf where a pair is masked); value terms
-    and multiplied weights act after the softmax and are not part of the logits."""
-    v = k  # logits never read v; k has its shape
+    and multiplied weights act after the softmax and are not part of the logits. ``v``: the
+    values, read only by schedules whose selection reads them (LongHeads' chunk features);
+    without it ``k`` stands in."""
+    if v is None:
+        v = k  # logits never read v otherwise; k has its shape
     call = prepare_call(
         q,
         k,

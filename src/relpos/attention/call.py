@@ -475,6 +475,7 @@ def prepare_call(
     kp = _positions(k_pos, "k_pos", Lnew, cached, **common)
     ctx = None
     pieces = None
+    selection = None
     if encoding is not None:
         if encoding.num_heads != H:
             raise ValueError(
@@ -502,6 +503,17 @@ def prepare_call(
             f"a KV cache of rotated or raw keys cannot serve it; call without cache"
         )
     rotated = False
+    past_queries = None
+    if cache is not None and encoding is not None and encoding.reads_past_queries:
+        # schedules that read earlier tokens' raw queries (LongHeads' chunk features)
+        append_queries = getattr(cache, "append_queries", None)
+        if append_queries is None:
+            raise TypeError(
+                f"encoding {encoding.name!r} reads the queries of earlier tokens: the cache must "
+                f"keep them (append_queries(q) -> earlier queries or None, as "
+                f"relpos.nn.LayerCache)"
+            )
+        past_queries = append_queries(q)
     if cache is not None:
         rotated = (
             rotate
@@ -523,7 +535,10 @@ def prepare_call(
     # scales on k_pos.min(), graph encodings read the largest node index).
     if encoding is not None and not (Lq == 0 or Lk == 0):
         if encoding.piecewise:
-            pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
+            # the raw q/k/v: selecting schedules (G2) choose keys or positions from them
+            pieces, selection = encoding.select_pieces(
+                q, k, v, qp.tensor, kp.tensor, inputs, past_queries=past_queries
+            )
             q, k = pieces[0]
         elif encoding.has_rotary and not rotated and not grouped and rotate:
             q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
@@ -533,6 +548,10 @@ def prepare_call(
         if encoding.needs_context:
             ctx = _prepare(encoding, q, k, positions, inputs)
             ctx.scale = float(scale)
+            if selection is not None:  # a selecting schedule's per-call layout (G2)
+                ctx.data = selection
+    if encoding is not None and encoding.own_causal_mask:
+        causal = False  # validated above; the schedule's piece_index is its causal mask
     return AttentionCall(
         q,
         k,

@@ -35,12 +35,13 @@ PIECEWISE_MIN_ROWS = 256
 
 def runs_piecewise(call: AttentionCall) -> bool:
     """The call has pieces and nothing else that changes the weights (no bias, value term or
-    weight multiplier): ``piecewise_sdpa_attention`` computes it."""
+    weight multiplier) and one layout for every head (not ``selects``):
+    ``piecewise_sdpa_attention`` computes it."""
     enc = call.encoding
     return (
         enc is not None
         and call.pieces is not None
-        and not (call.has_bias or enc.has_value_term or enc.multiplies_probs)
+        and not (call.has_bias or enc.has_value_term or enc.multiplies_probs or enc.selects)
     )
 
 

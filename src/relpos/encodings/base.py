@@ -201,6 +201,19 @@ class Encoding(nn.Module):
     #: the logit term at (i, j) reads the whole row of content logits through a suffix sum of
     #: gates over keys (``row_gates`` / ``row_bias``): CoPE's counted positions, TRA
     row_dependent: bool = False
+    #: piecewise schedules whose layout is chosen per call from the raw q·k, per head and
+    #: query (LongHeads' chunks, PINE's document order; engine gap G2): ``select_pieces``
+    #: returns the selection with the pieces and the engine stores it as ``ctx.data``, which
+    #: ``piece_index`` reads. The fused piecewise kernel's layouts assume one layout for every
+    #: head, so these run on the probability path (``eager``, ``chunked``).
+    selects: bool = False
+    #: ``select_pieces`` reads the raw queries of earlier tokens (LongHeads' chunk features):
+    #: a KV cache keeps them (``LayerCache.append_queries``) and passes them as
+    #: ``past_queries``
+    reads_past_queries: bool = False
+    #: the schedule's ``piece_index`` (-1) is its causal mask: ``causal=True`` means that mask
+    #: instead of "key index <= query index" (PINE: documents see each other)
+    own_causal_mask: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
     #: submodules (by name, as in ``named_modules``) that keep their own init even when the
@@ -455,6 +468,25 @@ class Encoding(nn.Module):
     ) -> list[tuple[Tensor, Tensor]]:
         """Piecewise encodings: the rotated ``(q_r, k_r)`` of every piece ``r``."""
         raise RuntimeError(f"encoding {self.name!r} is not piecewise")
+
+    def select_pieces(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        inputs: dict[str, Tensor],
+        *,
+        past_queries: Tensor | None = None,
+    ) -> tuple[list[tuple[Tensor, Tensor]], Any]:
+        """Piecewise encodings: the pieces of a call and the per-call selection that
+        ``piece_index`` reads (as ``ctx.data``), from the *raw* ``q (B, H, Lq, D)``,
+        ``k, v (B, Hkv, Lk, D)``, the positions and the per-call ``inputs``.
+        ``past_queries (B, H, P, D)``: the raw queries of the first ``P`` keys, kept by a KV
+        cache for encodings with ``reads_past_queries`` (None otherwise). Schedules that select
+        (``selects``: LongHeads, PINE) override this; default ``(pieces(q, k, ...), None)``."""
+        return self.pieces(q, k, q_pos, k_pos), None
 
     def piece_index(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Piecewise encodings: which piece gives the logit of (b, h, i, j); -1 = masked.

@@ -157,6 +157,25 @@ def passkey_prompt(tokenizer: Any, target_tokens: int, *, key: int, depth: float
     )
 
 
+def passkey_segments(tokenizer: Any, prompt: PasskeyPrompt, documents: int = 8) -> list[int]:
+    """PINE's segment ids of a passkey prompt (``relpos.encodings.rotary.pine``): ``-1`` for
+    the task description (the prefix), the filler and information line cut into ``documents``
+    contiguous documents of (nearly) equal token counts ``0 .. n-1``, ``n`` for the final
+    question (the suffix). Boundaries are the token counts of the text before them."""
+    check_int(documents, "documents")
+    encode = as_encoder(tokenizer)
+    text, total = prompt.text, prompt.n_tokens
+    first = min(len(encode(text.split("\n", 1)[0])), total)
+    cut = text.rindex("\n" + FINAL_QUESTION)
+    last = min(max(len(encode(text[:cut])), first), total - 1)  # the suffix keeps a token
+    middle = last - first
+    n = min(documents, middle)
+    ids = [-1] * first
+    for d in range(n):
+        ids += [d] * ((d + 1) * middle // n - d * middle // n)
+    return ids + [n] * (total - last)
+
+
 _INTEGER = re.compile(r"\d+")
 
 
@@ -183,6 +202,7 @@ def run_passkey(
     prompt: PasskeyPrompt,
     *,
     max_new_tokens: int = MAX_NEW_TOKENS,
+    inputs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Greedy-decode an answer to ``prompt``; ``correct`` when its first integer is the key.
 
@@ -197,7 +217,8 @@ def run_passkey(
         return _integer_finished(decode_text(tokenizer, new[0].tolist()))
 
     t0 = time.perf_counter()
-    out = model.generate(tokens, max_new_tokens, stop=stop)
+    extra = {} if inputs is None else {"inputs": inputs}  # the encoding's per-call tensors
+    out = model.generate(tokens, max_new_tokens, stop=stop, **extra)
     seconds = time.perf_counter() - t0
     generated = decode_text(tokenizer, out[0, tokens.shape[1] :].tolist())
     answer = first_integer(generated)
@@ -214,6 +235,7 @@ def run_passkey(
 
 __all__ = [
     "TASK_DESCRIPTION",
+    "passkey_segments",
     "GARBAGE",
     "FINAL_QUESTION",
     "information_line",

@@ -2,9 +2,11 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .convolution import ConvolutionAttention
 from .gateloop import GateLoop
 from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
+from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
 from .transformer import TransformerLM
 
@@ -19,4 +21,8 @@ __all__ = [
     "GateLoop",
     "LightNetAttention",
     "MDTPE",
+    "ConvolutionAttention",
+    "DirectionMix",
+    "LocationAttention",
+    "reverse_align",
 ]

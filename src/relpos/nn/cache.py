@@ -21,10 +21,20 @@ class LayerCache:
     v: Tensor | None = None
     k_pos: Tensor | None = None
     rotated: bool = True
+    #: raw queries ``(B, H, L, D)``, kept only for encodings that read earlier tokens'
+    #: queries (``Encoding.reads_past_queries``: LongHeads' chunk features)
+    q: Tensor | None = None
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
+
+    def append_queries(self, q: Tensor) -> Tensor | None:
+        """Store the raw queries of the new tokens; returns those of the earlier tokens
+        (None before the first call). Called by the engine before ``append``."""
+        past = self.q
+        self.q = q if past is None else torch.cat((past, q), dim=2)
+        return past
 
     def append(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.k is None:

@@ -149,8 +149,14 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(config.dim, config.rms_norm_eps)
         self.mlp = SwiGLU(config.dim, config.hidden_dim)
 
-    def forward(self, x: Tensor, pos: Tensor | None, cache: LayerCache | None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), pos=pos, cache=cache)
+    def forward(
+        self,
+        x: Tensor,
+        pos: Tensor | None,
+        cache: LayerCache | None,
+        inputs: dict[str, Tensor] | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), pos=pos, cache=cache, inputs=inputs)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -272,9 +278,14 @@ class LlamaLM(nn.Module):
         check_token_ids(tokens, self.embed.num_embeddings)
 
     def hidden(
-        self, tokens: Tensor, pos: Tensor | None = None, cache: KVCache | None = None
+        self,
+        tokens: Tensor,
+        pos: Tensor | None = None,
+        cache: KVCache | None = None,
+        inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
-        """Final-norm hidden states ``(B, L, dim)`` (the LM head's input)."""
+        """Final-norm hidden states ``(B, L, dim)`` (the LM head's input). ``inputs``: the
+        encoding's per-call tensors (PINE's ``segments``), passed to every layer."""
         self._check_tokens(tokens)
         if cache is not None and len(cache.layers) != len(self.blocks):
             raise ValueError(
@@ -283,7 +294,7 @@ class LlamaLM(nn.Module):
             )
         x = self.embed(tokens)
         for index, block in enumerate(self.blocks):
-            x = block(x, pos, cache.layers[index] if cache is not None else None)
+            x = block(x, pos, cache.layers[index] if cache is not None else None, inputs)
         return self.norm(x)
 
     def head(self, h: Tensor) -> Tensor:
@@ -298,16 +309,24 @@ class LlamaLM(nn.Module):
         cache: KVCache | None = None,
         *,
         last: int | None = None,
+        inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
         """Logits ``(B, L, vocab)``, or of the last ``last`` positions only."""
-        h = self.hidden(tokens, pos, cache)
+        h = self.hidden(tokens, pos, cache, inputs)
         if last is not None:
             check_int(last, "last")
             h = h[:, -last:]
         return self.head(h)
 
     @torch.no_grad()
-    def token_nll(self, tokens: Tensor, *, start: int = 0, chunk: int = HEAD_CHUNK) -> Tensor:
+    def token_nll(
+        self,
+        tokens: Tensor,
+        *,
+        start: int = 0,
+        chunk: int = HEAD_CHUNK,
+        inputs: dict[str, Tensor] | None = None,
+    ) -> Tensor:
         """Negative log-likelihood (nats) of each next token: ``(B, L - 1 - start)``.
 
         Entry ``t`` is ``-log p(tokens[:, start + t + 1] | tokens[:, :start + t + 1])``. One
@@ -319,7 +338,7 @@ class LlamaLM(nn.Module):
             raise ValueError(f"tokens must hold at least 2 positions to score, got {L}")
         check_int(start, "start", minimum=0, maximum=L - 2)
         check_int(chunk, "chunk")
-        h = self.hidden(tokens[:, :-1])[:, start:]
+        h = self.hidden(tokens[:, :-1], inputs=inputs)[:, start:]
         targets = tokens[:, start + 1 :]
         out = []
         for a in range(0, h.shape[1], chunk):
@@ -338,16 +357,19 @@ class LlamaLM(nn.Module):
         *,
         eos_token_id: int | None = None,
         stop: Any = None,
+        inputs: dict[str, Tensor] | None = None,
     ) -> Tensor:
         """Greedy decoding with a KV cache: ``(B, L) -> (B, L + n)``, ``n <= max_new_tokens``.
 
         Only the last position's logits are computed at each step. Decoding stops early when
         every row has produced ``eos_token_id``, or when ``stop(new_tokens (B, n))`` is true.
+        ``inputs`` (the encoding's per-call tensors) are passed unchanged to every step (PINE
+        reads keys past its ``segments`` as the suffix).
         """
         self._check_tokens(tokens)
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
         cache = self.new_cache()
-        logits = self(tokens, cache=cache, last=1)
+        logits = self(tokens, cache=cache, last=1, inputs=inputs)
         new: list[Tensor] = []
         done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         for step in range(max_new_tokens):
@@ -360,7 +382,7 @@ class LlamaLM(nn.Module):
             if stop is not None and stop(torch.cat(new, dim=1)):
                 break
             if step + 1 < max_new_tokens:
-                logits = self(nxt, cache=cache, last=1)
+                logits = self(nxt, cache=cache, last=1, inputs=inputs)
         return torch.cat([tokens, *new], dim=1)
 
     def extra_repr(self) -> str:

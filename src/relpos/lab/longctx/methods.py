@@ -15,9 +15,16 @@ Adding one = one entry ``name -> Method(encoding, options)``; the model adds its
 * ``dca``: Dual Chunk Attention (An et al. 2024, arXiv 2402.17463), chunks of 3/4 of the
   trained length with a local window of 1/8;
 * ``self-extend``: Self-Extend (Jin et al. 2024, arXiv 2401.01325), groups of 8 beyond a
-  neighbour window of 1024.
+  neighbour window of 1024;
+* ``longheads``: LongHeads (Lu et al. 2024, arXiv 2402.10685), the official defaults: chunks
+  of 256 tokens (``Lp / 16`` for ``Lp < 4096``), each head reading ``Lp`` tokens chosen by
+  its query from position ``Lp`` on (plain RoPE below);
+* ``pine``: PINE (Wang et al. 2024, arXiv 2407.01100): the passkey prompt's filler is cut into
+  ``PINE_DOCUMENTS`` documents between the task description (prefix) and the question
+  (suffix), which PINE orders per head by attention; running text has no documents, so its
+  perplexity rows are plain RoPE's.
 
-The last three are piecewise RoPE schedules: they run on the ``chunked`` backend (O(L x block)
+The last five are piecewise RoPE schedules: they run on the ``chunked`` backend (O(L x block)
 memory), about 5x slower than the rotary-only methods on SDPA, so the profiles run the first
 five (``ROPE_SCALINGS``) and the schedules are opt-in (``--methods all`` or by name).
 
@@ -35,6 +42,7 @@ __all__ = [
     "METHODS",
     "ROPE_SCALINGS",
     "PIECEWISE_COST",
+    "PINE_DOCUMENTS",
     "available_methods",
     "method_cost",
 ]
@@ -64,7 +72,13 @@ METHODS: dict[str, Method] = {
     "self-extend": Method(
         "self-extend", {"group_size": 8, "neighbor_window": 1024}, "Self-Extend G=8, W=1024"
     ),
+    # selecting schedules (engine gap G2): per-head layouts from the raw q.k
+    "longheads": Method("longheads", {}, "LongHeads, Lp per head in chunks of min(256, Lp/16)"),
+    "pine": Method("pine", {}, "PINE, the filler as 8 documents"),
 }
+
+#: documents PINE's passkey prompts are cut into (``relpos.lab.passkey.passkey_segments``)
+PINE_DOCUMENTS = 8
 
 
 # The rotary-only methods (SDPA, minutes per length); the piecewise schedules are opt-in.

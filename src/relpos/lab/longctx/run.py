@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..passkey import PasskeyPrompt, passkey_prompt, random_key, run_passkey
+from ... import registry
+from ..passkey import PasskeyPrompt, passkey_prompt, passkey_segments, random_key, run_passkey
 from ..report import write_json_file
-from .methods import METHODS
+from .methods import METHODS, PINE_DOCUMENTS
 from .plan import RUN_FILE, RUN_KIND, LongctxPlan
 
 __all__ = [
@@ -80,12 +81,19 @@ def build_prompts(
 
 @torch.no_grad()
 def tail_perplexity(
-    model: Any, tokens: Tensor, length: int, score: int, *, end: int | None = None
+    model: Any,
+    tokens: Tensor,
+    length: int,
+    score: int,
+    *,
+    end: int | None = None,
+    inputs: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """Perplexity of the ``score`` targets ending at ``tokens[end]`` given the ``length``
     input tokens before each window end: the window is ``tokens[end - length : end + 1]``
     (default ``end = length``). With one ``end`` for every length, every length scores the
-    same tokens and only the context before them grows (``model.token_nll``)."""
+    same tokens and only the context before them grows (``model.token_nll``). ``inputs``: the
+    encoding's per-call tensors for the ``length`` input tokens."""
     end = length if end is None else end
     if end < length:
         raise ValueError(f"end ({end}) must be >= length ({length})")
@@ -96,7 +104,8 @@ def tail_perplexity(
     score = min(score, length)
     window = tokens[end - length : end + 1][None].to(next(iter(model.parameters())).device)
     t0 = time.perf_counter()
-    nll = model.token_nll(window, start=length - score)
+    extra = {} if inputs is None else {"inputs": inputs}
+    nll = model.token_nll(window, start=length - score, **extra)
     seconds = time.perf_counter() - t0
     mean = float(nll.double().mean())
     return {"ppl": math.exp(mean), "nll": mean, "ppl_tokens": score, "ppl_seconds": seconds}
@@ -154,15 +163,30 @@ def run_longctx(
                     "length": length,
                 }
                 t0 = time.perf_counter()
+                segments = _reads_segments(method.encoding)
                 if plan.ppl_tokens:
-                    row.update(tail_perplexity(model, heldout, length, plan.ppl_tokens, end=end))
+                    # running text has no documents: PINE sees one prefix (plain RoPE)
+                    ppl_inputs = _text_segments(length, heldout.device) if segments else None
+                    row.update(
+                        tail_perplexity(
+                            model, heldout, length, plan.ppl_tokens, end=end, inputs=ppl_inputs
+                        )
+                    )
                 if plan.seeds:
                     if length not in prompts:
                         prompts[length] = build_prompts(plan, tokenizer, [length])[length]
                     results = []
                     for prompt, seed in prompts[length]:
+                        inputs = None
+                        if segments:  # PINE: prefix, the filler as documents, the question
+                            ids = passkey_segments(tokenizer, prompt, PINE_DOCUMENTS)
+                            inputs = {"segments": torch.tensor([ids])}
                         result = run_passkey(
-                            model, tokenizer, prompt, max_new_tokens=plan.max_new_tokens
+                            model,
+                            tokenizer,
+                            prompt,
+                            max_new_tokens=plan.max_new_tokens,
+                            inputs=inputs,
                         )
                         result.update(method=name, length=length, seed=seed)
                         results.append(result)
@@ -186,6 +210,18 @@ def run_longctx(
     finally:
         model.set_encoding(original[0], **original[1])
     return state
+
+
+def _reads_segments(encoding: str) -> bool:
+    """The method's encoding reads ``inputs['segments']`` (PINE)."""
+    return "segments" in registry.encoding_class(encoding).required_inputs
+
+
+def _text_segments(length: int, device: torch.device) -> dict[str, Tensor]:
+    """PINE's segments for running text: a prefix and a one-token suffix (no documents)."""
+    ids = torch.full((1, length), -1, dtype=torch.long, device=device)
+    ids[0, -1] = 0
+    return {"segments": ids}
 
 
 def _measurement_line(row: dict[str, Any]) -> str:
