@@ -160,6 +160,20 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def chunked_token_nll(head: nn.Module, hidden: Tensor, targets: Tensor, chunk: int) -> Tensor:
+    """Per-token negative log-likelihood ``(B, T)`` of ``targets (B, T)`` under
+    ``head(hidden (B, T, dim))``, ``chunk`` positions at a time (never a ``T x vocab``
+    tensor), in float32."""
+    out = []
+    for a in range(0, hidden.shape[1], chunk):
+        logits = head(hidden[:, a : a + chunk]).float()
+        nll = F.cross_entropy(
+            logits.flatten(0, 1), targets[:, a : a + chunk].flatten(), reduction="none"
+        )
+        out.append(nll.view(targets.shape[0], -1))
+    return torch.cat(out, dim=1)
+
+
 class LlamaLM(nn.Module):
     """Llama-family decoder-only LM whose positional encoding is any relpos encoding.
 
@@ -339,15 +353,7 @@ class LlamaLM(nn.Module):
         check_int(start, "start", minimum=0, maximum=L - 2)
         check_int(chunk, "chunk")
         h = self.hidden(tokens[:, :-1], inputs=inputs)[:, start:]
-        targets = tokens[:, start + 1 :]
-        out = []
-        for a in range(0, h.shape[1], chunk):
-            logits = self.head(h[:, a : a + chunk]).float()
-            nll = F.cross_entropy(
-                logits.flatten(0, 1), targets[:, a : a + chunk].flatten(), reduction="none"
-            )
-            out.append(nll.view(targets.shape[0], -1))
-        return torch.cat(out, dim=1)
+        return chunked_token_nll(self.head, h, tokens[:, start + 1 :], chunk)
 
     @torch.no_grad()
     def generate(

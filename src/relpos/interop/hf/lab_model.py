@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...nn.llama import HEAD_CHUNK
+from ...nn.llama import HEAD_CHUNK, chunked_token_nll
 from ...validation import check_int
 from .patch import BASELINE, PatchHandle, _transformers, patch
 
@@ -135,15 +134,7 @@ class HFCausalLM(nn.Module):
         check_int(chunk, "chunk")
         decoder = self.model.get_decoder()
         h = decoder(input_ids=tokens[:, :-1], use_cache=False).last_hidden_state[:, start:]
-        targets = tokens[:, start + 1 :]
-        out = []
-        for a in range(0, h.shape[1], chunk):
-            logits = self.head(h[:, a : a + chunk]).float()
-            nll = F.cross_entropy(
-                logits.flatten(0, 1), targets[:, a : a + chunk].flatten(), reduction="none"
-            )
-            out.append(nll.view(targets.shape[0], -1))
-        return torch.cat(out, dim=1)
+        return chunked_token_nll(self.head, h, tokens[:, start + 1 :], chunk)
 
     @torch.no_grad()
     def generate(
