@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n 2 -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
