@@ -63,6 +63,11 @@ COMMANDS: dict[str, Command] = {
         "length per RoPE scaling method",
         "relpos.lab.longctx.command",
     ),
+    "tasks": command(
+        "algorithmic length generalisation: Chomsky, NoPE-study and coupling suites, "
+        "accuracy per test length over seeds",
+        "relpos.lab.tasks.command",
+    ),
     "analyze": command(
         "diagnostics: RoPE decay bound, base lower bound, attention resolution, wavelengths",
         "relpos.analysis.cli",

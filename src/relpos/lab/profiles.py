@@ -12,11 +12,13 @@ Estimated times come from throughputs measured on a quiet 2-core CPU (torch 2.13
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import registry
+from ..arguments import optional_int, parse_float
 
 P = TypeVar("P")
 
@@ -135,4 +137,62 @@ def get_profile(name: str) -> Profile:
     return lookup_profile(PROFILES, name)
 
 
-__all__ = ["Profile", "PROFILES", "HEADLINE", "get_profile", "lookup_profile"]
+# ------------------------------------------------------------------------------ shared flags
+
+#: the model-size and training flags every training lab command takes, and the profile
+#: field each one overrides
+TRAINING_FLAGS = {
+    "--dim": "dim",
+    "--depth": "depth",
+    "--heads": "num_heads",
+    "--batch": "batch_size",
+    "--lr": "lr",
+    "--steps": "steps",
+}
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--dim --depth --heads --batch --lr --steps --seeds``: the flags every training lab
+    command takes (``relpos extrapolate``, ``relpos tasks``); each defaults to the profile's
+    value. Parsed by ``training_overrides`` / ``seeds_flag`` so a bad value is one line naming
+    the flag."""
+    add = parser.add_argument
+    add("--dim", help="model width (default: the profile's)")
+    add("--depth", help="number of layers (default: the profile's)")
+    add("--heads", help="attention heads; must divide --dim (default: the profile's)")
+    add("--batch", help="sequences per training step (default: the profile's)")
+    add("--lr", help="peak learning rate (default: the profile's)")
+    add("--steps", help="training steps per model (default: the profile's)")
+    add("--seeds", help="train every model with N seeds and report mean +- a 95%% CI")
+
+
+def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The profile fields given on the command line (``TRAINING_FLAGS``), parsed and checked:
+    ints > 0, ``--lr`` a finite float > 0; ``--dim`` divisible by ``--heads`` is checked where
+    both are known (the plan)."""
+    out: dict[str, Any] = {}
+    for flag, name in TRAINING_FLAGS.items():
+        text = getattr(args, flag[2:].replace("-", "_"), None)
+        if text is None:
+            continue
+        out[name] = parse_float(text, flag, above=0.0) if name == "lr" else optional_int(text, flag)
+    return out
+
+
+def seeds_flag(args: argparse.Namespace, default: int) -> int:
+    """``--seeds`` as a positive int (``default`` when not given)."""
+    value = optional_int(getattr(args, "seeds", None), "--seeds")
+    return default if value is None else value
+
+
+__all__ = [
+    "Profile",
+    "PROFILES",
+    "HEADLINE",
+    "TRAINING_FLAGS",
+    "add_training_arguments",
+    "training_overrides",
+    "seeds_flag",
+    "get_profile",
+    "lookup_profile",
+]
