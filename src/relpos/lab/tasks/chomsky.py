@@ -127,13 +127,18 @@ def _parity_check(rng: np.random.Generator, batch: int, length: int):
     return s, s.sum(-1) % 2
 
 
+def cycle_navigation_output(actions: np.ndarray) -> np.ndarray:
+    """Final position on a cycle of 5: token ``a`` moves ``a - 1`` (-1, 0, +1)."""
+    return (np.asarray(actions) - 1).sum(-1) % 5
+
+
 def _cycle_navigation(rng: np.random.Generator, batch: int, length: int):
     a = rng.integers(0, 3, size=(batch, length))
-    return a, (a - 1).sum(-1) % 5
+    return a, cycle_navigation_output(a)
 
 
 MODULUS = 5
-ARITH_OPS = {MODULUS: "+", MODULUS + 1: "-", MODULUS + 2: "*"}  # "_" (id 8) is never sampled
+ARITH_OPS = (MODULUS, MODULUS + 1, MODULUS + 2)  # + - *; "_" (id 8) is never sampled
 
 
 def evaluate_modular(tokens: list[int], modulus: int = MODULUS) -> int:
@@ -157,7 +162,7 @@ def _modular_arithmetic(rng: np.random.Generator, batch: int, length: int):
         length -= 1
     x = np.empty((batch, length), dtype=np.int64)
     x[:, ::2] = rng.integers(0, MODULUS, size=(batch, length // 2 + 1))
-    x[:, 1::2] = rng.choice(np.array(sorted(ARITH_OPS)), size=(batch, length // 2))
+    x[:, 1::2] = rng.choice(np.array(ARITH_OPS), size=(batch, length // 2))
     y = np.array([evaluate_modular(row) for row in x.tolist()])
     return x, y
 
@@ -165,27 +170,31 @@ def _modular_arithmetic(rng: np.random.Generator, batch: int, length: int):
 # ------------------------------------------------------------------------------ DCF
 
 
+def stack_manipulation_output(tokens: list[int], stack_length: int) -> list[int]:
+    """The target of ``tokens`` = initial stack (bottom to top, ``stack_length`` bits) then
+    actions (2 POP, 3 PUSH 0, 4 PUSH 1; POP on an empty stack is ignored): the final stack top
+    to bottom, the termination token 2, zeros up to ``len(tokens) + 1``."""
+    stack = list(tokens[:stack_length])
+    for a in tokens[stack_length:]:
+        if a == 2:
+            if stack:
+                stack.pop()
+        else:
+            stack.append(a - 3)
+    y = stack[::-1] + [2]
+    return y + [0] * (len(tokens) + 1 - len(y))
+
+
 def _stack_manipulation(rng: np.random.Generator, batch: int, length: int):
     xs, ys = [], []
     for _ in range(batch):
         if length == 1:
-            value = [int(rng.integers(0, 2))]
-            x, stack = value, list(value)
+            x, n = [int(rng.integers(0, 2))], 1
         else:
             n = int(rng.integers(1, length))
-            start = rng.integers(0, 2, size=n).tolist()
-            actions = rng.integers(2, 5, size=length - n).tolist()
-            stack = list(start)
-            for a in actions:
-                if a == 2:
-                    if stack:
-                        stack.pop()
-                else:
-                    stack.append(a - 3)
-            x = start + actions
-        y = stack[::-1] + [2]
+            x = rng.integers(0, 2, size=n).tolist() + rng.integers(2, 5, size=length - n).tolist()
         xs.append(x)
-        ys.append(y + [0] * (length + 1 - len(y)))
+        ys.append(stack_manipulation_output(x, n))
     return np.array(xs), np.array(ys)
 
 
@@ -276,9 +285,14 @@ def _missing_duplicate_string(rng: np.random.Generator, batch: int, length: int)
     return np.concatenate([doubled, pad], axis=1), y
 
 
+def odds_first_output(s: np.ndarray) -> np.ndarray:
+    """The official code's order: the 0-based odd indices first, ``s[1::2] ++ s[0::2]``."""
+    return np.concatenate([s[..., 1::2], s[..., 0::2]], axis=-1)
+
+
 def _odds_first(rng: np.random.Generator, batch: int, length: int):
     s = rng.integers(0, 2, size=(batch, length))
-    return s, np.concatenate([s[:, 1::2], s[:, 0::2]], axis=1)
+    return s, odds_first_output(s)
 
 
 def binary_digits(number: int, width: int, little_endian: bool = True) -> list[int]:
@@ -289,16 +303,33 @@ def binary_digits(number: int, width: int, little_endian: bool = True) -> list[i
     return [int(c) for c in (text[::-1] if little_endian else text)]
 
 
-def _binary_operands(rng: np.random.Generator, length: int) -> tuple[list[int], int, int]:
+def binary_expression(a: int, len_a: int, b: int, len_b: int) -> list[int]:
+    """``a`` and ``b`` little-endian, zero-filled to ``len_a`` / ``len_b``, separated by 2."""
+    return binary_digits(a, len_a) + [2] + binary_digits(b, len_b)
+
+
+def binary_addition_output(total: int, length: int) -> list[int]:
+    """``total`` little-endian without trailing zeros, 2, zeros up to ``length + 1``."""
+    result = binary_digits(total, 0)
+    return result + [2] + [0] * (length - len(result))
+
+
+def binary_multiplication_output(product: int, length: int) -> list[int]:
+    """``product`` little-endian without trailing zeros, 2, zeros up to ``length``."""
+    result = binary_digits(product, 0)
+    return result + [2] + [0] * (length - 1 - len(result))
+
+
+def _binary_operands(rng: np.random.Generator, length: int) -> tuple[int, int, int, int]:
     len_a = int(rng.integers(1, length - 1))
     len_b = length - 1 - len_a
-    a = int(rng.integers(1, 2**len_a)) if len_a < 63 else _big(rng, len_a)
-    b = int(rng.integers(1, 2**len_b)) if len_b < 63 else _big(rng, len_b)
-    return binary_digits(a, len_a) + [2] + binary_digits(b, len_b), a, b
+    return _uniform_bits(rng, len_a), len_a, _uniform_bits(rng, len_b), len_b
 
 
-def _big(rng: np.random.Generator, bits: int) -> int:
+def _uniform_bits(rng: np.random.Generator, bits: int) -> int:
     """Uniform in ``[1, 2**bits - 1]`` for any ``bits`` (Python ints; numpy stops at 63)."""
+    if bits < 63:
+        return int(rng.integers(1, 2**bits))
     while True:
         words = rng.integers(0, 2**32, size=math.ceil(bits / 32), dtype=np.uint64).tolist()
         value = 0
@@ -312,28 +343,28 @@ def _big(rng: np.random.Generator, bits: int) -> int:
 def _binary_addition(rng: np.random.Generator, batch: int, length: int):
     xs, ys = [], []
     for _ in range(batch):
-        if length <= 2:
+        if length <= 2:  # the official special case: one number, no separator
             n = int(rng.integers(0, 2**length - 1))
-            x, result = binary_digits(n, length), binary_digits(n, 0)
-        else:
-            x, a, b = _binary_operands(rng, length)
-            result = binary_digits(a + b, 0)
-        xs.append(x)
-        ys.append(result + [2] + [0] * (length - len(result)))
+            xs.append(binary_digits(n, length))
+            ys.append(binary_addition_output(n, length))
+            continue
+        a, len_a, b, len_b = _binary_operands(rng, length)
+        xs.append(binary_expression(a, len_a, b, len_b))
+        ys.append(binary_addition_output(a + b, length))
     return np.array(xs), np.array(ys)
 
 
 def _binary_multiplication(rng: np.random.Generator, batch: int, length: int):
     xs, ys = [], []
     for _ in range(batch):
-        if length <= 2:
+        if length <= 2:  # the official special case: zeros, then the termination token
             n = int(rng.integers(0, 2**length - 1))
-            x, result = binary_digits(n, length), [0] * (length - 1)
-        else:
-            x, a, b = _binary_operands(rng, length)
-            result = binary_digits(a * b, 0)
-        xs.append(x)
-        ys.append(result + [2] + [0] * (length - 1 - len(result)))
+            xs.append(binary_digits(n, length))
+            ys.append([0] * (length - 1) + [2])
+            continue
+        a, len_a, b, len_b = _binary_operands(rng, length)
+        xs.append(binary_expression(a, len_a, b, len_b))
+        ys.append(binary_multiplication_output(a * b, length))
     return np.array(xs), np.array(ys)
 
 
@@ -341,12 +372,17 @@ def _sqrt_length(length: int) -> int:
     return math.ceil(length / 2)
 
 
+def compute_sqrt_output(n: int, length: int) -> list[int]:
+    """``isqrt(n)`` big-endian, zero-filled to ``ceil(length / 2)``."""
+    return binary_digits(math.isqrt(n), _sqrt_length(length), little_endian=False)
+
+
 def _compute_sqrt(rng: np.random.Generator, batch: int, length: int):
     xs, ys = [], []
     for _ in range(batch):
-        n = int(rng.integers(1, 2**length)) if length < 63 else _big(rng, length)
+        n = _uniform_bits(rng, length)
         xs.append(binary_digits(n, length, little_endian=False))
-        ys.append(binary_digits(math.isqrt(n), _sqrt_length(length), little_endian=False))
+        ys.append(compute_sqrt_output(n, length))
     return np.array(xs), np.array(ys)
 
 

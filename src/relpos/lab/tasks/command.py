@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...arguments import optional_int
+from ...arguments import optional_int, parse_int, parse_int_list
 from ...optional import missing_plot_note
 from .. import report as lab_report
 from ..profiles import add_training_arguments, seeds_flag, training_overrides
@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--profile", default="quick", help="quick (default; minutes per model) or full")
     add_training_arguments(parser)
+    add(
+        "--train-len", help="longest training length (default: the profile's; SCAN keeps its split)"
+    )
+    add("--test-lengths", help="test lengths: A-B or comma-separated (default: the profile's)")
+    add("--eval-size", help="test sequences per length (default: the profile's)")
     add("--jobs", help="models trained in parallel processes (default: min(2, CPUs))")
     add("--out", help="run folder (default runs/tasks-SUITE-PROFILE)")
     add("--resume", action="store_true", help="continue the run in --out")
@@ -63,6 +68,29 @@ def _print_plan(plan: TaskPlan) -> None:
     )
 
 
+def parse_lengths(text: str, flag: str) -> tuple[int, ...]:
+    """``"21-60"`` (inclusive) or ``"15,20,25"``: positive lengths, increasing."""
+    text = str(text).strip()
+    if "-" in text and "," not in text:
+        low, _, high = text.partition("-")
+        a, b = parse_int(low, flag), parse_int(high, flag)
+        if b < a:
+            raise ValueError(f"{flag} must be A-B with A <= B, got {text!r}")
+        return tuple(range(a, b + 1))
+    return tuple(sorted(set(parse_int_list(text, flag))))
+
+
+def _length_overrides(args: argparse.Namespace) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if getattr(args, "train_len", None) is not None:
+        out["train_len"] = parse_int(args.train_len, "--train-len")
+    if getattr(args, "test_lengths", None) is not None:
+        out["test_lengths"] = parse_lengths(args.test_lengths, "--test-lengths")
+    if getattr(args, "eval_size", None) is not None:
+        out["eval_size"] = parse_int(args.eval_size, "--eval-size")
+    return out
+
+
 def run_command(args: argparse.Namespace) -> int:
     """``relpos tasks``: every flag checked before anything is written; then train,
     evaluate, report."""
@@ -71,6 +99,7 @@ def run_command(args: argparse.Namespace) -> int:
     command = "relpos " + (shlex.join(argv) if argv else f"tasks --suite {args.suite}")
     get_task_profile(args.suite, args.profile)  # a bad --suite / --profile is one line
     overrides = training_overrides(args)
+    overrides.update(_length_overrides(args))
     seeds = seeds_flag(args, get_task_profile(args.suite, args.profile).seeds)
     workers = optional_int(args.jobs, "--jobs")
     out = Path(args.out or f"runs/tasks-{args.suite}-{args.profile}")

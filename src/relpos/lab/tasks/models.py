@@ -54,13 +54,14 @@ def check_encoding_for_tasks(name: str, scheme: str, *, causal: bool) -> None:
     """``ValueError`` when encoding ``name`` cannot run the 1-D task models with ``scheme``:
     m-D or per-call-input encodings, causal-only ones in the (non-causal) encoder, and a
     position scheme on an encoding that reads no positions."""
-    enc = registry.create(name, num_heads=2, head_dim=8, **_probe_options(name))
+    enc = registry.create(name, num_heads=2, head_dim=8)
     if enc.dims != 1:
         raise ValueError(f"--encodings: {name!r} has {enc.dims} position axes; tasks are 1-D")
     if enc.required_inputs or enc.needs_inputs:
+        inputs = ", ".join(enc.required_inputs or enc.optional_inputs)
         raise ValueError(
-            f"--encodings: {name!r} needs per-call inputs ({', '.join(enc.required_inputs)}), "
-            "which sequence tasks do not have"
+            f"--encodings: {name!r} needs per-call inputs ({inputs}), which sequence tasks "
+            "do not have"
         )
     if enc.causal_only and not causal:
         raise ValueError(
@@ -72,10 +73,6 @@ def check_encoding_for_tasks(name: str, scheme: str, *, causal: bool) -> None:
             f"--encodings: {name}+{scheme}: {name!r} reads no positions, so a position scheme "
             "changes nothing"
         )
-
-
-def _probe_options(name: str) -> dict[str, Any]:
-    return {}
 
 
 class _PostLNBlock(nn.Module):

@@ -39,6 +39,8 @@ SUITE_TASKS = {
     "nope": tuple(NOPE_TASKS),
     "coupling": ("addition",),
 }
+#: SCAN's fixed length split (the NoPE study): targets of <= 25 actions train, 26-48 test
+SCAN_TRAIN_LEN, SCAN_TEST_LENGTHS = 25, tuple(range(26, 49))
 #: the position schemes each suite can train with
 SUITE_SCHEMES = {
     "chomsky": ("default", "random"),
@@ -142,6 +144,11 @@ def plan_tasks(
     prof = dataclasses.replace(prof, **overrides)
     if prof.dim % prof.num_heads:
         raise ValueError(f"--dim ({prof.dim}) must be divisible by --heads ({prof.num_heads})")
+    if min(prof.test_lengths) <= prof.train_len:
+        raise ValueError(
+            f"--test-lengths must all be longer than --train-len ({prof.train_len}), got "
+            f"{min(prof.test_lengths)}"
+        )
     if prof.warmup >= prof.steps:
         prof = dataclasses.replace(prof, warmup=max(0, prof.steps // 10))
     names = _tasks(tasks, suite, prof)
@@ -175,6 +182,9 @@ def plan_tasks(
     require("relpos tasks", {"safetensors": "the checkpoints"})
     jobs = []
     for task in names:
+        train_len, test_lengths = prof.train_len, list(prof.test_lengths)
+        if task == "scan":
+            train_len, test_lengths = SCAN_TRAIN_LEN, list(SCAN_TEST_LENGTHS)
         for spec, name, scheme in models:
             for seed in range(seeds):
                 jobs.append(
@@ -192,8 +202,8 @@ def plan_tasks(
                         steps=prof.steps,
                         lr=prof.lr,
                         warmup=prof.warmup,
-                        train_len=prof.train_len,
-                        test_lengths=list(prof.test_lengths),
+                        train_len=train_len,
+                        test_lengths=test_lengths,
                         eval_size=prof.eval_size,
                         optimizer=prof.optimizer,
                         weight_decay=prof.weight_decay,

@@ -192,7 +192,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             optimizer="adamw",
             weight_decay=0.05,
             encoding_options=NOPE_STUDY_OPTIONS,
-            seconds_per_step=0.12,
+            seconds_per_step=0.3,
         ),
         "full": TaskProfile(
             name="full",

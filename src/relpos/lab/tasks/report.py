@@ -48,6 +48,15 @@ def _chance(suite: str, task: str) -> float | None:
     return None
 
 
+def _is_test(row: dict[str, Any]) -> bool:
+    value = row["test"]
+    return value if isinstance(value, bool) else str(value) == "True"
+
+
+def _mean(pairs: list[tuple[float, float]]) -> float:
+    return sum(a * w for a, w in pairs) / sum(w for _, w in pairs)
+
+
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One summary row per (task, model), in the rows' order."""
     groups: dict[tuple[str, str], dict[int, dict[str, list[float]]]] = {}
@@ -56,11 +65,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         key = (r["task"], r["model"])
         suites[key] = r["suite"]
         seed = groups.setdefault(key, {}).setdefault(int(r["seed"]), {"test": [], "train": []})
-        seed["test" if r["test"] else "train"].append(float(r["accuracy"]))
+        # the NoPE study scores the mean over test examples, the others the mean over lengths
+        weight = float(r["n"]) if r["suite"] == "nope" else 1.0
+        seed["test" if _is_test(r) else "train"].append((float(r["accuracy"]), weight))
     out = []
     for (task, model), seeds in groups.items():
-        scores = [sum(s["test"]) / len(s["test"]) for s in seeds.values() if s["test"]]
-        train = [sum(s["train"]) / len(s["train"]) for s in seeds.values() if s["train"]]
+        scores = [_mean(s["test"]) for s in seeds.values() if s["test"]]
+        train = [_mean(s["train"]) for s in seeds.values() if s["train"]]
         if not scores:
             continue
         mean, ci = mean_ci(scores)
@@ -163,7 +174,7 @@ def plot_task(path: Path, rows: Sequence[dict[str, Any]], task: str) -> None:
                 hi.append(min(1.0, m + t * sd / math.sqrt(n)))
             ax.fill_between(xs, lo, hi, color=colors(k % 10), alpha=0.18, linewidth=0)
     first = rows[0]
-    test = sorted({int(r["length"]) for r in rows if r["test"]})
+    test = sorted({int(r["length"]) for r in rows if _is_test(r)})
     if first["suite"] != "nope" or first["task"] != "scan":
         ax.axvline(first["train_len"], color="0.35", linestyle="--", linewidth=1.0)
     elif test:
@@ -184,11 +195,12 @@ def plot_task(path: Path, rows: Sequence[dict[str, Any]], task: str) -> None:
 HOW_TO_READ = """\
 Each model was trained on lengths up to the dashed line and scored at every length up to
 the longest test length. The *test score* of a seed is the mean {metric} over the test
-lengths ({test}); the table gives its mean over seeds with a 95% Student-t interval (no
-interval for one seed) and the max over seeds (the Chomsky papers report the max; the mean
-is much lower, maintainer: Transformer on Even Pairs averages 67.7 ± 15.2 over 10 seeds).
-*train lengths* is the mean score at the training lengths (did the model learn the task at
-all?). *published*: {ref_note}. Chance is 1 / classes for the Chomsky tasks.
+lengths ({test}; for the NoPE study's tasks the mean over the test examples, as the paper).
+The table gives its mean over seeds with a 95% Student-t interval (no interval for one seed)
+and the max over seeds (the Chomsky papers report the max; the mean is much lower,
+maintainer: Transformer on Even Pairs averages 67.7 ± 15.2 over 10 seeds). *train lengths*
+is the mean score at the training lengths (did the model learn the task at all?).
+*published*: {ref_note}. Chance is 1 / classes for the Chomsky tasks.
 """
 
 
@@ -201,7 +213,7 @@ def write_markdown(
 ) -> None:
     first = rows[0] if rows else {}
     suite = first.get("suite", meta.get("suite", "?"))
-    test = sorted({int(r["length"]) for r in rows if r["test"]})
+    test = sorted({int(r["length"]) for r in rows if _is_test(r)})
     test_text = f"{test[0]}-{test[-1]}" if test else "-"
     machine = meta.get("machine", {})
     load = machine.get("load_average")
@@ -239,7 +251,12 @@ def write_markdown(
         (f"Wall time {wall:.0f} s" if isinstance(wall, (int, float)) else "Wall time -")
         + f" on {machine.get('cpu_count', '?')} CPUs"
         + (f" (load average {load[0]:.2f} at the start)" if load else "")
-        + f", {meta.get('workers', '?')} worker processes of one thread each; relpos "
+        + (
+            f", {meta.get('workers')} worker processes of one thread each"
+            if isinstance(meta.get("workers"), int) and meta["workers"] > 1
+            else f", one process ({machine.get('torch_threads', '?')} torch threads)"
+        )
+        + "; relpos "
         f"{meta.get('versions', {}).get('relpos', '?')}, torch "
         f"{meta.get('versions', {}).get('torch', '?')}. Raw numbers: `results.csv`, "
         "`results.json`.",
