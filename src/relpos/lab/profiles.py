@@ -5,6 +5,9 @@
   evaluation at 1-16x the train length.
 * ``paper``: a deeper model trained ten times longer, plus xPos, KERPLE-power and learned
   absolute positions; hours on 2 CPU cores.
+* ``xtransformers``: the peer configuration recorded in docs/benchmarks.md (x-transformers
+  2.31: dim 128, depth 4, 4 heads, L = 128, batch 32, 1000 steps, AdamW 1e-3, weight decay
+  0.01, 50 warm-up steps, cosine to 1e-4, clip 1.0), ALiBi and RoPE.
 
 Estimated times come from throughputs measured on a quiet 2-core CPU (torch 2.13): the
 ``*_tokens_per_second`` fields below. ``--steps`` overrides a profile's step count.
@@ -51,6 +54,9 @@ class Profile:
     #: (chunked for FIRE's per-distance MLP table at training sizes, see
     #: ``relpos.attention``)
     backend: str = "auto"
+    #: AdamW weight decay (matrices and the token embedding) and the cosine's floor
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
         """Options for ``relpos.create``, read from what the encoding declares: one that has a
@@ -117,6 +123,27 @@ PROFILES: dict[str, Profile] = {
         # depth 6 trains at 12-13K tok/s on a quiet 2-core CPU (measured, ALiBi and RoPE)
         train_tokens_per_second={"*": 12500.0, "t5": 8500.0},
         eval_tokens_per_second={"*": 27000.0, "fire": 2700.0},
+    ),
+    "xtransformers": Profile(
+        name="xtransformers",
+        description="the x-transformers configuration of docs/benchmarks.md's throughput "
+        "section (dim 128, depth 4, 4 heads, batch 32, 1000 steps, AdamW 1e-3, wd 0.01, 50 "
+        "warm-up steps, cosine to 1e-4, clip 1.0), to set perplexities beside that peer's",
+        encodings=("alibi", "rope"),
+        dim=128,
+        depth=4,
+        num_heads=4,
+        batch_size=32,
+        steps=1000,
+        lr=1e-3,
+        warmup=50,
+        checkpoint_every=250,
+        eval_tokens={"nonoverlapping": 131072, "sliding": 16384},
+        # depth 4 at L = 128: about 2/3 of quick's depth-2 throughput (scaled from it)
+        train_tokens_per_second={"*": 19000.0, "t5": 12500.0},
+        eval_tokens_per_second={"*": 40000.0, "fire": 4000.0},
+        weight_decay=0.01,
+        min_lr_ratio=0.1,
     ),
 }
 
