@@ -111,3 +111,17 @@ def test_encodings_the_task_models_cannot_run_are_refused_by_name():
     with pytest.raises(ValueError, match="'xpos' is for causal attention only"):
         check_encoding_for_tasks("xpos", "default", causal=False)
     check_encoding_for_tasks("xpos", "random", causal=True)  # the decoder takes it
+
+
+def test_decoder_scores_report_token_accuracy_beside_exact_match(tmp_path):
+    from relpos.lab.tasks.jobs import evaluate_job
+
+    job = _job(
+        suite="coupling", task="addition", model="nope", encoding="nope", scheme="default",
+        test_lengths=[5], eval_size=6, folder=str(tmp_path),
+    )  # fmt: skip
+    data = _Data(job)
+    scores = evaluate_job(job, data, build_model(job, data).eval())
+    assert set(scores) == {2, 4, 5}
+    for cell in scores.values():
+        assert cell["n"] == 6 and 0.0 <= cell["accuracy"] <= cell["token_accuracy"] <= 1.0

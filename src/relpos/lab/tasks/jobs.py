@@ -397,7 +397,9 @@ def train_job(
 @torch.no_grad()
 def evaluate_job(job: Job, data: _Data, model: nn.Module) -> dict[int, dict[str, float]]:
     """``{length: {"accuracy": .., "n": ..}}``: masked per-token accuracy (Chomsky, the mean
-    over sub-batches) or exact match (decoder tasks, the mean over examples)."""
+    over sub-batches) or exact match (decoder tasks, the mean over examples; plus
+    ``token_accuracy``, the fraction of target tokens and EOS predicted right under teacher
+    forcing, which Cho et al. report too)."""
     gen = torch.Generator().manual_seed(EVAL_SEED)
     out: dict[int, dict[str, float]] = {}
     for length, batches in data.eval_sets().items():
@@ -411,13 +413,21 @@ def evaluate_job(job: Job, data: _Data, model: nn.Module) -> dict[int, dict[str,
             n = sum(b.inputs.shape[0] for b in batches)
             out[length] = {"accuracy": sum(scores) / len(scores), "n": n}
         else:
-            hits = total = 0
+            hits = total = right = tokens = 0
             for b in batches:
                 pos = positions(job, data, b, train=False, generator=gen)
-                ok = exact_match(forward(model, b, pos), b)
+                logits = forward(model, b, pos)
+                ok = exact_match(logits, b)
                 hits += int(ok.sum())
                 total += ok.numel()
-            out[length] = {"accuracy": hits / total, "n": total}
+                mask = b.loss_mask[:, :-1]
+                right += int(((logits[:, :-1].argmax(-1) == b.tokens[:, 1:]) & mask).sum())
+                tokens += int(mask.sum())
+            out[length] = {
+                "accuracy": hits / total,
+                "n": total,
+                "token_accuracy": right / tokens,
+            }
     return out
 
 

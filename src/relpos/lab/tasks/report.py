@@ -32,8 +32,8 @@ __all__ = ["summarize", "write_report", "print_table", "markdown_summary", "plot
 
 CSV_COLUMNS = (
     "suite", "task", "model", "encoding", "scheme", "seed", "length", "test", "accuracy",
-    "n", "train_len", "steps", "final_loss", "train_seconds", "dim", "depth", "heads",
-    "batch", "lr",
+    "token_accuracy", "n", "train_len", "steps", "final_loss", "train_seconds", "dim",
+    "depth", "heads", "batch", "lr",
 )  # fmt: skip
 METRIC = {
     "chomsky": "per-token accuracy",

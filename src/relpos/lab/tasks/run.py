@@ -70,6 +70,7 @@ def job_rows(job: Job, result: dict[str, Any]) -> list[dict[str, Any]]:
                 "length": length,
                 "test": length in test,
                 "accuracy": cell["accuracy"],
+                "token_accuracy": cell.get("token_accuracy", ""),
                 "n": cell["n"],
                 "train_len": job.train_len,
                 "steps": result["train"]["steps"],
