@@ -125,3 +125,12 @@ def test_decoder_scores_report_token_accuracy_beside_exact_match(tmp_path):
     assert set(scores) == {2, 4, 5}
     for cell in scores.values():
         assert cell["n"] == 6 and 0.0 <= cell["accuracy"] <= cell["token_accuracy"] <= 1.0
+
+
+def test_the_chomsky_encoder_uses_the_two_sided_form_of_declared_bidirectional_biases():
+    for name in ("t5", "alibi"):
+        job = _job(model=name, encoding=name, scheme="default")
+        enc = build_model(job, _Data(job)).blocks[0].attn.encoding
+        assert enc.bidirectional in (True, "symmetric"), name
+    job = _job(suite="nope", task="copy", model="t5", encoding="t5", scheme="default")
+    assert build_model(job, _Data(job)).blocks[0].attn.encoding.bidirectional is False

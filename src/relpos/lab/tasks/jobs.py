@@ -214,10 +214,14 @@ def _group(examples: list[Example], cap: int) -> dict[int, list[Example]]:
 
 
 def encoding_options_for(job: Job, longest: int) -> dict[str, Any]:
-    """The job's encoding options plus a learned table (``max_positions``) that covers every
-    position the scheme can produce."""
+    """The job's encoding options, read from the encoding's declarations: the encoder form
+    (``bidirectional=True``) in the non-causal Chomsky encoder, and a learned table
+    (``max_positions``) that covers every position the scheme can produce."""
     options = dict(job.encoding_options)
-    if "max_positions" in registry.encoding_class(job.encoding).option_specs:
+    specs = registry.encoding_class(job.encoding).option_specs
+    if job.suite == "chomsky" and "bidirectional" in specs:
+        options.setdefault("bidirectional", True)  # the encoder form (T5, ALiBi, ...)
+    if "max_positions" in specs:
         table = {"random": job.max_length, "coupled": job.max_position + 1}
         options.setdefault("max_positions", table.get(job.scheme, longest))
     return options
