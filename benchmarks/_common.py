@@ -30,11 +30,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import resource
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -43,63 +40,20 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the repo's relpos
+
+from relpos.lab import measure  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 MEMORY_TAG = "MEMORY_JSON "
 MB = 1e6  # tables use decimal megabytes: (1, 8, 4096, 4096) fp32 = 536.9 MB
 
 
 # ------------------------------------------------------------------------------ machine
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return "unknown"
-
-
-def machine_info() -> dict:
-    """What the numbers depend on: CPU, cores, threads, torch, allocator, load."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "cpu": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": usable,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "libc": " ".join(platform.libc_ver()),
-        "transparent_hugepage": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
-        "malloc_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")},
-        "loadavg_start": list(os.getloadavg()),
-        "git": _git_commit(),
-    }
+# the primitives live in the package (``relpos bench`` uses them too)
+cpu_model = measure.cpu_model
+machine_info = measure.machine_info
+_read = measure._read
 
 
 def command_line() -> str:
@@ -172,83 +126,14 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------ timing
-def _minflt() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def time_once(fn: Callable[[], object]) -> tuple[float, int]:
-    """Seconds and minor page faults of one call (its result is dropped before returning)."""
-    f0 = _minflt()
-    t0 = time.perf_counter()
-    out = fn()
-    t1 = time.perf_counter()
-    f1 = _minflt()
-    del out
-    return t1 - t0, f1 - f0
-
-
-def time_round_robin(
-    fns: dict[str, Callable[[], object]], *, warmup: int, repeats: int
-) -> dict[str, dict]:
-    """Time every case ``repeats`` times, in turn, after ``warmup`` untimed rounds.
-
-    Returns per case: ``median_s``, ``min_s``, ``max_s``, ``samples_s``, ``faults`` (median
-    minor page faults per call).
-    """
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            time_once(fns[n])
-    samples: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
-    for r in range(repeats):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            samples[n].append(time_once(fns[n]))
-    out = {}
-    for n, s in samples.items():
-        secs = [t for t, _ in s]
-        out[n] = {
-            "median_s": statistics.median(secs),
-            "min_s": min(secs),
-            "max_s": max(secs),
-            "samples_s": secs,
-            "faults": statistics.median([f for _, f in s]),
-        }
-    return out
-
+time_once = measure.time_once
+time_round_robin = measure.time_round_robin
 
 # ------------------------------------------------------------------------------ memory
-def _status_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_kb(reset_ok: bool) -> int:
-    if reset_ok:
-        return _status_kb("VmHWM")
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _malloc_trim() -> bool:
-    """Return free heap memory to the OS (glibc), so the baseline holds live data only."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        return False
-    return True
+_status_kb = measure.status_kb
+_reset_peak = measure.reset_peak
+_peak_kb = measure.peak_kb
+_malloc_trim = measure.malloc_trim
 
 
 def memory_child(run: Callable[[], object], before_baseline: Callable[[], None] | None = None):

@@ -68,6 +68,11 @@ COMMANDS: dict[str, Command] = {
         "accuracy per test length over seeds",
         "relpos.lab.tasks.command",
     ),
+    "bench": command(
+        "time and peak memory of encodings x backends x lengths beside no-bias SDPA "
+        "(ratios, JSON/CSV, log-log plots)",
+        "relpos.lab.bench",
+    ),
     "analyze": command(
         "diagnostics: RoPE decay bound, base lower bound, attention resolution, wavelengths",
         "relpos.analysis.cli",

@@ -130,6 +130,12 @@ def rope_angles(pos: Tensor, inv_freq: Tensor) -> Tensor:
     Shapes: ``pos (..., L)`` int or float, ``inv_freq (F,)`` -> ``(..., L, F)`` float32.
     """
     ang = pos.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+    if not pos.is_floating_point() and (
+        pos.numel() == 0 or int(pos.abs().max()) <= EXACT_ANGLE_LIMIT
+    ):
+        # every position is small: the per-element rule below picks ``ang`` everywhere
+        # (one reduction instead of a float64 remainder and select over every angle)
+        return ang.to(torch.float32)
     reduced = torch.remainder(ang, 2 * math.pi)
     if pos.is_floating_point():
         return reduced.to(torch.float32)
@@ -192,6 +198,47 @@ def apply_rotary_fused(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half"
         _FUSED_BROKEN = True
         warnings.warn(f"relpos: fused rotary unavailable ({err}); using eager", stacklevel=2)
         return apply_rotary(x, cos, sin, layout)
+
+
+def apply_rotary_pair(
+    q: Tensor,
+    k: Tensor,
+    cos_q: Tensor,
+    sin_q: Tensor,
+    cos_k: Tensor,
+    sin_k: Tensor,
+    layout: str = "half",
+) -> tuple[Tensor, Tensor]:
+    """``apply_rotary`` of queries and keys, each with its own ``cos``/``sin`` (pass the same
+    tensors twice when the positions are the same)."""
+    return apply_rotary(q, cos_q, sin_q, layout), apply_rotary(k, cos_k, sin_k, layout)
+
+
+@cache
+def _compiled_rotary_pair():
+    return torch.compile(apply_rotary_pair, fullgraph=True)
+
+
+def apply_rotary_pair_fused(
+    q: Tensor,
+    k: Tensor,
+    cos_q: Tensor,
+    sin_q: Tensor,
+    cos_k: Tensor,
+    sin_k: Tensor,
+    layout: str = "half",
+) -> tuple[Tensor, Tensor]:
+    """``apply_rotary_pair`` compiled into one graph (one kernel launch for q and k, the
+    shared cos/sin read once per tile), same result; falls back like ``apply_rotary_fused``."""
+    global _FUSED_BROKEN
+    if _FUSED_BROKEN or torch.compiler.is_compiling():
+        return apply_rotary_pair(q, k, cos_q, sin_q, cos_k, sin_k, layout)
+    try:
+        return _compiled_rotary_pair()(q, k, cos_q, sin_q, cos_k, sin_k, layout)
+    except Exception as err:  # noqa: BLE001 - any compiler failure means: stay eager
+        _FUSED_BROKEN = True
+        warnings.warn(f"relpos: fused rotary unavailable ({err}); using eager", stacklevel=2)
+        return apply_rotary_pair(q, k, cos_q, sin_q, cos_k, sin_k, layout)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

@@ -38,6 +38,7 @@ def encoding_rows(family: str | None = None) -> list[dict[str, str]]:
                 ("rotate", enc.has_rotary),
                 ("pieces", enc.piecewise),
                 ("bias", enc.has_bias),
+                ("row", enc.row_dependent),
                 ("value", enc.has_value_term),
                 ("weights", enc.multiplies_probs),
                 ("embed", enc.adds_to_input),

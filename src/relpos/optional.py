@@ -10,7 +10,8 @@ The ``relpos`` script installs without the ``lab`` extra, so every command asks 
 
 Which command needs what: ``relpos extrapolate`` needs safetensors (checkpoints) and, for
 ``--tokenizer bpe``, tokenizers; ``relpos longctx`` needs gguf and tokenizers for a GGUF model
-(not for ``random-tiny``); matplotlib and rich are optional everywhere.
+(not for ``random-tiny``) and transformers for ``--model hf:...`` (as does
+``relpos.interop.hf``); matplotlib and rich are optional everywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ PACKAGES = {
     "safetensors": "safetensors",
     "tokenizers": "tokenizers",
     "gguf": "gguf",
+    "transformers": "transformers",
 }
 
 

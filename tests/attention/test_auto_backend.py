@@ -46,6 +46,8 @@ def test_auto_choice(name):
     assert large in api.BACKENDS and small in api.BACKENDS
     if enc.needs_probabilities:
         assert (small, large) == ("eager", "chunked"), "weights beyond a score term: eager/chunked"
+    elif enc.has_bias and "fold" in api.supported_backends(enc):
+        assert large == "fold", "a bias that folds exactly runs as a fold (no L x L tensor)"
     elif enc.has_bias:
         assert large == "chunked", "a bias above DENSE_BIAS_LIMIT on CPU must go to chunked"
     else:

@@ -39,8 +39,10 @@ def test_auto_rule_is_a_capability_not_a_name():
     q, k, v = qkv(16, 128, grad=True)
     learned = relpos.create("t5", num_heads=H, head_dim=D)
     assert plan(q, k, v, learned, causal=True) == ("chunked", "toeplitz")
-    fixed = relpos.create("alibi", num_heads=H, head_dim=D)  # no parameters: nothing to train
-    assert plan(q, k, v, fixed, causal=True) == ("sdpa", "dense-bias")
+    fixed = relpos.create("kerple-log", num_heads=H, head_dim=D).requires_grad_(False)
+    assert plan(q, k, v, fixed, causal=True) == ("sdpa", "dense-bias")  # nothing to train
+    alibi = relpos.create("alibi", num_heads=H, head_dim=D)  # folds exactly: any size
+    assert plan(q, k, v, alibi, causal=True) == ("fold", "fold-sdpa")
     frozen = relpos.create("fire", num_heads=H, head_dim=D).requires_grad_(False)
     assert plan(q, k, v, frozen, causal=True) == ("sdpa", "dense-bias")
     # no per-distance table for batch positions: the dense bias stays
@@ -53,11 +55,16 @@ def test_auto_rule_is_a_capability_not_a_name():
     ("name", "options", "length", "expected"),
     [
         ("rope", {}, 64, ("sdpa", "fused")),
-        ("alibi", {}, 64, ("sdpa", "dense-bias")),
-        ("alibi", {}, 1100, ("chunked", "toeplitz")),
+        ("alibi", {}, 64, ("sdpa", "dense-bias")),  # the bias is smaller than the fold's copies
+        ("alibi", {}, 1100, ("fold", "fold-sdpa")),
+        ("alibi", {"bidirectional": True}, 1100, ("fold", "fold-sdpa")),  # causal: one line
+        ("kerple-log", {}, 64, ("sdpa", "dense-bias")),
+        ("kerple-log", {}, 1100, ("chunked", "toeplitz")),
         ("shaw", {}, 64, ("eager", "dense")),
         ("shaw", {}, 1100, ("chunked", "probabilities")),
         ("dca", {"pretraining_length": 16}, 1100, ("chunked", "piecewise-sdpa")),
+        ("cope", {}, 64, ("eager", "dense")),
+        ("cope", {}, 1100, ("chunked", "row-suffix")),
     ],
 )
 def test_plan_names_the_path(name, options, length, expected):

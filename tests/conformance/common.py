@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 import relpos
+from relpos.encodings.base import QueryGroups
 from relpos.registry import encoding_class
 from relpos.schedules import anchor_mask_mod
 
@@ -78,6 +79,70 @@ def _adapt(enc, q, k, kw: dict) -> dict:
         gen = torch.Generator().manual_seed(0)
         kw["inputs"] = enc.example_inputs(q.shape[0], q.shape[-2], k.shape[-2], gen)
     return kw
+
+
+def rotary_state(enc: relpos.Encoding, q_pos, k_pos, batch: int, lq: int, lk: int):
+    """The rotation state (``Encoding.prepare_rotary``) of a call of these sizes with the
+    example inputs that ``attention`` / ``scores`` pass (camera frames); None for rotations
+    that read positions only. ``q_pos`` / ``k_pos`` as the engine normalises them."""
+    inputs = {}
+    if enc.required_inputs or enc.needs_inputs:
+        gen = torch.Generator().manual_seed(0)
+        inputs = enc.example_inputs(batch, lq, lk, gen)
+    return enc.prepare_rotary(q_pos, k_pos, inputs)
+
+
+def rotation_groups(enc: relpos.Encoding, q_pos, k_pos, batch: int, lq: int, lk: int) -> list:
+    """``[(rows, state)]``: the query groups of a query-grouped rotation (``QueryGroups``:
+    one attention per group, ``rows (B|1, Lq)`` bool), else ``[(None, state)]``."""
+    state = rotary_state(enc, q_pos, k_pos, batch, lq, lk)
+    if isinstance(state, QueryGroups):
+        return list(state.groups)
+    return [(None, state)]
+
+
+def merge_groups(parts: list) -> torch.Tensor:
+    """``[(rows, tensor (B, H, Lq, ...))]`` -> each query's row from its own group."""
+    out = None
+    for rows, value in parts:
+        if rows is None:
+            return value
+        keep = rows[:, None, :, None]
+        out = torch.where(keep, value, 0.0 if out is None else out)
+    return out
+
+
+def rotate(enc: relpos.Encoding, x, pos, role: str, state=None):
+    """``enc.rotate`` as the engine calls it (the state only when there is one; for a
+    query-grouped state, the first group's)."""
+    if isinstance(state, QueryGroups):
+        state = state.groups[0][1]
+    return enc.rotate(x, pos, role) if state is None else enc.rotate(x, pos, role, state)
+
+
+def rotate_qk(enc: relpos.Encoding, q, k, q_pos, k_pos):
+    """``enc.rotate_qk`` with the state of the example inputs (``rotary_state``; for a
+    query-grouped state, the first group's)."""
+    state = rotary_state(enc, q_pos, k_pos, q.shape[0], q.shape[-2], k.shape[-2])
+    if isinstance(state, QueryGroups):
+        state = state.groups[0][1]
+    if state is None:
+        return enc.rotate_qk(q, k, q_pos, k_pos)
+    return enc.rotate_qk(q, k, q_pos, k_pos, state)
+
+
+def head_dim_refused(name: str, head_dim: int) -> str | None:
+    """Why the encoding (with its ``example_options``) refuses ``head_dim`` by name (the
+    small models of the suite have head_dim 8; RayNova needs 16), or None when it takes it."""
+    try:
+        relpos.create(
+            name, num_heads=1, head_dim=head_dim, **encoding_class(name).example_options()
+        )
+    except ValueError as err:
+        if "head_dim" in str(err):
+            return f"the encoding cannot take head_dim={head_dim}: {err}"
+        raise
+    return None
 
 
 def model_inputs(name: str, batch: int, length: int) -> dict:

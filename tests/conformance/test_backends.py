@@ -105,26 +105,48 @@ def shrink_chunked_blocks(monkeypatch) -> list[int]:
     return rows
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("backend", ["sdpa", "chunked", "chunked-small"])
-def test_backend_matches_eager(name, backend, case, causal, monkeypatch):
+def check_backends_match_eager(name, case, causal, backends, monkeypatch) -> None:
+    """Every backend of ``backends`` that can run the encoding gives eager's output and
+    gradients on ``case`` (one eager reference for all of them)."""
     enc = make_encoding(name)
     if enc.causal_only and not causal:
         pytest.skip("causal-only encoding (non-causal calls must raise: tested below)")
     if reason := case.needs(enc):
         pytest.skip(reason)
-    if backend.removesuffix("-small") not in supported_backends(enc):
-        pytest.skip(f"{backend} cannot run this encoding (needs_probabilities): tested below")
-    if backend == "chunked-small" and case.lq <= SMALL_BLOCKS["FORWARD_BLOCK"]:
-        pytest.skip("a single block even when shrunk: same as 'chunked'")
+    runnable = [b for b in backends if b.removesuffix("-small") in supported_backends(enc)]
+    if not runnable:
+        pytest.skip(f"{backends} cannot run this encoding (needs_probabilities): tested below")
     inputs = build_inputs(case, enc)
     ref_out, ref_grads = run_backend(enc, inputs, causal, "eager")
-    tiles = shrink_chunked_blocks(monkeypatch) if backend == "chunked-small" else None
-    out, grads = run_backend(enc, inputs, causal, backend.removesuffix("-small"))
-    if tiles:  # the tile path ran: it must have split the queries
-        assert max(tiles) < case.lq, f"one tile of {max(tiles)} rows for {case.lq} queries"
-    compare(enc, out, grads, ref_out, ref_grads, f"{name} {backend} {case.id} causal={causal}")
+    for backend in runnable:
+        with monkeypatch.context() as patched:
+            tiles = shrink_chunked_blocks(patched) if backend == "chunked-small" else None
+            out, grads = run_backend(enc, inputs, causal, backend.removesuffix("-small"))
+        if tiles:  # the tile path ran: it must have split the queries
+            assert max(tiles) < case.lq, f"one tile of {max(tiles)} rows for {case.lq} queries"
+        compare(enc, out, grads, ref_out, ref_grads, f"{name} {backend} {case.id} causal={causal}")
+
+
+def is_long(case: Case) -> bool:
+    """More queries than a shrunk block: ``chunked-small`` runs many query blocks."""
+    return case.lq > SMALL_BLOCKS["FORWARD_BLOCK"]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_backends_match_eager(name, case, causal, monkeypatch):
+    """Short cases: sdpa and chunked (one block). Long cases: chunked with shrunk blocks, so
+    every path runs many query blocks; the production block sizes on long cases run in the
+    slow suite (below)."""
+    backends = ["chunked-small"] if is_long(case) else ["sdpa", "chunked"]
+    check_backends_match_eager(name, case, causal, backends, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", [c for c in CASES if is_long(c)], ids=lambda c: c.id)
+def test_backends_match_eager_on_long_cases_at_production_sizes(name, case, causal, monkeypatch):
+    check_backends_match_eager(name, case, causal, ["sdpa", "chunked"], monkeypatch)
 
 
 # FlexAttention compiles per encoding (seconds on CPU): one causal and one non-causal case each.

@@ -179,8 +179,17 @@ def test_bad_sizes(name, arg, bad):
 
 
 def test_rotary_needs_even_head_dim(name):
-    if not make_encoding(name).has_rotary:
+    enc = make_encoding(name)
+    if not enc.has_rotary:
         pytest.skip("not rotary")
+    x = torch.randn(1, H, 4, D, generator=torch.Generator().manual_seed(0))
+    pos = lift_positions(enc, torch.arange(4))
+    pos = pos[None] if enc.dims == 1 else pos
+    qr, _ = enc.rotate_qk(x, x, pos, pos)
+    if qr.shape[-1] != D:
+        pytest.skip("appends channels to q and k (SeqPE): no rotation pairs")
+    if torch.equal(qr, enc.rotate_qk(2 * x, x, pos, pos)[0]):
+        pytest.skip("replaces q and k by position vectors (positional attention): no pairs")
     with pytest.raises(ValueError, match="head_dim"):
         relpos.create(name, num_heads=H, head_dim=D + 1)
 

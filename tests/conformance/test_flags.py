@@ -8,13 +8,29 @@ table (``relpos list``) and the backends read the same flags.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 import relpos
 from relpos.attention import supported_backends
 
-from .common import B, D, H, attention, in_table, lift_positions, make_encoding, scores
+from .common import (
+    B,
+    D,
+    H,
+    attention,
+    in_table,
+    lift_positions,
+    make_encoding,
+    merge_groups,
+    rotary_state,
+    rotate,
+    rotate_qk,
+    rotation_groups,
+    scores,
+)
 
 LQ = LK = 20
 
@@ -76,7 +92,7 @@ def test_no_rotary_means_rotate_is_the_identity(name):
     kp = qp
     if enc.dims != 1:
         qp = kp = lift_positions(enc, in_table(enc, torch.arange(LK)))
-    qr, kr = enc.rotate_qk(q, k, qp, kp)
+    qr, kr = rotate_qk(enc, q, k, qp, kp)
     same = torch.equal(qr, q) and torch.equal(kr, k)
     assert same != enc.has_rotary, f"{name}: has_rotary={enc.has_rotary} but rotate_qk " + (
         "is the identity" if same else "changes q or k"
@@ -99,15 +115,25 @@ def test_value_term_and_multiplier_flags_match_the_output(name):
     enc = _enc(name)
     q, k, v = _qkv()
     causal = enc.causal_only
-    logits = scores(q, k, enc)
-    if causal:
-        logits = logits.masked_fill(torch.ones(LQ, LK, dtype=torch.bool).triu(1), -torch.inf)
     pos = lift_positions(enc, in_table(enc, torch.arange(LK)))
     pos = pos[None] if enc.dims == 1 else pos
-    # rotations of values and outputs (RoVE) are part of the rotary hook, not a value term
-    plain = torch.softmax(logits, dim=-1) @ enc.rotate(v, pos, "v")
-    plain = enc.rotate(plain, pos[:, LK - LQ :], "o")
-    out = attention(q, k, v, enc, backend="eager", causal=causal)
+    # explicit positions: the rotations of v and o below must read the scores' positions
+    # (m-D defaults are the diagonal, not the lifted ones)
+    logits = scores(q, k, enc, q_pos=pos[:, LK - LQ :], k_pos=pos)
+    if causal:
+        logits = logits.masked_fill(torch.ones(LQ, LK, dtype=torch.bool).triu(1), -torch.inf)
+    # rotations of values and outputs (RoVE, camera frames) are part of the rotary hook, not
+    # a value term
+    weights = torch.softmax(logits, dim=-1)
+    plain = merge_groups(
+        [
+            (rows, rotate(enc, weights @ rotate(enc, v, pos, "v", st), pos[:, LK - LQ :], "o", st))
+            for rows, st in rotation_groups(enc, pos[:, LK - LQ :], pos, B, LQ, LK)
+        ]
+    )
+    out = attention(
+        q, k, v, enc, q_pos=pos[:, LK - LQ :], k_pos=pos, backend="eager", causal=causal
+    )
     changes = enc.has_value_term or enc.multiplies_probs
     same = torch.allclose(out, plain, rtol=1e-9, atol=1e-9)
     assert same != changes, (
@@ -128,8 +154,11 @@ def test_no_bias_means_the_logits_are_the_rotated_dot_products(name):
     if enc.dims == 1:
         qp, kp = qp[None], kp[None]
     logits = scores(q, k, enc, q_pos=qp, k_pos=kp)
-    qr, kr = enc.rotate_qk(q, k, qp, kp)
-    plain = qr @ kr.transpose(-1, -2) * enc.default_scale(D)
+    parts = []
+    for rows, st in rotation_groups(enc, qp, kp, B, LQ, LK):
+        qr, kr = enc.rotate_qk(q, k, qp, kp) if st is None else enc.rotate_qk(q, k, qp, kp, st)
+        parts.append((rows, qr @ kr.transpose(-1, -2) * enc.default_scale(D)))
+    plain = merge_groups(parts)
     same = torch.allclose(logits, plain, rtol=1e-9, atol=1e-9)
     assert same != enc.has_bias, (
         f"{name}: has_bias={enc.has_bias} but the logits "
@@ -164,9 +193,25 @@ def test_cached_rotated_keys_do_not_depend_on_the_other_positions(name):
     if enc.dims == 1:
         kp = kp[None]
     n = LK // 2
-    _, full = enc.rotate_qk(q, k, kp, kp)
-    _, prefix = enc.rotate_qk(q[:, :, :n], k[:, :, :n], kp[:, :n], kp[:, :n])
+    _, full = rotate_qk(enc, q, k, kp, kp)
+    _, prefix = rotate_qk(enc, q[:, :, :n], k[:, :, :n], kp[:, :n], kp[:, :n])
     torch.testing.assert_close(full[:, :, :n], prefix, rtol=1e-12, atol=1e-12)
+
+
+def test_rotates_values_matches_whether_values_and_outputs_change(name):
+    """``rotates_values``: ``rotate`` changes values ("v") and outputs ("o")."""
+    enc = _enc(name)
+    _, _, v = _qkv()
+    pos = lift_positions(enc, in_table(enc, torch.arange(LK)))
+    pos = pos[None] if enc.dims == 1 else pos
+    state = rotary_state(enc, pos, pos, B, LK, LK)
+    same_v = torch.equal(rotate(enc, v, pos, "v", state), v)
+    same_o = torch.equal(rotate(enc, v, pos, "o", state), v)
+    assert same_v == same_o, f"{name}: rotates values but not outputs (or the reverse)"
+    assert same_v != enc.rotates_values, (
+        f"{name}: rotates_values={enc.rotates_values} but rotate(v) "
+        + ("is the identity" if same_v else "changes v")
+    )
 
 
 def test_continuous_flag_matches_whether_float_positions_are_accepted(name):
@@ -191,12 +236,20 @@ def test_adds_to_input_matches_embed(name):
             enc.embed(pos, H * D)
 
 
+@functools.cache
+def _listing_rows() -> tuple[dict, ...]:
+    """``relpos list``'s rows, built once per worker (they build every encoding)."""
+    from relpos.cli import encoding_rows
+
+    return tuple(encoding_rows())
+
+
 def test_relpos_list_reports_instance_flags(name):
     """``relpos list`` (and so the README table) shows the flags of a default instance."""
-    from relpos.cli import LIST_HEAD_DIM, LIST_HEADS, encoding_rows
+    from relpos.cli import LIST_HEAD_DIM, LIST_HEADS
 
     enc = relpos.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM)
-    (row,) = [r for r in encoding_rows() if r["name"] == name]
+    (row,) = [r for r in _listing_rows() if r["name"] == name]
     assert row["family"] == enc.family
     assert row["relative"] == ("yes" if enc.relative else "no")
     hooks = row["hooks"].split(", ")

@@ -13,7 +13,7 @@ import torch
 
 import relpos
 
-from .common import D, H, lift_positions, make_encoding
+from .common import D, H, lift_positions, make_encoding, rotate_qk
 
 L = 12
 TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-5, torch.float64: 1e-5}
@@ -28,7 +28,7 @@ def _rotary(name: str) -> relpos.Encoding:
 
 def _rotate(enc, q, k):
     pos = lift_positions(enc, torch.arange(L)[None] if enc.dims == 1 else torch.arange(L))
-    return enc.rotate_qk(q, k, pos, pos)
+    return rotate_qk(enc, q, k, pos, pos)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@ Modes:
 * ``decay``: RoFormer's long-term-decay bound and expected scores vs distance, any encoding;
 * ``base-bound``: the smallest RoPE base for a context length (Men et al. 2024);
 * ``resolution``: attention resolution (Sun et al. 2022) of encodings at several lengths;
-* ``frequencies``: RoPE wavelengths per pair under frequency scalings.
+* ``frequencies``: RoPE wavelengths per pair under frequency scalings;
+* ``receptive-field``, ``positional-heads``, ``influence``, ``causal-mask``, ``kv-phase``:
+  the diagnostics of ``analysis/diagnostics_cli.py`` (encodings or ``--model``).
 
 Every argument is parsed and checked (encodings created, scaling dicts validated, ``--out``
 creatable) before anything is computed or written; numbers are parsed with
@@ -26,10 +28,13 @@ from typing import Any
 from ..arguments import parse_float, parse_int, parse_int_list, parse_names
 from ..io import check_output_dir
 from ..optional import missing_plot_note
+from .diagnostics_cli import MODES as DIAGNOSTIC_MODES
+from .diagnostics_cli import RUN as DIAGNOSTIC_RUN
+from .diagnostics_cli import add_modes as add_diagnostic_modes
 
 __all__ = ["add_arguments", "run_command"]
 
-MODES = ("decay", "base-bound", "resolution", "frequencies")
+MODES = ("decay", "base-bound", "resolution", "frequencies", *DIAGNOSTIC_MODES)
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -293,6 +298,7 @@ _RUN: dict[str, Callable[[argparse.Namespace], int]] = {
     "base-bound": _base_bound,
     "resolution": _resolution,
     "frequencies": _frequencies,
+    **DIAGNOSTIC_RUN,
 }
 
 
@@ -343,6 +349,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--base", default="10000", help="rope_theta (10000)")
     p.add_argument("--factor", default="4", help="factor of the default presets (4)")
     p.add_argument("--original", default="2048", help="original context length (2048)")
+
+    add_diagnostic_modes(mode)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -127,6 +127,13 @@ def pair_structure(encoding: Encoding) -> PairStructure:
     eye = torch.eye(d).repeat(n, 1)[:, None, None, :].expand(n * d, h, 1, d).contiguous()
     pos = torch.tensor(_PROBES, dtype=torch.long).repeat_interleave(d)[:, None]
     rotated, _ = _rotate(encoding, eye, eye, pos, pos)
+    if rotated.shape[-1] != d:  # SeqPE appends channels, positional attention replaces q
+        return PairStructure(
+            None,
+            None,
+            f"rotate_qk maps {d} channels to {rotated.shape[-1]}: not a rotation of channel "
+            "pairs, the RoFormer bound is undefined",
+        )
     rotated = rotated.double().reshape(n, d, h, d).transpose(1, 2)  # (probe, H, c_in, c_out)
     norm = rotated.norm(dim=-1, keepdim=True).clamp_min(1e-300)
     share = (rotated / norm).abs().amax(dim=(0, 1))  # (d, d): [input channel, output channel]

@@ -4,6 +4,12 @@
 docs/benchmarks.md (2-core CPU, torch 2.13):
 
 * no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
+* a bias that folds exactly into q/k channels (``DistanceBias.linear_pieces``: every ALiBi
+  form; no user mask; positions one batch-shared integer range), for calls with more than a
+  few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``), while the folded logits' rounding bound
+  ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats) -> ``fold``
+  (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by log-sum-exp
+  for the two-sided forms; multi-pass folds on CPU only), at any size;
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -18,12 +24,18 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   scatters it back through an ``Lq x Lk`` gather (FIRE at the lab's training size, batch 16
   x L 128 x 4 heads, trains on it without naming it);
 * encodings that change the weights themselves (``Encoding.needs_probabilities``: value
-  terms, URPE, piecewise logits) -> ``eager`` up to the same size, ``chunked`` above it;
+  terms, URPE, piecewise logits, row-dependent terms such as CoPE) -> ``eager`` up to the
+  same size, ``chunked`` above it;
   ``sdpa`` and ``flex`` only take an additive score term and refuse them.
+* ``feature_map`` given (the call asks for the kernelized model, not softmax attention) ->
+  ``linear`` (``attention/linear.py``), the only backend that computes it; ``linear`` is
+  never chosen otherwise and the softmax backends refuse ``feature_map``.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``), without running it.
+``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
+``"fold-sdpa"``, ``"fold-passes"``; the linear backend's ``"linear-scan"``, ``"linear-sum"``,
+``"linear-decay"``, ``"linear-fft"``), without running it.
 """
 
 from __future__ import annotations
@@ -34,11 +46,23 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..efficient.feature_maps import FeatureMap, create_feature_map
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
+from .fold import (
+    FOLD_LOGIT_TOLERANCE,
+    exact_fold_attention,
+    exact_fold_pieces,
+    fold_path,
+    fold_refusal,
+    fold_rounding_bound,
+)
+from .linear import linear_attention, linear_path, prepare_linear_call
+from .query_split import split_call
 from .sdpa import sdpa_attention
 
 DENSE_BIAS_LIMIT = 1 << 22  # elements of a materialised (B, H, Lq, Lk) bias (16 MiB in fp32)
@@ -48,14 +72,37 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
     "sdpa": sdpa_attention,
     "chunked": chunked_attention,
     "flex": flex_attention_backend,
+    "fold": exact_fold_attention,
 }
 
 
 def supported_backends(encoding: Encoding | None) -> list[str]:
-    """Backends that compute this encoding exactly (``sdpa`` materialises biases)."""
+    """Backends that compute this encoding exactly (``sdpa`` materialises biases; ``fold``
+    takes biases that fold exactly into q/k channels, ``exact_fold_pieces``)."""
     if encoding is not None and encoding.needs_probabilities:
         return ["eager", "chunked"]
-    return ["eager", "sdpa", "chunked", "flex"]
+    out = ["eager", "sdpa", "chunked", "flex"]
+    if exact_fold_pieces(encoding) is not None and not encoding.has_rotary:
+        out.append("fold")
+    return out
+
+
+def _folds_exactly(call: AttentionCall) -> bool:
+    """``auto`` takes the ``fold`` backend: the bias folds exactly, the ``Lq x Lk`` bias it
+    saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D + 1)``, so
+    decoding steps keep the small materialised bias), the folded logits' rounding bound is
+    within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU (the
+    multi-pass merge has fused kernels there; elsewhere it would form logits)."""
+    Lq, Lk, D = call.q.shape[2], call.k.shape[2], call.q.shape[3]
+    if fold_refusal(call) is not None or Lq == 0 or Lk == 0:
+        return False
+    if Lq * Lk <= (Lq + 2 * Lk) * (D + 1):
+        # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
+        # with the small bias materialised than with a copy of the whole key cache
+        return False
+    if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
+        return False
+    return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
 
 
 def _trains_bias(call: AttentionCall) -> bool:
@@ -77,6 +124,8 @@ def choose_backend(call: AttentionCall) -> str:
         return "eager" if small else "chunked"
     if not call.has_bias and (call.mask_mod is None or small):
         return "sdpa"
+    if _folds_exactly(call):
+        return "fold"
     if small:
         if _trains_bias(call) and chunked_path(call) == "toeplitz":
             return "chunked"
@@ -89,27 +138,88 @@ def choose_backend(call: AttentionCall) -> str:
 def backend_path(call: AttentionCall, backend: str) -> str:
     """The path ``backend`` takes for this call: ``"fused"`` (sdpa, no bias) or
     ``"dense-bias"`` (sdpa, materialised bias), ``"dense"`` (eager), ``"score-mod"`` (flex),
-    or the chunked backend's ``"piecewise-sdpa"`` / ``"probabilities"`` / ``"toeplitz"`` /
-    ``"tile"``."""
+    or the chunked backend's ``"piecewise-sdpa"`` / ``"row-suffix"`` / ``"probabilities"`` /
+    ``"toeplitz"`` / ``"tile"``."""
     if backend == "chunked":
         return chunked_path(call)
+    if backend == "linear":
+        return linear_path(call)
     if backend == "sdpa":
         return "dense-bias" if call.has_bias else "fused"
     if backend == "flex":
         return "score-mod"
+    if backend == "fold":
+        reason = fold_refusal(call)
+        if reason is not None:
+            raise ValueError(reason)
+        return fold_path(call)
     return "dense"
 
 
-def _check_backend(backend: object, encoding: Encoding | None) -> None:
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {['auto', *BACKENDS]}, got {backend!r}")
+#: backends of other attention models than softmax, chosen through their own argument
+MODEL_BACKENDS = ("linear",)
+
+
+def _check_backend(backend: object, encoding: Encoding | None, feature_map: object = None) -> None:
+    if backend != "auto" and backend not in BACKENDS and backend not in MODEL_BACKENDS:
+        raise ValueError(
+            f"backend must be one of {['auto', *BACKENDS, *MODEL_BACKENDS]}, got {backend!r}"
+        )
+    if feature_map is not None and backend not in ("auto", "linear"):
+        raise ValueError(
+            f"feature_map asks for kernelized attention, which only backend 'linear' computes; "
+            f"got backend {backend!r} (pass backend='linear' or 'auto', or feature_map=None)"
+        )
+    if backend == "linear":
+        if feature_map is None:
+            raise ValueError(
+                "backend 'linear' computes kernelized attention: pass feature_map ('elu1', "
+                "'relu', 'prf' or a relpos.efficient.FeatureMap)"
+            )
+        return
+    if backend == "fold" and "fold" not in supported_backends(encoding):
+        name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
+        raise ValueError(
+            f"backend 'fold' cannot run {name}: it folds biases that are piecewise linear in "
+            f"q_pos - k_pos (ALiBi) into q/k channels; for other biases use "
+            f"relpos.efficient.folded_attention(..., rank=r) (a low-rank fold with its measured "
+            f"weight error) or backend 'auto' or one of {supported_backends(encoding)}"
+        )
     if backend != "auto" and backend not in (ok := supported_backends(encoding)):
         assert encoding is not None
         raise ValueError(
             f"backend {backend!r} cannot run encoding {encoding.name!r}: it changes the "
-            f"attention weights beyond an additive score (value terms, multiplied weights or "
-            f"piecewise logits); use backend 'auto' or one of {ok}"
+            f"attention weights beyond an additive score (value terms, multiplied weights, "
+            f"piecewise logits or row-dependent terms); use backend 'auto' or one of {ok}"
         )
+
+
+def _dispatch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None,
+    backend: str,
+    feature_map: object = None,
+    **call: object,
+) -> tuple[list[dict] | None, AttentionCall | None, str]:
+    """Check ``backend``; then either the query blocks of a call the encoding cannot take at
+    once (``split_call``) or the prepared call and the backend that runs it (``linear``
+    when a ``feature_map`` asks for kernelized attention)."""
+    _check_backend(backend, encoding, feature_map)
+    if feature_map is not None:
+        create_feature_map(feature_map, q.shape[-1])  # validates it
+        return None, prepare_linear_call(q, k, v, encoding, **call), "linear"  # type: ignore[arg-type]
+    if isinstance(call.get("cache"), LinearState):
+        raise ValueError(
+            "cache=LinearState is the recurrent state of kernelized attention: pass "
+            "feature_map=... (or a relpos.nn.LayerCache for softmax attention)"
+        )
+    blocks = split_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
+    if blocks is not None:
+        return blocks, None, backend
+    prepared = prepare_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
+    return None, prepared, choose_backend(prepared) if backend == "auto" else backend
 
 
 def plan(
@@ -127,18 +237,20 @@ def plan(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> tuple[str, str]:
     """``(backend, path)`` that ``relpos.attention`` with these arguments would take (see
     the module docstring for the paths). It validates and prepares the call (rotations,
     the encoding's precomputation) but runs no attention; a ``cache`` is left unchanged.
     Gradient mode matters (``auto`` trains learnable biases on ``chunked``): call it under
     the same ``torch.no_grad()`` as the attention it describes."""
-    _check_backend(backend, encoding)
-    call = prepare_call(
+    blocks, call, name = _dispatch(
         q,
         k,
         v,
         encoding,
+        backend,
+        feature_map,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
@@ -148,7 +260,8 @@ def plan(
         mask_mod=mask_mod,
         cache=None if cache is None else copy.copy(cache),
     )
-    name = choose_backend(call) if backend == "auto" else backend
+    if blocks is not None:  # the first query block stands for the call
+        return plan(**blocks[0], backend=backend)
     return name, backend_path(call, name)
 
 
@@ -166,7 +279,8 @@ def attention(
     backend: str = "auto",
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
-    cache: KeyValueCache | None = None,
+    cache: KeyValueCache | LinearState | None = None,
+    feature_map: str | FeatureMap | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -188,7 +302,9 @@ def attention(
             evaluates it per query block, flex builds a block mask from it, eager and sdpa
             evaluate it densely. Combined with ``causal`` and ``mask`` (all must allow).
         scale: logit scale, default ``1/sqrt(D)``; biases are added after scaling.
-        backend: "auto", "eager", "sdpa", "chunked" or "flex" (see ``supported_backends``).
+        backend: "auto", "eager", "sdpa", "chunked", "flex" or "fold" (biases folded exactly
+            into q/k channels: ALiBi; see ``supported_backends``); "linear" for kernelized
+            attention (with ``feature_map``).
         inputs: per-call tensors the encoding reads (``encoding.required_inputs``: e.g. a
             graph's adjacency, token boxes), by name.
         cache: KV-cache decoding (``relpos.nn.LayerCache`` or any ``KeyValueCache``):
@@ -196,16 +312,25 @@ def attention(
             queries attend to every cached key. Default positions continue the cache
             (``cache.length ..``). The engine stores keys rotated when the encoding allows
             (``cache_rotated_keys``) and rotates the whole cache on every call otherwise.
+            Kernelized attention also takes a ``relpos.efficient.LinearState`` (causal, no
+            bias): the recurrent sums, O(1) per decoded token.
+        feature_map: ask for kernelized attention ``phi(q) . phi(k)`` instead of softmax:
+            ``"elu1"``, ``"relu"``, ``"prf"`` (Performer's positive random features with
+            default options) or a ``relpos.efficient.FeatureMap``. Runs on backend
+            ``linear`` (``auto`` picks it): rotary encodings rotate the features (RoFormer
+            eq. 19), distance-only biases multiply the kernel by ``exp(b)`` through an FFT
+            (Luo et al. 2021); see ``relpos.attention.linear``.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
     """
-    _check_backend(backend, encoding)
-    call = prepare_call(
+    blocks, call, name = _dispatch(
         q,
         k,
         v,
         encoding,
+        backend,
+        feature_map,
         q_pos=q_pos,
         k_pos=k_pos,
         causal=causal,
@@ -215,10 +340,28 @@ def attention(
         mask_mod=mask_mod,
         cache=cache,
     )
-    name = choose_backend(call) if backend == "auto" else backend
-    out = BACKENDS[name](call)
-    if encoding is not None and encoding.has_rotary:
-        out = encoding.rotate(out, call.q_pos, "o")
+    if blocks is not None:  # the encoding bounds the query span of a call (xPos)
+        return torch.cat(
+            [attention(**block, backend=backend, feature_map=feature_map) for block in blocks],
+            dim=2,
+        )
+    if name == "linear":
+        fmap = create_feature_map(feature_map, q.shape[-1])
+        out = linear_attention(call, fmap, cache if isinstance(cache, LinearState) else None)
+    elif call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        # one attention per query group (RayRoPE: keys re-encoded in each query camera);
+        # every query keeps the row of its own group
+        out = None
+        for rows, sub in call.group_calls():
+            part = sub.rotate_output(BACKENDS[name](sub))
+            keep = rows[:, None, :, None]
+            out = torch.where(keep, part, 0.0 if out is None else out)
+        assert out is not None
+        return out
+    else:
+        out = BACKENDS[name](call)
+    if encoding is not None and encoding.has_rotary and not call.query_grouped:
+        out = call.rotate_output(out)  # (an empty grouped call: zeros, nothing to rotate)
     return out
 
 
@@ -250,6 +393,12 @@ def scores(
         check_causal=False,
         inputs=inputs,
     )
+    if call.query_grouped and call.q.shape[2] and call.k.shape[2]:
+        out = None
+        for rows, sub in call.group_calls():
+            out = torch.where(rows[:, None, :, None], logits(sub), 0.0 if out is None else out)
+        assert out is not None
+        return out
     return logits(call)
 
 

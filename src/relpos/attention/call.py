@@ -13,6 +13,7 @@ owns activation checkpointing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..encodings.base import BiasContext, Encoding
+from ..encodings.base import BiasContext, Encoding, QueryGroups
 from ..positions import CallPositions, Positions, normalize_positions
 from ..validation import check_float
 
@@ -111,6 +112,32 @@ class AttentionCall:
     mask_mod: MaskMod | None = None
     # the position facts of the call (spans, distance range), shared with ``ctx``
     positions: CallPositions | None = None
+    # what the encoding's ``prepare_rotary`` returned (camera frames), passed to ``rotate``
+    # for the output ("o") by ``relpos.attention``; None for position-only rotations
+    rotary_state: object = None
+
+    @property
+    def query_grouped(self) -> bool:
+        """The rotation state is per query group (``QueryGroups``): backends run once per
+        group on ``group_calls()``."""
+        return isinstance(self.rotary_state, QueryGroups)
+
+    def group_calls(self) -> list[tuple[Tensor, AttentionCall]]:
+        """For a query-grouped call: ``(rows (B|1, Lq) bool, call)`` per group, each call with
+        q, k, v rotated by the group's state (q, k, v of this call are not rotated)."""
+        assert isinstance(self.rotary_state, QueryGroups) and self.encoding is not None
+        out = []
+        for rows, state in self.rotary_state.groups:
+            q, k, v = _rotate(self.encoding, self.q, self.k, self.v, self.q_pos, self.k_pos, state)
+            out.append((rows, dataclasses.replace(self, q=q, k=k, v=v, rotary_state=state)))
+        return out
+
+    def rotate_output(self, out: Tensor) -> Tensor:
+        """The encoding's rotation of the attention output (role "o")."""
+        assert self.encoding is not None
+        if self.rotary_state is None:
+            return self.encoding.rotate(out, self.q_pos, "o")
+        return self.encoding.rotate(out, self.q_pos, "o", self.rotary_state)
 
     @property
     def has_user_mask(self) -> bool:
@@ -208,8 +235,8 @@ class AttentionCall:
         assert self.encoding is not None and self.ctx is not None
         return self.encoding.block_context(self.ctx, i, j)
 
-    def allowed_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
-        """``mask_mod`` over query rows ``q_start:q_end`` and keys ``0:k_end``: bool,
+    def allowed_block(self, q_start: int, q_end: int, k_end: int, k_start: int = 0) -> Tensor:
+        """``mask_mod`` over query rows ``q_start:q_end`` and keys ``k_start:k_end``: bool,
         broadcastable to ``(B, H, T, S)``. Queries are passed in key coordinates
         (``i + Lk - Lq``, aligned bottom-right like ``causal``)."""
         assert self.mask_mod is not None
@@ -218,7 +245,7 @@ class AttentionCall:
         b = torch.arange(B, device=dev)[:, None, None, None]
         h = torch.arange(H, device=dev)[None, :, None, None]
         i = torch.arange(q_start, q_end, device=dev)[None, None, :, None] + self.causal_offset
-        j = torch.arange(k_end, device=dev)[None, None, None, :]
+        j = torch.arange(k_start, k_end, device=dev)[None, None, None, :]
         out = self.mask_mod(b, h, i, j)
         if not isinstance(out, Tensor) or out.dtype != torch.bool:
             raise TypeError(
@@ -226,27 +253,30 @@ class AttentionCall:
                 f"{out.dtype if isinstance(out, Tensor) else type(out).__name__}"
             )
         try:
-            torch.broadcast_shapes(out.shape, (B, H, q_end - q_start, k_end))
+            torch.broadcast_shapes(out.shape, (B, H, q_end - q_start, k_end - k_start))
         except RuntimeError:
             raise ValueError(
                 f"mask_mod must return a mask broadcastable to (B, H, T, S) = "
-                f"{(B, H, q_end - q_start, k_end)} for index tensors of those shapes, got "
+                f"{(B, H, q_end - q_start, k_end - k_start)} for index tensors of those shapes, "
+                f"got "
                 f"{tuple(out.shape)}"
             ) from None
         return out
 
-    def mask_block(self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype) -> Tensor | None:
+    def mask_block(
+        self, q_start: int, q_end: int, k_end: int, dtype: torch.dtype, k_start: int = 0
+    ) -> Tensor | None:
         """Additive float mask (0 / -inf) for the query rows ``q_start:q_end`` and keys
-        ``0:k_end``, combining ``causal``, the user ``mask`` and ``mask_mod``; None when
+        ``k_start:k_end``, combining ``causal``, the user ``mask`` and ``mask_mod``; None when
         nothing is masked."""
         out = None
         dev = self.q.device
         if self.causal:
             i = torch.arange(q_start, q_end, device=dev)[:, None] + self.causal_offset
-            j = torch.arange(k_end, device=dev)[None, :]
+            j = torch.arange(k_start, k_end, device=dev)[None, :]
             out = torch.zeros((), dtype=dtype, device=dev).masked_fill(j > i, float("-inf"))
         if self.mask is not None:
-            m = self.mask[..., q_start:q_end, :k_end]
+            m = self.mask[..., q_start:q_end, k_start:k_end]
             if m.dtype == torch.bool:
                 m = torch.zeros((), dtype=dtype, device=dev).masked_fill(~m, float("-inf"))
             else:
@@ -254,7 +284,7 @@ class AttentionCall:
             out = m if out is None else out + m
         if self.mask_mod is not None:
             m = torch.zeros((), dtype=dtype, device=dev).masked_fill(
-                ~self.allowed_block(q_start, q_end, k_end), float("-inf")
+                ~self.allowed_block(q_start, q_end, k_end, k_start), float("-inf")
             )
             out = m if out is None else out + m
         return out
@@ -361,11 +391,21 @@ def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor
 
 
 def _rotate(
-    encoding: Encoding, q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor
+    encoding: Encoding,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qp: Tensor,
+    kp: Tensor,
+    state: object = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The encoding's rotations of queries, keys and values (the one place that rotates)."""
-    q, k = encoding.rotate_qk(q, k, qp, kp)
-    return q, k, encoding.rotate(v, kp, "v")
+    """The encoding's rotations of queries, keys and values (the one place that rotates);
+    ``state`` (``prepare_rotary``) is passed only when there is one."""
+    if state is None:
+        q, k = encoding.rotate_qk(q, k, qp, kp)
+        return q, k, encoding.rotate(v, kp, "v")
+    q, k = encoding.rotate_qk(q, k, qp, kp, state)
+    return q, k, encoding.rotate(v, kp, "v", state)
 
 
 def prepare_call(
@@ -383,10 +423,13 @@ def prepare_call(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    rotate: bool = True,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention``, normalise positions and rotate q, k
     (and v, if the encoding asks).
 
+    ``rotate=False`` leaves q, k, v unrotated (and a cache stores raw keys): the ``linear``
+    backend rotates the feature maps of q and k itself (RoFormer's linear form).
     ``cache`` (KV-cache decoding, e.g. ``relpos.nn.LayerCache``): ``k``, ``v`` and ``k_pos``
     are the new tokens' (default positions ``cache.length ..``); they are appended to the
     cache and the queries attend to all cached keys. Encodings whose key rotation never
@@ -446,17 +489,30 @@ def prepare_call(
         encoding.check_positions(qp.tensor, "q_pos")
         encoding.check_positions(kp.tensor, "k_pos")
     inputs = _check_inputs(encoding, inputs)
+    # per-call rotation state (camera frames), from the new tokens' positions and inputs:
+    # with a KV cache the new keys are rotated once and cached rotated
+    state = None
+    if encoding is not None and encoding.has_rotary:
+        state = encoding.prepare_rotary(qp.tensor, kp.tensor, inputs)
+    grouped = isinstance(state, QueryGroups)
+    if grouped and cache is not None:
+        assert encoding is not None
+        raise ValueError(
+            f"encoding {encoding.name!r} encodes the keys in each query's frame (query-grouped): "
+            f"a KV cache of rotated or raw keys cannot serve it; call without cache"
+        )
     rotated = False
     if cache is not None:
         rotated = (
-            encoding is not None
+            rotate
+            and encoding is not None
             and encoding.has_rotary
             and encoding.cache_rotated_keys
             and not encoding.piecewise
         )
         if rotated:
             assert encoding is not None
-            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
         cache.rotated = rotated
         k, v, k_all = cache.append(k, v, kp.tensor)
         kp = Positions(k_all)
@@ -469,8 +525,8 @@ def prepare_call(
         if encoding.piecewise:
             pieces = encoding.pieces(q, k, qp.tensor, kp.tensor)
             q, k = pieces[0]
-        elif encoding.has_rotary and not rotated:
-            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor)
+        elif encoding.has_rotary and not rotated and not grouped and rotate:
+            q, k, v = _rotate(encoding, q, k, v, qp.tensor, kp.tensor, state)
         if k.shape[1] != v.shape[1]:
             # per-head rotations expand grouped keys to the query heads: values follow
             v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
@@ -491,6 +547,7 @@ def prepare_call(
         pieces,
         mask_mod,
         positions,
+        state,
     )
 
 

@@ -9,6 +9,10 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
   multiplied weights, other piecewise logits): each query block runs
   ``dense.block_attention`` (explicit logits and softmax over its keys) under activation
   checkpointing.
+* **row-suffix** (row-dependent terms, ``Encoding.row_dependent``: CoPE, TRA): each query
+  block walks its keys in blocks of ``FORWARD_BLOCK`` from right to left, carrying the
+  running suffix sum of the gates (``dense.row_term``), and merges the key blocks by an
+  online softmax (running max, sum and output), under activation checkpointing.
 * **toeplitz** (a bias that is a function of ``q_pos - k_pos`` for this call, positions one
   batch-shared integer range, no user mask: ``AttentionCall.distance_table``): the bias is
   tabulated once per distance, ``table (H, Lq + Lk - 1)`` (O(L)), with ``-inf`` on future
@@ -36,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall, QueryBlock, query_blocks, run_blocks
-from .dense import block_attention, empty_attention
+from .dense import block_attention, empty_attention, row_term
 from .piecewise import piecewise_sdpa_attention, runs_piecewise
 
 FORWARD_BLOCK = 256
@@ -186,11 +190,58 @@ def _probability_attention(call: AttentionCall) -> Tensor:
     return run_blocks(block, call.blocks(_tile_rows(call)), call.q, call.k, call.v)
 
 
+def _row_suffix_attention(call: AttentionCall) -> Tensor:
+    """Row-dependent terms: key blocks right to left with the gates' suffix sum carried."""
+    dev = call.q.device
+    acc = compute_dtype(call.q.dtype)
+    width = FORWARD_BLOCK
+
+    def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        s, e, kend = blk.start, blk.end, blk.key_end
+        if kend == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
+            return q.new_zeros(*q.shape[:2], e - s, v.shape[-1])
+        qb = q[:, :, s:e]
+        i = torch.arange(s, e, device=dev)
+        shape = (*qb.shape[:3], 1)
+        run_max = torch.full(shape, float("-inf"), dtype=acc, device=dev)
+        run_sum = torch.zeros(shape, dtype=acc, device=dev)
+        out = torch.zeros(*qb.shape[:3], v.shape[-1], dtype=acc, device=dev)
+        carry = None
+        for a in reversed(range(0, kend, width)):
+            c = min(a + width, kend)
+            scores = torch.matmul(qb, k[:, :, a:c].transpose(-1, -2)) * call.scale
+            mask = call.mask_block(s, e, c, qb.dtype, k_start=a)
+            term, carry = row_term(call, scores, mask, i, torch.arange(a, c, device=dev), carry)
+            logits = (scores + term).to(acc)
+            if mask is not None:
+                logits = logits + mask.to(acc)
+            # the running max only stabilises the exponentials: detached, exact gradients
+            new_max = torch.maximum(run_max, logits.amax(-1, keepdim=True)).detach()
+            ref = torch.where(new_max == float("-inf"), 0.0, new_max)  # dead so far: p = 0
+            p = torch.exp(logits - ref)
+            rescale = torch.exp(run_max - ref)
+            run_sum = run_sum * rescale + p.sum(-1, keepdim=True)
+            out = out * rescale + torch.matmul(p, v[:, :, a:c].to(acc))
+            run_max = new_max
+        live = run_sum > 0  # a row whose every key is masked gives 0 with zero gradients
+        out = torch.where(live, out / torch.where(live, run_sum, 1.0), 0.0)
+        return out.to(q.dtype)
+
+    return run_blocks(block, call.blocks(_tile_rows(call)), call.q, *call.expanded_kv())
+
+
 # ---------------------------------------------------------------------------- the ladder
 def chunked_path(call: AttentionCall) -> str:
     """Which path the chunked backend takes for this call (see the module docstring)."""
     if call.pieces is not None and runs_piecewise(call):
         return "piecewise-sdpa"
+    enc = call.encoding
+    if (
+        enc is not None
+        and enc.row_dependent
+        and not (enc.has_value_term or enc.multiplies_probs or enc.piecewise)
+    ):
+        return "row-suffix"
     if call.needs_probabilities:
         return "probabilities"
     if not call.has_user_mask and call.distance_delta() is not None:
@@ -205,6 +256,8 @@ def chunked_attention(call: AttentionCall) -> Tensor:
     path = chunked_path(call)
     if path == "piecewise-sdpa":
         return piecewise_sdpa_attention(call)
+    if path == "row-suffix":
+        return _row_suffix_attention(call)
     if path == "probabilities":
         return _probability_attention(call)
     if path == "toeplitz":

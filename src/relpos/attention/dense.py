@@ -5,6 +5,8 @@ the chunked backend's probability path (query blocks under activation checkpoint
 the only place that runs the hooks which change the attention weights themselves:
 
     logit_ij = <q^r_i, k^r_j> * scale + bias_ij      r = piece_index(i, j) (piecewise) or 0
+    (row-dependent encodings: bias_ij = row_bias(s, g, count)_ij, with the gates
+     g = row_gates(s) of the unmasked keys and count_ij = sum_{t >= j} g_it, ``row_term``)
     p_ij     = softmax_j(logit_ij + mask_ij)             (0 on a row that sees no key)
     out_i    = sum_j p_ij * m_ij * v_j  +  value_term(p)_i      m = prob_multiplier (URPE)
 
@@ -40,9 +42,42 @@ def empty_attention(call: AttentionCall) -> Tensor:
     return torch.matmul(torch.matmul(call.q, k.transpose(-1, -2)), v)
 
 
-def block_logits(call: AttentionCall, start: int, end: int, key_end: int) -> Tensor:
+def row_term(
+    call: AttentionCall,
+    s: Tensor,
+    mask: Tensor | None,
+    i: Tensor,
+    j: Tensor,
+    carry: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The row-dependent logit term (``Encoding.row_dependent``: CoPE, TRA) of the content
+    logits ``s (B, H, T, S)`` of query indices ``i (T,)`` against consecutive keys ``j (S,)``.
+
+    Gates ``g = row_gates(s)`` are zeroed where the additive ``mask`` is ``-inf``; their
+    suffix sums ``count_ij = carry_i + sum_{t >= j, t in block} g_it`` are formed in float64
+    (counted positions are positions: summed in another order per backend, they still agree
+    to ~1e-13), where ``carry (B, H, T, 1)`` is the sum over the keys right of the block
+    (None: there are none). Returns the term (dtype of ``s``) and the carry for the block on
+    the left (``count`` at the block's first key)."""
+    enc = call.encoding
+    assert enc is not None and call.ctx is not None
+    ctx = call.bias_context(i, j)
+    grids = call.index_grids(i, j)
+    g = enc.row_gates(ctx, s, *grids).to(torch.float64).expand(s.shape)
+    if mask is not None:
+        g = torch.where(mask.expand(s.shape) == float("-inf"), 0.0, g)
+    count = g.flip(-1).cumsum(-1).flip(-1)
+    if carry is not None:
+        count = count + carry
+    return enc.row_bias(ctx, s, g, count, *grids).to(s.dtype), count[..., :1]
+
+
+def block_logits(
+    call: AttentionCall, start: int, end: int, key_end: int, mask: Tensor | None = None
+) -> Tensor:
     """Logits ``(B, H, end - start, key_end)`` of query rows ``start:end`` against keys
-    ``0:key_end``, before any mask (the dtype of q)."""
+    ``0:key_end``, before any mask (the dtype of q). ``mask``: the additive mask of the block,
+    read only by row-dependent terms (their gates count the visible keys only)."""
     dev = call.q.device
     i = torch.arange(start, end, device=dev)
     j = torch.arange(key_end, device=dev)
@@ -66,15 +101,19 @@ def block_logits(call: AttentionCall, start: int, end: int, key_end: int) -> Ten
         assert out is not None
         out = out.masked_fill(index < 0, float("-inf"))
     if call.has_bias:
-        out = out + call.bias_block(i, j).to(out.dtype)
+        assert call.encoding is not None
+        if call.encoding.row_dependent:
+            out = out + row_term(call, out, mask, i, j)[0]
+        else:
+            out = out + call.bias_block(i, j).to(out.dtype)
     return out
 
 
 def block_attention(call: AttentionCall, start: int, end: int, key_end: int) -> Tensor:
     """Attention output ``(B, H, end - start, Dv)`` of query rows ``start:end`` over keys
     ``0:key_end`` (the caller guarantees that causal masking hides every later key)."""
-    s = block_logits(call, start, end, key_end)
-    m = call.mask_block(start, end, key_end, s.dtype)
+    m = call.mask_block(start, end, key_end, call.q.dtype)
+    s = block_logits(call, start, end, key_end, mask=m)
     if m is not None:
         s = s + m
     p = masked_softmax(s)

@@ -5,13 +5,17 @@ Every RPE changes attention through some of
     logit(h, i, j) = < R_h(p_i) q_i , R_h(p_j) k_j > * scale  +  b_h(i, j [, q_i, k_j])
 
 * ``rotate(x, pos, role)`` — the multiplicative part ``R_h(p)`` (roles "q", "k", "v", "o");
+  rotations that read per-call ``inputs`` (camera matrices) build a state once per call in
+  ``prepare_rotary(q_pos, k_pos, inputs)``; the engine then calls ``rotate(x, pos, role,
+  state)`` for q, k, v and the output (``state`` is passed only when it is not None, so
+  encodings without one keep the three-argument ``rotate``);
 * ``bias(ctx, b, h, i, j)`` — the additive part as an element-wise function of index tensors
   (the FlexAttention ``score_mod`` shape), so one formula serves every backend;
 * ``prepare(q, k, q_pos, k_pos, inputs)`` — per-call precomputation captured by ``bias``
   (e.g. ``q @ E_rel^T``), reading optional per-call ``inputs`` (graphs, boxes);
 * ``embed(pos, dim)`` — absolute encodings added to the token embeddings by ``relpos.nn``.
 
-Three further hooks change the attention weights themselves (backends that only take an
+Further hooks change the attention weights themselves (backends that only take an
 additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` and
 ``chunked`` can, see ``needs_probabilities``):
 
@@ -25,6 +29,11 @@ additive score modification, SDPA and FlexAttention, cannot run them; ``eager`` 
   states its layout once, as ``KeySegment`` s (key range + distance band per piece, for a
   block of queries); ``piece_index`` is derived from them here, and the engine's piecewise
   kernel (``relpos.attention.piecewise``) reads the same segments block by block.
+* ``row_gates(ctx, s, b, h, i, j)`` + ``row_bias(ctx, s, g, count, b, h, i, j)`` — a
+  row-dependent logit term (flag ``row_dependent``; CoPE, TRA): the term at (i, j) reads the
+  suffix sum ``count_ij = sum_{t >= j} g_it`` of gates computed from the whole row of content
+  logits ``s`` (gates of masked keys are 0). Not a score_mod: the engine forms the suffix sum
+  (eager over the row, chunked walking key blocks right to left with the running sum).
 
 Position facts: ``BiasContext.distance_range`` (and ``ctx.positions``, a
 ``relpos.positions.CallPositions``) give the reachable ``q_pos - k_pos`` range and whether the
@@ -119,6 +128,19 @@ class KeySegment:
         return hit
 
 
+@dataclass
+class QueryGroups:
+    """A rotation state (``prepare_rotary``) for encodings whose key encoding depends on the
+    query (RayRoPE: keys are expressed in the query's camera). ``groups``: a list of
+    ``(rows, state)``, ``rows (B|1, Lq)`` bool selecting the queries of the group and
+    ``state`` the ordinary rotation state of that group (``rotate(x, pos, role, state)``).
+    The engine runs one attention per group, with q, k, v and the output rotated by the
+    group's state, and keeps each query's row from its own group: exact, at the cost of one
+    attention per group. No KV cache (the keys' encoding changes with the queries)."""
+
+    groups: list[tuple[Tensor, Any]]
+
+
 class Encoding(nn.Module):
     """Base class of every relpos encoding. Identity everywhere unless a subclass overrides.
 
@@ -135,12 +157,18 @@ class Encoding(nn.Module):
         max_positions: for learned tables, positions must lie in ``[0, max_positions)``.
         cache_rotated_keys: keys may be cached after ``rotate`` (their rotation never depends
             on later tokens). False makes ``relpos.nn`` cache raw keys and re-rotate.
-        has_value_term / multiplies_probs / piecewise: which of the weight-changing hooks are
-            active (see the module docstring); any of them sets ``needs_probabilities``.
+        has_value_term / multiplies_probs / piecewise / row_dependent: which of the
+            weight-changing hooks are active (see the module docstring); any of them sets
+            ``needs_probabilities``.
         required_inputs / optional_inputs: per-call tensors the encoding reads, passed as
             ``relpos.attention(..., inputs={name: tensor})``: ``{name: expected form}``.
         keeps_own_init: models (``relpos.nn``) leave the encoding's parameters as the
             encoding initialised them.
+        rotates_values: ``rotate`` acts on values ("v") and outputs ("o") too (RoVE, the
+            per-token camera frames of ``relpos.encodings.camera``).
+        se3_invariant: logits and outputs are unchanged when every camera of the call is
+            moved by one rigid transform of the world (camera encodings; the conformance
+            module ``test_camera.py`` checks it).
     """
 
     name: ClassVar[str] = ""
@@ -168,6 +196,11 @@ class Encoding(nn.Module):
     has_value_term: bool = False
     multiplies_probs: bool = False
     piecewise: bool = False
+    rotates_values: bool = False
+    se3_invariant: bool = False
+    #: the logit term at (i, j) reads the whole row of content logits through a suffix sum of
+    #: gates over keys (``row_gates`` / ``row_bias``): CoPE's counted positions, TRA
+    row_dependent: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
     #: submodules (by name, as in ``named_modules``) that keep their own init even when the
@@ -193,6 +226,9 @@ class Encoding(nn.Module):
         "has_value_term",
         "multiplies_probs",
         "piecewise",
+        "rotates_values",
+        "se3_invariant",
+        "row_dependent",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -247,9 +283,9 @@ class Encoding(nn.Module):
     @property
     def needs_probabilities(self) -> bool:
         """The encoding changes the attention weights beyond an additive score term (value
-        terms, multiplied probabilities, piecewise logits): only the ``eager`` and
-        ``chunked`` backends run it."""
-        return self.has_value_term or self.multiplies_probs or self.piecewise
+        terms, multiplied probabilities, piecewise logits, row-dependent terms): only the
+        ``eager`` and ``chunked`` backends run it."""
+        return self.has_value_term or self.multiplies_probs or self.piecewise or self.row_dependent
 
     @property
     def needs_context(self) -> bool:
@@ -277,16 +313,27 @@ class Encoding(nn.Module):
         return {}
 
     # ----------------------------------------------------------------- hooks
-    def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
-        """Multiplicative part. ``x (B, H, L, D)``, ``pos (B|1, L[, m])``. Identity here."""
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> Any:
+        """Per-call state of the rotation, built once from the call's ``inputs`` (camera
+        matrices, rays) and the normalised positions ``q_pos (B|1, Lq[, m])``, ``k_pos (B|1,
+        Lk[, m])`` (with a KV cache: the new tokens' only). The engine calls it after checking
+        the input names and passes the result to ``rotate(x, pos, role, state)`` for q, k, v
+        and the output. Default None: the rotation reads positions only."""
+        return None
+
+    def rotate(self, x: Tensor, pos: Tensor, role: str, state: Any = None) -> Tensor:
+        """Multiplicative part. ``x (B, H, L, D)``, ``pos (B|1, L[, m])``; ``state``: what
+        ``prepare_rotary`` returned (passed by the engine only when not None). Identity."""
         return x
 
     def rotate_qk(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: Any = None
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys together (override when the pair shares state, e.g. xPos
         centres both on one reference position). Default: ``rotate`` each."""
-        return self.rotate(q, q_pos, "q"), self.rotate(k, k_pos, "k")
+        if state is None:
+            return self.rotate(q, q_pos, "q"), self.rotate(k, k_pos, "k")
+        return self.rotate(q, q_pos, "q", state), self.rotate(k, k_pos, "k", state)
 
     def prepare(
         self,
@@ -378,6 +425,31 @@ class Encoding(nn.Module):
         """Element-wise factor applied to the softmax weights before they weight the values."""
         raise RuntimeError(f"encoding {self.name!r} does not multiply the attention weights")
 
+    def row_gates(
+        self, ctx: BiasContext, s: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor
+    ) -> Tensor:
+        """Row-dependent encodings: the gates ``g (B, H, T, S)`` of a block of content logits
+        ``s (B, H, T, S)`` (scaled rotated dot products, before any mask) at query indices
+        ``i`` and key indices ``j`` (index grids as for ``bias``). The engine zeroes the gates
+        of masked keys and forms ``count_ij = sum_{t >= j} g_it`` over the row."""
+        raise RuntimeError(f"encoding {self.name!r} has no row-dependent term")
+
+    def row_bias(
+        self,
+        ctx: BiasContext,
+        s: Tensor,
+        g: Tensor,
+        count: Tensor,
+        b: Tensor,
+        h: Tensor,
+        i: Tensor,
+        j: Tensor,
+    ) -> Tensor:
+        """Row-dependent encodings: the logit term ``(B, H, T, S)`` added to ``s`` from the
+        block's gates ``g`` (masked keys 0) and their suffix sums ``count`` over the whole row
+        (``count_ij = sum_{t >= j} g_it``, float64). ``-inf`` removes a pair."""
+        raise RuntimeError(f"encoding {self.name!r} has no row-dependent term")
+
     def pieces(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> list[tuple[Tensor, Tensor]]:
@@ -436,6 +508,14 @@ class Encoding(nn.Module):
                 f"table for positions 0..{self.max_positions - 1} (max_positions="
                 f"{self.max_positions})"
             )
+
+    def query_span_limit(self, dtype: torch.dtype) -> float | None:
+        """The widest span of query positions one call may encode in activations of
+        ``dtype``, or None (no limit). ``relpos.attention`` cuts a wider call into blocks of
+        consecutive queries (``attention/query_split.py``: exact, rows are independent);
+        xPos's per-call envelope centre needs it. Encodings with a limit cache raw keys
+        (``cache_rotated_keys = False``)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}"

@@ -34,7 +34,7 @@ def attention_demo() -> int:
     print("  {:<9} {:<22} {:<22} {:<11} |auto - eager|".format(*header))
     torch.manual_seed(0)
     heads, head_dim = 4, 32
-    for name, length in (("alibi", 128), ("rope", 128), ("alibi", 2048)):
+    for name, length in (("alibi", 128), ("rope", 128), ("t5", 128), ("t5", 2048)):
         enc = relpos.create(name, num_heads=heads, head_dim=head_dim)
         q, k, v = (torch.randn(1, heads, length, head_dim) for _ in range(3))
         backend, _ = plan(q, k, v, enc, causal=True)

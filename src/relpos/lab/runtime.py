@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["SignalStop", "RaiseOnSignal", "Interrupted", "Progress", "exit_code"]
 
@@ -35,20 +35,19 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-class RaiseOnSignal:
-    """Installs SIGINT/SIGTERM handlers that raise ``Interrupted(signum)`` (main thread only);
-    the previous handlers come back on exit."""
+class SignalHandlers:
+    """Installs ``self._handle`` for SIGINT/SIGTERM while the context is open (main thread
+    only); the previous handlers come back on exit. Subclasses define ``_handle``."""
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}
 
-    @staticmethod
-    def _handle(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
+    def _handle(self, signum: int, frame: Any) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> RaiseOnSignal:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for name in self.SIGNALS:
                 sig = getattr(signal, name, None)
@@ -62,32 +61,24 @@ class RaiseOnSignal:
         self._previous.clear()
 
 
-class SignalStop:
-    """Installs SIGINT/SIGTERM handlers that record the first signal (main thread only)."""
+class RaiseOnSignal(SignalHandlers):
+    """SIGINT/SIGTERM raise ``Interrupted(signum)``."""
 
-    SIGNALS = ("SIGINT", "SIGTERM")
+    def _handle(self, signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+
+class SignalStop(SignalHandlers):
+    """SIGINT/SIGTERM record the first signal (``signum``); a second one stops at once."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None:  # a second signal: stop now
             raise KeyboardInterrupt
         self.signum = signum
-
-    def __enter__(self) -> SignalStop:
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
 
 
 class Progress:

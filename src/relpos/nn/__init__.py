@@ -2,6 +2,8 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .gateloop import GateLoop
+from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .memory import SegmentRecurrence
 from .transformer import TransformerLM
@@ -14,4 +16,7 @@ __all__ = [
     "KVCache",
     "LayerCache",
     "SegmentRecurrence",
+    "GateLoop",
+    "LightNetAttention",
+    "MDTPE",
 ]

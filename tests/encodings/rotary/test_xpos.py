@@ -198,12 +198,120 @@ def test_xpos_self_attention_up_to_the_guaranteed_query_span_is_exact():
     assert torch.isfinite(got).all()  # future keys too (clamped, never seen under causal)
 
 
-def test_xpos_refuses_a_query_span_beyond_its_float_range_naming_q_pos():
+def test_xpos_scores_refuse_a_query_span_beyond_its_float_range_naming_q_pos():
+    """``relpos.scores`` returns the logits of one call (one envelope centre), so it refuses
+    a query span whose envelope leaves float32; ``relpos.attention`` splits it (below)."""
     enc = relpos.create("xpos", num_heads=1, head_dim=16, scale_base=16.0)
     pos = torch.arange(0, 100_000, 1000)
     q = randn(1, 1, pos.numel(), 16)
     with pytest.raises(ValueError, match="q_pos"):
         relpos.scores(q, q, enc, q_pos=pos, k_pos=pos)
+
+
+def attention_fp64(q, k, v, q_pos, k_pos, theta, rates, layout):
+    """Causal softmax attention over the float64 envelope scores, ``(Lq, D)`` -> ``(Lq, Dv)``;
+    rows that see no key give zeros."""
+    s = envelope_scores_fp64(q, k, q_pos, k_pos, theta, rates, layout) / q.shape[-1] ** 0.5
+    visible = k_pos[None, :] <= q_pos[:, None]
+    s = s.masked_fill(~visible, float("-inf"))
+    w = torch.softmax(s, -1).nan_to_num(0.0)
+    return w @ v.double()
+
+
+@pytest.mark.parametrize("name", ["xpos", "hyperbolic-rope"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "chunked", "auto"])
+def test_xpos_attention_over_queries_spanning_a_million_positions_matches_float64(name, backend):
+    """A call whose queries span 10^6 positions (15,600 x the float32 query budget at
+    scale_base 16) is computed, not refused: ``relpos.attention`` cuts it into query blocks
+    with their own envelope centre, and every output equals the float64 formula."""
+    d, base_len = 16, 16.0
+    enc = relpos.create(name, num_heads=1, head_dim=d, scale_base=base_len)
+    pos = torch.cat((torch.tensor([0, 3, 500, 250_000, 500_000]), torch.arange(999_950, 1_000_001)))
+    q, k, v = (randn(1, 1, pos.numel(), d, seed=s) for s in (10, 11, 12))
+    out = relpos.attention(q, k, v, enc, q_pos=pos, k_pos=pos, causal=True, backend=backend)
+    layout = enc.layout
+    ref = attention_fp64(
+        q[0, 0], k[0, 0], v[0, 0], pos, pos, enc.inv_freq.double(), _xpos_rates(d, base_len), layout
+    )
+    torch.testing.assert_close(out[0, 0].double(), ref, rtol=0, atol=2e-5)
+    assert relpos.attention.plan(q, k, v, enc, q_pos=pos, k_pos=pos, causal=True)[0] in (
+        "sdpa",
+        "eager",
+        "chunked",
+    )
+
+
+def test_xpos_long_self_attention_is_split_into_query_blocks_with_gradients():
+    """Self-attention over 400 consecutive positions at scale_base 1 (query budget 64): the
+    split call equals the float64 reference in the forward and its gradients equal those of
+    the float64 reference, padding rows (a bool mask) included."""
+    d = 8
+    enc = relpos.create("xpos", num_heads=1, head_dim=d, scale_base=1.0)
+    L = 400
+    pos = torch.arange(L)
+    q, k, v = (randn(1, 1, L, d, seed=s).requires_grad_() for s in (13, 14, 15))
+    out = relpos.attention(q, k, v, enc, causal=True)
+    ref = attention_fp64(
+        q[0, 0],
+        k[0, 0],
+        v[0, 0],
+        pos,
+        pos,
+        enc.inv_freq.double(),
+        _xpos_rates(d, 1.0),
+        "interleaved",
+    )
+    torch.testing.assert_close(out[0, 0].double(), ref, rtol=0, atol=2e-5)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=1e-4)
+
+
+def test_xpos_split_call_keeps_masks_and_the_kv_cache_exact():
+    """A prefill of 300 queries (budget 64) into a KV cache with a key-padding mask, then a
+    decoding step: both equal one unsplit float64 computation, and the cache holds every key
+    once."""
+    from relpos.nn import LayerCache
+
+    d = 8
+    enc = relpos.create("xpos", num_heads=2, head_dim=d, scale_base=1.0)
+    L = 300
+    q, k, v = (
+        randn(1, 2, L + 1, d, seed=16),
+        randn(1, 2, L + 1, d, seed=17),
+        randn(1, 2, L + 1, d, seed=18),
+    )
+    keep = torch.ones(1, 1, 1, L, dtype=torch.bool)
+    keep[..., :5] = False  # left padding
+    cache = LayerCache()
+    first = relpos.attention(
+        q[:, :, :L], k[:, :, :L], v[:, :, :L], enc, causal=True, mask=keep, cache=cache
+    )
+    full_keep = torch.cat((keep, torch.ones(1, 1, 1, 1, dtype=torch.bool)), -1)
+    second = relpos.attention(
+        q[:, :, L:], k[:, :, L:], v[:, :, L:], enc, causal=True, mask=full_keep, cache=cache
+    )
+    assert cache.length == L + 1
+    expected = relpos.attention(
+        q.double(), k.double(), v.double(), enc, causal=True, mask=full_keep
+    )
+    got = torch.cat((first, second), dim=2).double()
+    torch.testing.assert_close(got[:, :, 5:], expected[:, :, 5:], rtol=0, atol=2e-5)
+    assert (got[:, :, :5] == 0).all()  # rows that see only padding
+
+
+def test_query_span_blocks_cover_every_query_within_the_limit():
+    from relpos.attention.query_split import query_span_blocks
+
+    pos = torch.tensor([[0, 1, 2, 10, 11, 30, 31, 32], [0, 1, 2, 3, 20, 21, 22, 23]])
+    blocks = query_span_blocks(pos, 5.0)
+    assert blocks[0][0] == 0 and blocks[-1][1] == pos.shape[1]
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+    for s, e in blocks:
+        span = pos[:, s:e].amax(-1) - pos[:, s:e].amin(-1)
+        assert (span <= 5).all()
+    assert blocks == [(0, 3), (3, 4), (4, 5), (5, 8)]
 
 
 @pytest.mark.parametrize("name", ["xpos", "hyperbolic-rope"])

@@ -14,7 +14,7 @@ from ...functional import alibi_slopes
 from ...registry import register
 from ...validation import check_choice
 from ..options import Bool, Custom, Int
-from .distance import DistanceBias
+from .distance import DistanceBias, LinearPiece
 
 __all__ = ["ALiBi"]
 
@@ -146,6 +146,17 @@ class ALiBi(DistanceBias):
         if self.form == "shifted":
             return -m[h] * (d.abs() - 0.5 * (d > 0).to(d.dtype))
         return -torch.where(d >= 0, m[h] * d, self.future_slopes[h] * -d)
+
+    def linear_pieces(self) -> list[LinearPiece]:
+        """Every form is piecewise linear in ``d``: causal ``-m d`` is one line; symmetric
+        ``-m d`` for ``d >= 0`` and ``+m d`` below; asymmetric ``-m d`` / ``+m' d``; shifted
+        ``-m (d - 0.5)`` for ``d >= 1`` and ``+m d`` for ``d <= 0``."""
+        m = self.slopes
+        if self.form == "causal":
+            return [LinearPiece(-m)]
+        if self.form == "shifted":
+            return [LinearPiece(-m, 0.5, low=1), LinearPiece(m, 0.0, high=0)]
+        return [LinearPiece(-m, 0.0, low=0), LinearPiece(self.future_slopes, 0.0, high=-1)]
 
     def extra_repr(self) -> str:
         out = f"{super().extra_repr()}, bidirectional={self.form!r}"

@@ -17,11 +17,29 @@ it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import Tensor
 
 from ..base import BiasContext, Encoding
 
-__all__ = ["DistanceBias", "distance_range", "accurate_dtype"]
+__all__ = ["DistanceBias", "LinearPiece", "distance_range", "accurate_dtype"]
+
+
+@dataclass(frozen=True)
+class LinearPiece:
+    """One linear piece of a piecewise-linear distance bias: ``b_h(d) = slope_h * (d - gamma)``
+    for distances ``low <= d <= high`` (``None``: unbounded), ``slope (H,)``.
+
+    A bias made of such pieces folds exactly into extra q/k channels (``relpos.efficient.fold``:
+    ``slope_h * d`` is ``slope_h * q_pos`` minus ``slope_h * k_pos``, a row term the softmax
+    ignores plus a rank-1 term), one fused-kernel pass per piece."""
+
+    slope: Tensor
+    gamma: float = 0.0
+    low: int | None = None
+    high: int | None = None
 
 
 class DistanceBias(Encoding):
@@ -32,6 +50,11 @@ class DistanceBias(Encoding):
     has_bias = True
     relative = True
     distance_only = True
+
+    def linear_pieces(self) -> list[LinearPiece] | None:
+        """The bias as linear pieces of the distance (``LinearPiece``), when it is exactly
+        piecewise linear with fixed breakpoints (ALiBi); None otherwise (the default)."""
+        return None
 
 
 def distance_range(ctx: BiasContext) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Float, Int
+from .piecewise_linear import evaluate_pieces, relu_mlp_pieces
 
 __all__ = ["FIRE"]
 
@@ -30,6 +31,13 @@ class FIRE(Encoding):
 
     Options: ``mlp_width`` (hidden units, >= 1), ``init_c`` (> 0), ``init_L`` (the threshold,
     > 0) and ``eps`` (> 0, keeps the normaliser away from 0 at ``i = 0``).
+
+    Fast exact evaluation: ``f_theta`` is a ReLU MLP of one scalar, i.e. piecewise linear
+    with knots ``-b1_k / w1_k``; over a grid of pairs for all heads (the chunked tile path
+    above the threshold, dense biases) it is read as ``alpha[h, a] + beta[h, a] u`` on the
+    interval ``a`` of ``u`` (``piecewise_linear.relu_mlp_pieces``), the same function with
+    gradients to the MLP through the tables: one interval search and one multiply-add per
+    (pair, head) instead of ``mlp_width`` hidden units.
     Shapes: ``mlp_input(q_pos (..), k_pos (..)) -> (..)`` in ``[0, 1]`` for past keys;
     ``readout(u (..), h (..)) -> (..)``.
     """
@@ -101,13 +109,13 @@ class FIRE(Encoding):
             for unit in range(w_in.shape[0]):
                 out = out + torch.relu(u * w_in[unit] + b_in[unit]) * w_out[unit]
             return out
-        hidden = torch.relu(u[..., None] * w_in + b_in)
         every_head = torch.arange(self.num_heads, device=h.device).view(1, -1, 1, 1)
         if u.dim() == 4 and u.shape[1] == 1 and h.shape == every_head.shape:
             if torch.equal(h, every_head):
-                # A (B, 1, T, S) grid for all heads: one (.., 32) @ (32, H) matmul, no
-                # (B, H, T, S, 32) broadcast.
-                out = torch.matmul(hidden[:, 0], self.mlp_out.weight.t()) + self.mlp_out.bias
-                return out.permute(0, 3, 1, 2)
+                # A (B, 1, T, S) grid for all heads: the MLP as its linear pieces, one
+                # interval search and one multiply-add per (pair, head), exact
+                pieces = relu_mlp_pieces(w_in, b_in, self.mlp_out.weight, self.mlp_out.bias)
+                return evaluate_pieces(u[:, 0], *pieces).transpose(0, 1)
+        hidden = torch.relu(u[..., None] * w_in + b_in)
         # Other index shapes: contract the hidden units with head h's output row.
         return torch.einsum("...k,...k->...", hidden, w_out) + b_out

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from ..base import BiasContext, Encoding
-from .table_ops import gather_rows
+from .table_ops import GradientBuffer, buffered, gather_rows
 
 __all__ = [
     "NO_ROW",
@@ -229,6 +229,7 @@ class TableRead:
     group: int = 1
     offset: int = 0
     products: Tensor | None = None
+    buffer: GradientBuffer | None = None  # key reads: one gradient buffer for every tile
 
     @classmethod
     def queries(cls, q: Tensor, table: Tensor, first: int) -> TableRead:
@@ -240,9 +241,10 @@ class TableRead:
         """The table read by the keys ``k (B, Hkv, Lk, D)`` for ``num_heads`` query heads;
         products of the whole call ``(B, H | Hkv, Lk, R)``, formed now."""
         if table.dim() == 3:
-            return cls(k, table, first, "k", 1, 0, _group_products(k, table))
-        products = torch.matmul(k, table.transpose(-1, -2))
-        return cls(k, table, first, "k", num_heads // k.shape[1], 0, products)
+            products, buffer = buffered(_group_products(k, table))
+            return cls(k, table, first, "k", 1, 0, products, buffer)
+        products, buffer = buffered(torch.matmul(k, table.transpose(-1, -2)))
+        return cls(k, table, first, "k", num_heads // k.shape[1], 0, products, buffer)
 
     def compute(self) -> Tensor:
         """``x @ table^T`` over all of ``x``."""
@@ -275,7 +277,8 @@ class TableRead:
             h = h // self.group
         if self.offset:
             n = n - self.offset
-        return gather_rows(self.compute(), b, h, n, rows, by_keys=self.by == "k")
+        by_keys = self.by == "k"
+        return gather_rows(self.compute(), b, h, n, rows, by_keys=by_keys, buffer=self.buffer)
 
 
 @dataclass

@@ -4,6 +4,9 @@
   2018, Sec. 3.4.1; tensor2tensor), kept as the reference the gather below is tested against;
 * ``gather_rows``: ``t[b, h, n, rows]`` of a per-call product ``q @ a^T`` (or ``k @ a^T``) at
   the index grids of ``Encoding.bias``: the one fast gather of every relative-table read;
+* ``GradientBuffer`` / ``buffered``: the gradient of a per-call key product read by many
+  query blocks, accumulated in place in one buffer (the chunked backend's tiles would each
+  write a full-size ``(B, H, Lk, R)`` gradient otherwise);
 * ``weighted_rows``: the value term ``sum_j p_ij a^V[rows_ij]`` by scatter-adding the softmax
   weights into row buckets, O(T S + T R Dv);
 * ``trilinear_scores``: ``sum_l q_l k_l a_l`` with a custom backward that loops over the
@@ -18,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["skew", "skew_unmasked", "trilinear_scores", "gather_rows", "weighted_rows"]
+__all__ = [
+    "skew",
+    "skew_unmasked",
+    "trilinear_scores",
+    "gather_rows",
+    "weighted_rows",
+    "GradientBuffer",
+    "buffered",
+]
 
 
 # ------------------------------------------------------------------------------ skewing
@@ -121,20 +132,23 @@ def _select(t: Tensor, dim: int, index: Tensor) -> Tensor:
     """``t.index_select(dim, index)``; ``t`` itself or a ``narrow`` view when ``index`` is
     ``start, start + 1, ...`` (the usual grids), so neither a copy nor an ``index_add`` in
     backward is needed."""
-    flat = index.reshape(-1)
-    if flat.numel() == 0:
-        return t.index_select(dim, flat)
-    start = int(flat[0])
-    span = torch.arange(start, start + flat.numel(), device=flat.device, dtype=flat.dtype)
-    if torch.equal(flat, span):
-        if start == 0 and flat.numel() == t.shape[dim]:
-            return t
-        return t.narrow(dim, start, flat.numel())
-    return t.index_select(dim, flat)
+    span = _span(index, t.shape[dim])
+    if span is None:
+        return t.index_select(dim, index.reshape(-1))
+    if span == (0, t.shape[dim]):
+        return t
+    return t.narrow(dim, *span)
 
 
 def gather_rows(
-    t: Tensor, b: Tensor, h: Tensor, n: Tensor, rows: Tensor, *, by_keys: bool | None = None
+    t: Tensor,
+    b: Tensor,
+    h: Tensor,
+    n: Tensor,
+    rows: Tensor,
+    *,
+    by_keys: bool | None = None,
+    buffer: GradientBuffer | None = None,
 ) -> Tensor:
     """``t[b, h, n, rows]`` for a per-call product ``t (B, H', N, R)`` (``q @ a^T`` with ``n``
     the query index, ``k @ a^T`` with ``n`` the key index and ``by_keys=True``), at the index
@@ -145,19 +159,110 @@ def gather_rows(
     backward is a ``scatter_add`` of ``T x S`` values (plain advanced indexing would build a
     linear index from all four and accumulate with ``index_put``). Other index shapes
     (FlexAttention's 0-d indices) use advanced indexing. ``by_keys=None``: from the shape of
-    ``n`` (a key grid has its keys on the last axis).
+    ``n`` (a key grid has its keys on the last axis). ``buffer``: ``t`` came from
+    ``buffered``; key-major reads scatter their gradient into it.
     """
     if by_keys is None:
         by_keys = n.dim() == 4 and n.shape[-2] == 1 and n.shape[-1] != 1
     if rows.dim() != 4 or not _is_grid(b, h, n, 3 if by_keys else 2):
         return t[b, h, n, rows]
-    sel = _select(_select(_select(t, 2, n), 0, b), 1, h)
+    spans = [_span(n, t.shape[2]), _span(b, t.shape[0]), _span(h, t.shape[1])]
     if not by_keys:
+        sel = _select(_select(_select(t, 2, n), 0, b), 1, h)
         return sel.gather(-1, rows.expand(*sel.shape[:2], *rows.shape[2:]))
     # key-major: gather (S, T) per head with a contiguous index (a transposed index makes the
     # gather ~2.5x slower), then hand back the (T, S) view
     index = rows.transpose(-1, -2).contiguous()  # (Bb|1, 1, S, T): no head copies
+    if buffer is not None and torch.is_grad_enabled() and all(sp is not None for sp in spans):
+        return _BufferedGather.apply(t, index, spans, buffer).transpose(-1, -2)
+    sel = _select(_select(_select(t, 2, n), 0, b), 1, h)
     return sel.gather(-1, index.expand(*sel.shape[:2], *index.shape[2:])).transpose(-1, -2)
+
+
+def _span(index: Tensor, size: int) -> tuple[int, int] | None:
+    """``(start, count)`` when ``index`` is ``start, start + 1, ...`` (a narrow view), else
+    None."""
+    flat = index.reshape(-1)
+    if flat.numel() == 0:
+        return None
+    start = int(flat[0])
+    span = torch.arange(start, start + flat.numel(), device=flat.device, dtype=flat.dtype)
+    return (
+        (start, flat.numel()) if torch.equal(flat, span) and start + flat.numel() <= size else None
+    )
+
+
+def _narrowed(t: Tensor, spans: list[tuple[int, int]]) -> Tensor:
+    """``t`` narrowed to keys ``spans[0]``, batch rows ``spans[1]``, heads ``spans[2]``."""
+    for dim, (start, count) in zip((2, 0, 1), spans, strict=True):
+        t = t.narrow(dim, start, count)
+    return t
+
+
+class GradientBuffer:
+    """The gradient of one per-call product, accumulated in place by every read of it.
+
+    The chunked backend reads a key product ``(B, H, Lk, R)`` (DeBERTa's p2c, Huang et al.
+    method 4) once per query tile; plain autograd gives each tile's gather a full-size
+    zero-filled gradient that is then summed. Reads made through ``buffered(t)`` scatter
+    their gradient into this one buffer instead, and ``buffered``'s own backward, which runs
+    after every read's (they consume its output), hands it on."""
+
+    def __init__(self) -> None:
+        self.grad: Tensor | None = None
+
+    def region(self, like: Tensor, dtype: torch.dtype, spans: list[tuple[int, int]]) -> Tensor:
+        if self.grad is None:
+            self.grad = torch.zeros(like.shape, dtype=dtype, device=like.device)
+        return _narrowed(self.grad, spans)
+
+
+class _Buffered(torch.autograd.Function):
+    """Identity on ``t``; backward returns the buffer the reads filled (plus any gradient of
+    ordinary uses of the output)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, buffer: GradientBuffer) -> Tensor:
+        ctx.set_materialize_grads(False)
+        ctx.buffer = buffer
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None):
+        acc = ctx.buffer.grad
+        ctx.buffer.grad = None  # one backward per forward: free it
+        if grad is not None:
+            acc = grad if acc is None else acc + grad
+        return acc, None
+
+
+class _BufferedGather(torch.autograd.Function):
+    """``narrowed(t).gather(-1, index)``, its gradient scatter-added into the buffer."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, index: Tensor, spans: list, buffer: GradientBuffer) -> Tensor:
+        sel = _narrowed(t, spans)
+        index = index.expand(*sel.shape[:2], *index.shape[2:])
+        ctx.save_for_backward(index)
+        ctx.spans, ctx.buffer, ctx.like = spans, buffer, t.detach()
+        return sel.gather(-1, index)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (index,) = ctx.saved_tensors
+        region = ctx.buffer.region(ctx.like, grad.dtype, ctx.spans)
+        region.scatter_add_(-1, index, grad)
+        return None, None, None, None
+
+
+def buffered(t: Tensor) -> tuple[Tensor, GradientBuffer | None]:
+    """``(t, None)`` when ``t`` takes no gradient, else an alias of ``t`` and the
+    ``GradientBuffer`` in which ``gather_rows(alias, ..., buffer=buffer)`` reads of it
+    accumulate their gradient."""
+    if not (torch.is_grad_enabled() and t.requires_grad):
+        return t, None
+    buffer = GradientBuffer()
+    return _Buffered.apply(t, buffer), buffer
 
 
 def weighted_rows(p: Tensor, rows: Tensor, table: Tensor) -> Tensor:

@@ -147,7 +147,7 @@ class LieRE(Encoding):
     has_rotary = True
     continuous = True
     options = {
-        "dims": Int(minimum=1, doc="position axes"),
+        "dims": Int(minimum=1, optional=True, doc="position axes (default: the class's)"),
         "generator_dim": Int(minimum=2, optional=True, doc="block size g (even, divides D)"),
         "init_range": Float(minimum=0.0, doc="generator entries start ~ U(0, init_range)"),
         "expected_steps": Float(above=0.0, doc="positions are divided by it"),
@@ -162,7 +162,7 @@ class LieRE(Encoding):
         num_heads: int,
         head_dim: int,
         *,
-        dims: int = 1,
+        dims: int | None = None,
         generator_dim: int | None = None,
         init_range: float = 2 * math.pi,
         expected_steps: float = 512.0,
@@ -181,7 +181,9 @@ class LieRE(Encoding):
                 f"generator_dim must be an even int >= 2 dividing head_dim={head_dim} (an "
                 f"odd-size skew-symmetric generator always fixes a direction), got {g!r}"
             )
-        self.dims = dims
+        if dims is not None:  # default: the class's (1 for liere, 2 for liere-2d)
+            self.dims = dims
+        dims = self.dims
         self.expected_steps = expected_steps
         self.generator_dim = g
         self.relative = dims == 1 or g == 2  # commuting generators
@@ -225,32 +227,8 @@ class LieRE2D(LieRE):
     its conformance suite cover the N-D case: dense generators per axis that do not commute,
     hence not relative. Use ``dims = 3`` for video. Args, shapes: as ``liere``."""
 
-    dims = 2
+    dims = 2  # the default of the ``dims`` option
     relative = False  # dense generators per axis do not commute (the instance decides)
-
-    def __init__(
-        self,
-        num_heads: int,
-        head_dim: int,
-        *,
-        dims: int = 2,
-        generator_dim: int | None = None,
-        init_range: float = 2 * math.pi,
-        expected_steps: float = 512.0,
-        base: None = None,
-        layout: None = None,
-        partial_rotary_factor: None = None,
-        scaling: None = None,
-        max_position_embeddings: None = None,
-    ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            dims=dims,
-            generator_dim=generator_dim,
-            init_range=init_range,
-            expected_steps=expected_steps,
-        )
 
 
 # --------------------------------------------------------------------------- MinkowskiPE

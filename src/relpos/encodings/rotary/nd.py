@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +50,7 @@ from ...registry import register
 from ...rope_scaling import is_length_dependent
 from ...validation import check_float, check_float_sequence
 from ..base import Encoding
-from ..options import Bool, Custom, Int, IntSequence, Refused
+from ..options import Bool, Choice, Custom, Float, Int, IntSequence, Refused
 from .rope import ROPE_OPTIONS, RoPE, rotate_pairs
 
 
@@ -164,20 +164,28 @@ class SectionedRoPE(Encoding):
 
     has_rotary = True
     continuous = True
-    options = ROPE_OPTIONS
+    options = {
+        **ROPE_OPTIONS,
+        "base": Float(above=1.0, optional=True, doc="rope_theta (default: the class's)"),
+        "layout": Choice(("half", "interleaved"), optional=True, doc="channel pairing"),
+    }
+    default_base: float = 10000.0  # ``base`` when none is given
+    default_layout: str = "half"  # ``layout`` when none is given (the method's code)
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        base: float | Sequence[float] = 10000.0,
-        layout: str = "half",
+        base: float | Sequence[float] | None = None,
+        layout: str | None = None,
         partial_rotary_factor: float = 1.0,
         scaling: dict | None = None,
         max_position_embeddings: int | None = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
+        base = self.default_base if base is None else base
+        layout = self.default_layout if layout is None else layout
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for a rotary encoding, got {head_dim}")
         rotated = int(head_dim * partial_rotary_factor)
@@ -354,6 +362,7 @@ class RoPEAxial(AxialRoPE):
     paper = "Heo et al. 2024 (RoPE-ViT, axial); Wan2.1 / HunyuanVideo 3-D"
     dims = 2
     spectrum = "per_axis"
+    default_layout = "interleaved"
     options = {"dims": Int(minimum=1), "sections": PAIR_COUNTS, "base": PER_AXIS_BASE}
 
     def __init__(
@@ -363,21 +372,9 @@ class RoPEAxial(AxialRoPE):
         *,
         dims: int = 2,
         sections: Sequence[int] | None = None,
-        base: float | Sequence[float] = 10000.0,
-        layout: str = "interleaved",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self._set_sections(sections, dims, "sections")
 
 
@@ -409,21 +406,9 @@ class MRoPE(AxialRoPE):
         *,
         mrope_section: Sequence[int] | None = None,
         interleaved_sections: bool = False,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self.interleaved_sections = interleaved_sections
         if mrope_section is None:
             pairs = self.rotary_pairs
@@ -465,21 +450,9 @@ class HierarchicalRoPE(AxialRoPE):
         *,
         sections: Sequence[int] | None = None,
         levels: int = 3,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self._set_sections(sections, levels, "sections")
 
 
@@ -501,6 +474,7 @@ class NormalizedRoPE2D(AxialRoPE):
     dims = 2
     relative = False  # with rounding; the instance says True when rounding=False
     spectrum = "per_axis"
+    default_layout = "interleaved"  # the Infinity code
     options = {
         "reference_grid": IntSequence(length=2, minimum=1, doc="(rows, cols) of the frame"),
         "rounding": Bool(doc="round to the reference grid (Infinity)"),
@@ -513,21 +487,9 @@ class NormalizedRoPE2D(AxialRoPE):
         *,
         reference_grid: Sequence[int] = (16, 16),
         rounding: bool = True,
-        base: float = 10000.0,
-        layout: str = "interleaved",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         self._set_sections(None, 2, "sections")
         self.reference_grid = list(reference_grid)
         self.rounding = rounding
@@ -558,6 +520,8 @@ class RoPEMixed(SectionedRoPE):
     paper = "Heo et al. 2024 (RoPE-ViT, RoPE-Mixed)"
     dims = 2
     cache_rotated_keys = False  # grouped keys are expanded to the query heads when rotated
+    default_base = 10.0  # naver-ai/rope-vit's magnitudes
+    default_layout = "interleaved"  # the RoPE-ViT code
     options = {
         "scaling": Refused(
             "RoPE-Mixed learns its frequencies per head; there is no fixed RoPE spectrum for "
@@ -572,20 +536,9 @@ class RoPEMixed(SectionedRoPE):
         self,
         num_heads: int,
         head_dim: int,
-        *,
-        base: float = 10.0,
-        layout: str = "interleaved",
-        partial_rotary_factor: float = 1.0,
-        scaling: None = None,
-        max_position_embeddings: None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         rotated = 2 * self.rotary_pairs
         if rotated % 4:
             raise ValueError(
@@ -593,7 +546,7 @@ class RoPEMixed(SectionedRoPE):
                 f"{rotated} of head_dim={head_dim})"
             )
         quarter = rotated // 4
-        mag = float(base) ** (-4 * torch.arange(quarter, dtype=torch.float64) / rotated)
+        mag = float(self.base) ** (-4 * torch.arange(quarter, dtype=torch.float64) / rotated)
         alpha = torch.rand(num_heads, 1, dtype=torch.float64) * 2 * math.pi
         fx = torch.cat((mag * torch.cos(alpha), mag * torch.cos(math.pi / 2 + alpha)), dim=-1)
         fy = torch.cat((mag * torch.sin(alpha), mag * torch.sin(math.pi / 2 + alpha)), dim=-1)
@@ -640,21 +593,9 @@ class TimeRoPE(AxialRoPE):
         *,
         time_scale: float | Sequence[float] = 1.0,
         sections: Sequence[int] | None = None,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        **rope_options: Any,
     ) -> None:
-        super().__init__(
-            num_heads,
-            head_dim,
-            base=base,
-            layout=layout,
-            partial_rotary_factor=partial_rotary_factor,
-            scaling=scaling,
-            max_position_embeddings=max_position_embeddings,
-        )
+        super().__init__(num_heads, head_dim, **rope_options)
         dims = 1 if sections is None else len(sections)
         self.time_scale = _per_axis(time_scale, dims, "time_scale")
         self._set_sections(sections, dims, "sections")

@@ -30,7 +30,14 @@ import torch
 from torch import Tensor
 
 from ... import config
-from ...functional import apply_rotary, apply_rotary_fused, rope_angles, rope_frequencies
+from ...functional import (
+    apply_rotary,
+    apply_rotary_fused,
+    apply_rotary_pair,
+    apply_rotary_pair_fused,
+    rope_angles,
+    rope_frequencies,
+)
 from ...registry import register
 from ...rope_scaling import is_length_dependent, validate_scaling
 from ..base import Encoding
@@ -101,6 +108,22 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     if fused is True or (fused == "auto" and x.numel() >= config.FUSED_ROTARY_MIN_NUMEL):
         return apply_rotary_fused(x, cos, sin, layout)
     return apply_rotary(x, cos, sin, layout)
+
+
+def rotate_pair(
+    q: Tensor, k: Tensor, q_cs: tuple[Tensor, Tensor], k_cs: tuple[Tensor, Tensor], layout: str
+) -> tuple[Tensor, Tensor]:
+    """``rotate_pairs`` of q and k in one call (one compiled graph when fused)."""
+    fused = config.FUSED_ROTARY
+    big = q.numel() + k.numel() >= config.FUSED_ROTARY_MIN_NUMEL
+    if fused is True or (fused == "auto" and big):
+        return apply_rotary_pair_fused(q, k, *q_cs, *k_cs, layout)
+    return apply_rotary_pair(q, k, *q_cs, *k_cs, layout)
+
+
+def same_positions(a: Tensor, b: Tensor) -> bool:
+    """Whether two position tensors are the same (identity, or equal shape and values)."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
 
 
 @register("rope")
@@ -234,12 +257,23 @@ class RoPE(Encoding):
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor
     ) -> tuple[Tensor, Tensor]:
-        if not self.length_dependent:
-            return super().rotate_qk(q, k, q_pos, k_pos)
         # One set of frequencies for queries and keys of the call: never mix bases.
-        seq_len = self.call_length(("q_pos", q_pos), ("k_pos", k_pos))
+        seq_len = None
+        if self.length_dependent:
+            seq_len = self.call_length(("q_pos", q_pos), ("k_pos", k_pos))
+        cls = type(self)
+        if cls.rotate is not RoPE.rotate or cls._rotate_at is not RoPE._rotate_at:
+            # a subclass that rotates its own way: one tensor at a time
+            if not self.length_dependent:
+                return super().rotate_qk(q, k, q_pos, k_pos)
+            self._check_qk(q, k)
+            return self._rotate_at(q, q_pos, seq_len), self._rotate_at(k, k_pos, seq_len)
+        # RoPE's own rotation: cos/sin once when queries and keys share their positions
+        # (self-attention), q and k rotated in one (compiled) call
         self._check_qk(q, k)
-        return self._rotate_at(q, q_pos, seq_len), self._rotate_at(k, k_pos, seq_len)
+        q_cs = self.cos_sin(q_pos, seq_len)
+        k_cs = q_cs if same_positions(q_pos, k_pos) else self.cos_sin(k_pos, seq_len)
+        return rotate_pair(q, k, q_cs, k_cs, self.layout)
 
     def _check_head_dim(self, x: Tensor, role: str, what: str = "head_dim") -> None:
         """``ValueError`` naming ``role`` unless the last dim of ``x`` is ``head_dim``."""

@@ -36,6 +36,7 @@ class RoVE(RoPE):
     """
 
     paper = "García-Castellanos et al. 2026 (RoVE)"
+    rotates_values = True
     options = {
         "scaling": scaling_option(
             refuse_length_dependent(

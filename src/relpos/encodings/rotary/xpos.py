@@ -15,17 +15,20 @@ envelope is formed in float32; 690 for float64, whose envelope stays float64; 7.
 float16):
 
 * query exponents are at most ``a_max * S_q / 2`` (``S_q``: the span of the call's query
-  positions); a call where that exceeds ``E / 2`` raises ``ValueError`` naming ``q_pos``
-  (split its queries into blocks, as decoding and chunked prefill do);
+  positions); ``relpos.attention`` cuts a call where that would exceed ``E / 2`` into blocks
+  of consecutive queries, each with its own centre (``query_span_limit``,
+  ``attention/query_split.py``; exact, since rows are independent), and ``rotate_qk`` itself
+  raises ``ValueError`` naming ``q_pos`` for such a span (``relpos.scores``, direct calls);
 * key exponents are clamped at ``E / 2``: only keys in the future of every query of the
   call are affected (causal attention never sees them), and every logit stays finite,
   future ones included (below ``e^E |q| |k|``);
 * keys far in the past underflow to 0, where their exact contribution is below
   ``e^{E/2 - 103}`` relative to ``|q| |k|`` (float32; ``e^{E/2 - 744}`` in float64).
 
-Guarantee: for a query span ``S_q <= E / a_max`` -- ``64 x scale_base`` for xPos in float32
-and bfloat16 (32K positions at the default 512), ``550 x scale_base`` in float64, ``5.6 x
-scale_base`` in float16 -- every visible score is exact to float32 rounding (the precision
+Guarantee: through ``relpos.attention`` at any query span (per block: ``S_q <= E / a_max``,
+``64 x scale_base`` for xPos in float32 and bfloat16, 32K positions at the default 512,
+``550 x scale_base`` in float64, ``5.6 x scale_base`` in float16), every visible score is
+exact to float32 rounding (the precision
 of RoPE's angles; float16 / bfloat16 to their own) at any key span and any position offset
 that float64 represents, and no logit is infinite or NaN.
 """
@@ -107,6 +110,12 @@ class XPos(RoPE):
         distance; ``-ln(zeta_i) / scale_base`` for xPos."""
         return -torch.log(self.zeta.to(torch.float64)) / self.scale_base
 
+    def query_span_limit(self, dtype: torch.dtype) -> float | None:
+        """``E / a_max``: the query span whose exponents reach the per-side budget ``E / 2``
+        (module docstring); ``relpos.attention`` splits wider calls into query blocks."""
+        top_rate = float(self.decay_rates().detach().amax()) if self.zeta.numel() else 0.0
+        return envelope_budget(dtype) / top_rate if top_rate > 0 else None
+
     def _scaled(self, x: Tensor, pos: Tensor, exponent: Tensor, seq_len: int | None) -> Tensor:
         """``x`` rotated and scaled by ``e^{exponent}`` (``(B|1, 1, L, r/2)`` float64), the
         envelope kept in float64 for float64 activations, else float32."""
@@ -129,7 +138,7 @@ class XPos(RoPE):
         top_rate = float(rates.detach().amax()) if rates.numel() else 0.0
         qp = q_pos.to(torch.float64)
         low, high = qp.amin(-1, keepdim=True), qp.amax(-1, keepdim=True)  # (B|1, 1)
-        center = torch.floor((low + high) / 2)
+        center = (low + high) / 2  # exact in float64: q and k exponents both within span / 2
         budget = envelope_budget(q.dtype) / 2  # per side: q and k exponents
         widest = float((high - low).amax()) / 2 * top_rate
         if widest > budget:
@@ -138,7 +147,8 @@ class XPos(RoPE):
                 f"q_pos spans {span:g} positions in one call; {self.name} scales queries by "
                 f"up to e^(a_max * span / 2) = e^{widest:.1f}, above the {q.dtype} budget "
                 f"e^{budget:.1f}: give at most {2 * budget / top_rate:.0f} query "
-                f"positions per call (split the queries into blocks) or a larger decay length"
+                f"positions per call (relpos.attention splits wider calls into query blocks; "
+                f"relpos.scores and direct rotate_qk calls do not) or a larger decay length"
             )
         q_exp = -(qp - center)[:, None, :, None] * rates
         k_rel = (k_pos.to(torch.float64) - center)[:, None, :, None]

@@ -32,7 +32,9 @@ Modules:
 * ``plan``: option parsing, ``PROFILES``, ``plan_longctx`` (all validation, nothing written);
 * ``run``: the inputs (held-out text, passkey prompts), the measurements, resume;
 * ``report``: tables, CSV, plot, markdown (``write_outputs``);
-* ``models``: SmolLM2 / a GGUF file / ``random-tiny``;
+* ``models``: SmolLM2 / a GGUF file / ``random-tiny`` / ``hf:<spec>``, a transformers model
+  (``relpos.interop.hf.HFCausalLM``: each method is applied by ``patch``, so the table of
+  ``--model hf:smollm2`` is the built-in model's, measured in transformers);
 * ``command``: the CLI options and ``run_command``.
 
 This package re-exports the public names of those modules.

@@ -36,7 +36,12 @@ def add_arguments(parser: Any) -> None:
     add("--depths", help="passkey depths in [0, 1], e.g. 0.1,0.5,0.9 (default: the profile's)")
     add("--seeds", help="passkey keys per depth (default: the profile's; 0 = no passkey)")
     add("--ppl-tokens", help="perplexity: final tokens scored (default: the profile's; 0 = none)")
-    add("--model", default="smollm2", help="smollm2 (default), a .gguf file, or random-tiny")
+    add(
+        "--model",
+        default="smollm2",
+        help="smollm2 (default), a .gguf file, random-tiny, or hf:<smollm2, transformers model "
+        "folder, config .json or .gguf> (a transformers model, patched by relpos.interop.hf)",
+    )
     add("--data", help="held-out UTF-8 text file or folder (default: Shakespeare test plays)")
     add("--out", help="run folder (default runs/longctx-PROFILE)")
     add("--resume", action="store_true", help="continue the run in --out")

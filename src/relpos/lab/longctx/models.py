@@ -1,4 +1,5 @@
-"""The models ``relpos longctx`` runs: SmolLM2 (or any Llama-family GGUF file), or an
+"""The models ``relpos longctx`` runs: SmolLM2 (or any Llama-family GGUF file), a transformers
+model through ``relpos.interop.hf`` (``hf:<smollm2, folder, config .json or .gguf>``), or an
 untrained ``random-tiny`` model over bytes for smoke tests (``load_model``)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "model_config",
     "bytes_per_token",
     "prompt_floor",
+    "is_hf",
 ]
 
 
@@ -55,11 +57,29 @@ def random_tiny_model(seed: int = 0) -> tuple[Any, ByteTokenizer]:
     return LlamaLM(config).eval(), ByteTokenizer()
 
 
+def is_hf(name: str) -> bool:
+    """Whether ``--model`` names a transformers model (``hf:...``)."""
+    return name.startswith("hf:")
+
+
 def load_model(name: str) -> tuple[Any, Any, float]:
     """``(model, tokenizer, seconds)`` for ``--model``: ``smollm2`` (the bundled GGUF),
-    a path to a Llama-family ``.gguf`` file, or ``random-tiny`` (untrained, for smoke tests)."""
+    a path to a Llama-family ``.gguf`` file, ``random-tiny`` (untrained, for smoke tests), or
+    ``hf:<spec>``: a transformers model patched by relpos (``relpos.interop.hf.load_hf``;
+    its ``set_encoding`` patches the model, so every method runs the same way)."""
     t0 = time.perf_counter()
-    if name == "random-tiny":
+    if is_hf(name):
+        from ...interop.hf.lab_model import load_hf
+
+        model, tokenizer = load_hf(name)
+        if tokenizer is None:  # a config, or a folder without a tokenizer: UTF-8 bytes
+            if model.config.vocab_size < 256:
+                raise ValueError(
+                    f"--model {name} has no tokenizer and a vocabulary of "
+                    f"{model.config.vocab_size} < 256 ids, so it cannot read UTF-8 bytes"
+                )
+            tokenizer = ByteTokenizer()
+    elif name == "random-tiny":
         model, tokenizer = random_tiny_model()
     else:
         from ...interop.gguf import load_gguf
@@ -75,6 +95,10 @@ def model_config(name: str) -> Any:
     lengths can be checked against the model before it is loaded."""
     if name == "random-tiny":
         return _tiny_config()
+    if is_hf(name):
+        from ...interop.hf.lab_model import hf_config
+
+        return hf_config(name)
     from ...interop.gguf import llama_config, open_gguf, read_metadata, smollm2_path
 
     reader = open_gguf(smollm2_path() if name == "smollm2" else name)
@@ -91,7 +115,7 @@ def bytes_per_token(config: Any) -> int:
     plus one layer's activations while it runs (q, k, v, attention output, the MLP's three
     hidden rows). Attention itself runs in O(L) memory (SDPA's flash kernels) and the LM head
     sees only the scored positions, so nothing grows as L^2 or L x vocab."""
-    head_dim = config.dim // config.num_heads
+    head_dim = config.head_dim
     cache = config.depth * 2 * config.num_kv_heads * head_dim
     layer = 4 * config.dim + 3 * config.hidden_dim + 2 * config.num_kv_heads * head_dim
     return 4 * (cache + layer)

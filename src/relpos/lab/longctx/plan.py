@@ -314,9 +314,19 @@ def plan_longctx(
     clear = check_out_dir(out, resume=resume, force=force)
     if data is not None and not Path(data).exists():
         raise ValueError(f"--data {data}: no such file or folder")
-    if model not in ("smollm2", "random-tiny") and not Path(model).is_file():
-        raise ValueError(f"--model must be smollm2, random-tiny or a .gguf file, got {model!r}")
-    if model != "random-tiny":
+    if model.startswith("hf:"):
+        require("relpos longctx", {"transformers": f"--model {model}"})
+        from ...interop.hf.lab_model import parse_hf_spec
+
+        spec = parse_hf_spec(model)
+        if spec == "smollm2" or spec.endswith(".gguf"):
+            require("relpos longctx", {"gguf": f"--model {model}", "tokenizers": "its tokenizer"})
+    elif model not in ("smollm2", "random-tiny") and not Path(model).is_file():
+        raise ValueError(
+            f"--model must be smollm2, random-tiny or a .gguf file (or hf:<transformers model "
+            f"folder, config .json, .gguf or smollm2>), got {model!r}"
+        )
+    elif model != "random-tiny":
         require(
             "relpos longctx",
             {"gguf": f"--model {model}", "tokenizers": f"the tokenizer of --model {model}"},

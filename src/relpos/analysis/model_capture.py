@@ -1,0 +1,130 @@
+"""Models as input to ``relpos analyze``: load one, tokenize text, and capture each attention
+layer's rotated queries and keys, logits and weights on it.
+
+``--model`` takes ``smollm2`` (the bundled GGUF), ``random-tiny`` (untrained, for smoke
+tests), a path to a Llama-family ``.gguf`` file, or a checkpoint folder written by
+``relpos extrapolate`` (``out/<encoding>/``, a ``TransformerLM`` over UTF-8 bytes).
+
+``capture_attention(model, tokens)`` runs the model once and, from a forward pre-hook on each
+``MultiHeadAttention``, recomputes that layer's projections exactly as its forward does, then
+rotates them with the layer's encoding (``rotate_qk``) and forms the logits with
+``relpos.scores`` (bias included) and the causal softmax. GQA keys are repeated per query head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..validation import check_int
+
+__all__ = ["LayerCapture", "load_analysis_model", "text_tokens", "capture_attention"]
+
+
+@dataclass
+class LayerCapture:
+    """One layer on one batch: rotated ``q, k (B, H, L, D)``, ``logits`` and causal
+    ``weights (B, H, L, L)``, and the layer's encoding."""
+
+    q: Tensor
+    k: Tensor
+    logits: Tensor
+    weights: Tensor
+    encoding: Any
+
+
+def load_analysis_model(spec: str) -> tuple[Any, Any, str]:
+    """``(model, encode, label)``: ``encode(text) -> list[int]``. One-line errors."""
+    path = Path(spec)
+    if path.is_dir():
+        from ..lab.checkpoint import has_checkpoint
+        from ..lab.train import load_trained
+
+        if not has_checkpoint(path):
+            raise ValueError(f"--model {spec!r} is a folder without a relpos checkpoint")
+        model, config, state = load_trained(path)
+        if int(state["vocab_size"]) != 256:
+            raise ValueError(
+                f"--model {spec!r} was trained on a BPE vocabulary ({state['vocab_size']}); "
+                "analyze reads byte-level (vocab 256) checkpoints only"
+            )
+        return model, lambda text: list(text.encode("utf-8")), f"{config.encoding} ({path.name})"
+    from ..lab.longctx.models import load_model
+
+    model, tokenizer, _ = load_model(spec)
+    model.eval()
+
+    def encode(text: str) -> list[int]:
+        out = tokenizer.encode(text)
+        return list(getattr(out, "ids", out))
+
+    return model, encode, spec
+
+
+def text_tokens(encode: Any, length: int, batch: int = 1) -> Tensor:
+    """``(batch, length)`` token windows from the built-in corpus (one window per play)."""
+    from ..lab.data import builtin_texts
+
+    length, batch = check_int(length, "length"), check_int(batch, "batch")
+    rows = []
+    for text in builtin_texts().values():
+        ids = encode(text[: 40 * length + 10000])
+        start = min(len(ids) - length, 1000)
+        if start >= 0:
+            rows.append(ids[start : start + length])
+        if len(rows) == batch:
+            break
+    if len(rows) < batch:
+        raise ValueError(f"the built-in corpus has too few texts of {length} tokens")
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _attention_layers(model: Any) -> list[Any]:
+    from ..nn.attention import MultiHeadAttention
+
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
+        raise ValueError("the model has no relpos MultiHeadAttention layers")
+    return layers
+
+
+def capture_attention(model: Any, tokens: Tensor) -> list[LayerCapture]:
+    """Per layer: rotated q, k, logits and causal weights on ``tokens (B, L)``."""
+    import relpos
+
+    layers = _attention_layers(model)
+    captured: list[LayerCapture] = []
+
+    def hook(module, args, kwargs):
+        x = args[0]
+        B, L, _ = x.shape
+        pos = kwargs.get("pos")
+        if pos is None and len(args) > 1:
+            pos = args[1]
+        if pos is None:
+            pos = torch.arange(L)[None]
+        q = module._heads(module.q_proj(x), module.num_heads)
+        k, _ = module.kv_proj(x).chunk(2, dim=-1)
+        k = module._heads(k, module.num_kv_heads)
+        enc = module.encoding
+        logits = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos)
+        if enc is not None:
+            q, k = enc.rotate_qk(q, k, pos, pos)
+        k = k.repeat_interleave(module.num_heads // module.num_kv_heads, dim=1)
+        mask = torch.ones(L, L, dtype=torch.bool).tril()
+        weights = torch.softmax(logits.float().masked_fill(~mask, -math.inf), dim=-1)
+        captured.append(LayerCapture(q.float(), k.float(), logits.float(), weights, enc))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured

@@ -1,0 +1,64 @@
+"""Efficient attention with relative positions (issue 12; spec efficient.md).
+
+* kernelized / linear attention (the ``linear`` backend of ``relpos.attention``) and its
+  building blocks: feature maps, the FFT Toeplitz RPE, RoPE on features, the recurrent state;
+* data-controlled decayed recurrences (``recurrence``): GateLoop and LightNet, exact in
+  recurrent, chunked and surrogate-attention form, O(1) decoding;
+* ``fold``: biases folded into q/k channels for the fused kernels (exact for ALiBi, low rank
+  with a measured weight error otherwise).
+
+Layers: the kernelized building blocks sit below the engine (``attention/linear.py`` imports
+them); ``fold`` sits above it (it calls ``relpos.attention``), so its names are loaded on
+first use (``__getattr__``) and importing the engine never imports it.
+"""
+
+from typing import Any
+
+from .feature_maps import (
+    EluPlusOne,
+    FeatureMap,
+    PositiveRandomFeatures,
+    ReLUFeatures,
+    create_feature_map,
+)
+from .gateloop import gateloop_scan
+from .kernelized import kernelized_attention, kernelized_reference, toeplitz_matvec
+from .lightnet import LightNetState, lightnet_keys, lightnet_scan, lrpe_theta, md_lrpe, tpe_scan
+from .linear_rope import rotate_features
+from .recurrence import decayed_recurrence
+from .state import LinearState
+
+__all__ = [
+    "FeatureMap",
+    "PositiveRandomFeatures",
+    "EluPlusOne",
+    "ReLUFeatures",
+    "create_feature_map",
+    "kernelized_attention",
+    "kernelized_reference",
+    "toeplitz_matvec",
+    "rotate_features",
+    "LinearState",
+    "FOLD_LOGIT_TOLERANCE",
+    "LowRankFold",
+    "folded_attention",
+    "low_rank_fold",
+    "gateloop_scan",
+    "decayed_recurrence",
+    "lightnet_scan",
+    "lightnet_keys",
+    "LightNetState",
+    "md_lrpe",
+    "lrpe_theta",
+    "tpe_scan",
+]
+
+_FOLD_NAMES = ("FOLD_LOGIT_TOLERANCE", "LowRankFold", "folded_attention", "low_rank_fold")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FOLD_NAMES:
+        from . import fold
+
+        return getattr(fold, name)
+    raise AttributeError(f"module 'relpos.efficient' has no attribute {name!r}")

@@ -1,0 +1,129 @@
+"""UCPE, Unified Camera Positional Encoding, "Relative Ray Encoding" (seed 56; spec camera
+§2.5, Authority A: chengzhag/UCPE, src/camera_control.py ``world_to_ray_mats``).
+
+PRoPE without intrinsics in the matrix, but with one frame per *ray*: token ``i``'s camera
+block is the rigid world-to-ray matrix of its patch-centre ray,
+
+    d_cam = unproject(u_i, v_i)    (UCM lens model, xi = 0: pinhole)
+    d_w = R_c2w d_cam,  z = d_w / |d_w|,  x = normalize(cam_y x z),  y = normalize(z x x)
+    R_w2l = [x y z]^T,  t_w2l = -R_w2l c        (cam_y = R_c2w[:, 1], c the camera centre)
+
+on the first half of the head (``Proj4``), and PRoPE's RoPE channels (patch indices, base
+100, ``p_i - p_j`` sign) on the rest. Every frame moves with the world (``w2l -> w2l
+G^-1``), so logits are invariant to a rigid change of world coordinates (spec R.4: 5.3e-15);
+identical cameras give identical per-pixel frames. UCM unprojection (standard formula):
+``m = ((u - cx)/fx, (v - cy)/fy)``, ``lambda = (xi + sqrt(1 + (1 - xi^2)|m|^2)) / (1 +
+|m|^2)``, ray ``(lambda m, lambda - xi)``; ``xi`` in [0, 1].
+
+UCPE's absolute orientation map ("absmap": pitch/roll of each ray added to the tokens) and
+its parallel-adapter block are not part of this encoding.
+
+Shapes: ``pos (B|1, L, 2)`` = (x, y) patch indices on a ``grid=(Px, Py)`` grid of a
+``image_size=(W, H)`` image (the ray of patch (x, y) passes through pixel ``((x + 0.5) W /
+Px, (y + 0.5) H / Py)``); inputs ``k_viewmats (B, Lk, 4, 4)`` and ``k_Ks (B, Lk, 3, 3)``
+(required: the rays are cast through them), optional ``q_viewmats``, ``q_Ks``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...cameras import invert_se3
+from ...registry import register
+from ..options import Float, FloatSequence, IntSequence, Refused
+from .prope import PRoPE
+
+__all__ = ["UCPE", "ucm_unproject", "world_to_ray"]
+
+
+def ucm_unproject(pixels: Tensor, Ks: Tensor, xi: float = 0.0) -> Tensor:
+    """Unit camera-frame rays of the unified camera model through ``pixels (..., 2)`` with
+    intrinsics ``Ks (..., 3, 3)``: ``(..., 3)``; ``xi = 0`` is the pinhole camera."""
+    mx = (pixels[..., 0] - Ks[..., 0, 2]) / Ks[..., 0, 0]
+    my = (pixels[..., 1] - Ks[..., 1, 2]) / Ks[..., 1, 1]
+    r2 = mx * mx + my * my
+    lam = (xi + torch.sqrt(1 + (1 - xi * xi) * r2)) / (1 + r2)
+    ray = torch.stack((lam * mx, lam * my, lam - xi), -1)
+    return ray / ray.norm(dim=-1, keepdim=True)
+
+
+def world_to_ray(viewmats: Tensor, d_cam: Tensor, eps: float = 1e-6) -> Tensor:
+    """UCPE's rigid world-to-ray matrices ``(..., 4, 4)`` from world-to-camera ``viewmats
+    (..., 4, 4)`` and unit camera-frame rays ``d_cam (..., 3)`` (formula in the module
+    docstring)."""
+    R_c2w = viewmats[..., :3, :3].transpose(-1, -2)
+    c = -(R_c2w @ viewmats[..., :3, 3:])[..., 0]
+    z = (R_c2w @ d_cam[..., None])[..., 0]
+    z = z / z.norm(dim=-1, keepdim=True).clamp_min(eps)
+    cam_y = R_c2w[..., :, 1]
+    x = torch.linalg.cross(cam_y, z)
+    x = x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+    y = torch.linalg.cross(z, x)
+    y = y / y.norm(dim=-1, keepdim=True).clamp_min(eps)
+    R = torch.stack((x, y, z), -2)
+    t = -(R @ c[..., None])
+    top = torch.cat((R, t), -1)
+    return torch.cat((top, viewmats[..., 3:, :]), -2)
+
+
+@register("ucpe")
+class UCPE(PRoPE):
+    """UCPE's relative ray encoding (see the module docstring). Options: ``grid=(Px, Py)``
+    and ``image_size=(W, H)`` (both needed to cast the patch rays), ``xi`` (UCM, 0 =
+    pinhole), ``base`` (100), ``rope_fraction`` (0.5), ``rotate_values`` (True)."""
+
+    paper = "UCPE 2025 (Unified Camera Positional Encoding, relative ray encoding)"
+    needs_intrinsics = True
+    #: the ray frames read the absolute pixel of each patch: a shift of the positions moves
+    #: the rays, so logits are not a function of ``q_pos - k_pos`` alone
+    relative = False
+    options = {
+        "grid": IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
+        "image_size": FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
+        "xi": Float(minimum=0.0, maximum=1.0, doc="unified camera model parameter"),
+        "principal_point": Refused("the ray frames carry no intrinsics", default="normalized"),
+    }
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        grid: tuple[int, int] | None = None,
+        image_size: tuple[float, float] | None = None,
+        xi: float = 0.0,
+        base: float = 100.0,
+        rope_fraction: float = 0.5,
+        principal_point: str = "normalized",
+        rotate_values: bool = True,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_dim,
+            image_size=image_size,
+            base=base,
+            rope_fraction=rope_fraction,
+            rotate_values=rotate_values,
+        )
+        self.grid, self.xi = grid, xi
+
+    @classmethod
+    def example_options(cls) -> dict:
+        return {"grid": (4, 4), "image_size": (32.0, 32.0)}
+
+    def camera_blocks(
+        self, viewmats: Tensor, Ks: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if self.grid is None or self.image_size is None:
+            raise ValueError(
+                "encoding 'ucpe' casts a ray per patch: create it with grid=(Px, Py) and "
+                "image_size=(W, H)"
+            )
+        assert Ks is not None  # required input
+        W, H = self.image_size
+        px, py = self.grid
+        p = pos.to(torch.float64)
+        pixels = torch.stack(((p[..., 0] + 0.5) * (W / px), (p[..., 1] + 0.5) * (H / py)), -1)
+        pixels = pixels.expand(*torch.broadcast_shapes(pixels.shape[:-1], viewmats.shape[:-2]), 2)
+        T = world_to_ray(viewmats, ucm_unproject(pixels, Ks, self.xi))
+        return T, invert_se3(T)

@@ -1,0 +1,202 @@
+"""PRISM: probabilistic relative-position implicit superposition (P. Lee 2025, "PRISM:
+Probabilistic Relative-position Implicit Superposition Model", arXiv 2506.00920; seed 85).
+
+Each token's position is a probability histogram, advanced token by token by a
+content-conditioned shift kernel (a differentiable histogram filter); the bias of a pair is
+a distance function averaged over the distribution of their position difference. Spec:
+remaining.md section 4 (authority C: abstract only, no code found; the formulas below are the
+spec's proposal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...functional import alibi_slopes
+from ...registry import register
+from ..base import BiasContext, Encoding
+from ..options import Choice, Int
+
+__all__ = ["PRISM", "PRISMData", "position_histograms", "difference_distribution"]
+
+
+def _convolve(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b)[n] = sum_s a[n - s] b[s]`` over the last axis (``bins`` each, float64, by
+    FFT), with the mass beyond the last bin folded into it (an absorbing last bin)."""
+    bins = a.shape[-1]
+    full = torch.fft.irfft(torch.fft.rfft(a, 2 * bins) * torch.fft.rfft(b, 2 * bins), 2 * bins)
+    head, tail = full[..., : bins - 1], full[..., bins - 1 :].sum(-1, keepdim=True)
+    return torch.cat([head, tail], dim=-1)
+
+
+def position_histograms(kernels: Tensor, bins: int) -> Tensor:
+    """The histogram filter ``pi_0 = delta_0``, ``pi_t = pi_{t-1} * kappa_{t-1}`` for shift
+    kernels ``kernels (..., L, S)`` (distributions over forward shifts ``0 .. S-1``): the
+    histograms ``(..., L, bins)`` float64 of every token's position, mass beyond ``bins - 1``
+    held in the last bin. Kernels are normalised, so the histograms stay normalised.
+
+    Convolution is associative, so the prefix ``pi_t = delta_0 * kappa_0 * ... * kappa_{t-1}``
+    is a parallel (Hillis-Steele) scan: ``ceil(log2 L)`` batched FFT convolutions."""
+    *lead, length, shifts = kernels.shape
+    x = kernels.new_zeros(*lead, length, bins, dtype=torch.float64)
+    x[..., 0, 0] = 1.0  # token 0 is at position 0
+    if length > 1:
+        width = min(shifts, bins)
+        k = kernels[..., :-1, :width].to(torch.float64)
+        if shifts > bins:  # shifts past the last bin land in it
+            k = torch.cat([k[..., :-1], kernels[..., :-1, bins - 1 :].sum(-1, keepdim=True)], -1)
+        x = torch.cat([x[..., :1, :], F.pad(k, (0, bins - width))], dim=-2)
+    step = 1
+    while step < length:
+        x = torch.cat([x[..., :step, :], _convolve(x[..., :-step, :], x[..., step:, :])], dim=-2)
+        step *= 2
+    return x
+
+
+def difference_distribution(pi_i: Tensor, pi_j: Tensor) -> Tensor:
+    """``P(Delta = delta) = sum_b pi_i[b] pi_j[b - delta]`` for two histograms ``(bins,)``:
+    ``(2 bins - 1,)`` over ``delta = -(bins - 1) .. bins - 1``."""
+    bins = pi_i.shape[-1]
+    outer = pi_i[:, None] * pi_j[None, :]  # [b, c]: delta = b - c
+    delta = torch.arange(bins)[:, None] - torch.arange(bins)[None, :]
+    out = pi_i.new_zeros(2 * bins - 1)
+    return out.index_add(0, (delta + bins - 1).flatten(), outer.flatten())
+
+
+@dataclass
+class PRISMData:
+    """``a = pi_q F_h (B, H, Lq, bins)`` and the key histograms ``pi_k (B, H, Lk, bins)``:
+    the bias is ``a_i . pi_k_j``."""
+
+    a: Tensor
+    pi_k: Tensor
+    dtype: torch.dtype  # of the bias: the activations' (at least float32)
+
+
+@dataclass
+class PRISMBlock:
+    bias: Tensor
+    i0: int
+    j0: int
+
+
+@register("prism")
+class PRISM(Encoding):
+    """PRISM (P. Lee 2025, arXiv 2506.00920; spec remaining.md section 4, authority C).
+
+        kappa_t   = softmax(k_t W_h + c_h)            (S,) shifts 0 .. S-1 of token t's step
+        pi_0      = delta_0,   pi_t = pi_{t-1} * kappa_{t-1}       (bins,) position histograms
+        P(Delta_ij = delta) = sum_b pi_i[b] pi_j[b - delta]
+        b_h(i, j) = sum_delta P(Delta_ij = delta) f_h(delta) = pi_i^T F_h pi_j,
+                    F_h[b, c] = f_h(b - c)
+
+    The kernels read the keys (the token's representation in the layer); query ``i`` takes the
+    histogram of its own token, key index ``i + Lk - Lq`` (self-attention, also with a KV
+    cache: histograms are causal, so a cached step equals the full forward), hence
+    ``Lq <= Lk``. ``kernel="counting"`` fixes ``kappa = delta_1`` (every token counts 1): the
+    histograms are one-hot and the bias is ``f_h(i - j)`` exactly. ``distance``: ``"alibi"``
+    (``f_h(delta) = -m_h |delta|``, ALiBi's slopes, fixed) or ``"learned"`` (a table over
+    ``delta``, initialised to the same). Mass beyond ``bins - 1`` stays in the last bin, so
+    counted distances saturate there; memory ``O(B H L bins)``, time ``O(L bins^2)`` per head.
+    Positions are not read (shift-invariant). The learned kernel starts near counting
+    (``W = 0``, ``c`` puts probability ~0.98 on shift 1).
+
+    Assumptions (no code or formula text found): kernels from a linear map of the keys, shifts
+    ``0 .. max_shift`` only (forward), no correction step ``pi * l(x_t)``, query histograms
+    from the query's own key, ``|delta|`` for keys after the query.
+    """
+
+    paper = "P. Lee 2025 (PRISM)"
+    has_bias = True
+    continuous = True
+    options = {
+        "bins": Int(minimum=2, doc="histogram bins (counted positions 0 .. bins - 1)"),
+        "max_shift": Int(minimum=1, doc="largest step of a token's shift kernel"),
+        "kernel": Choice(choices=("learned", "counting"), doc="content kernels or delta_1"),
+        "distance": Choice(choices=("alibi", "learned"), doc="the distance function f_h"),
+    }
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        bins: int = 512,
+        max_shift: int = 2,
+        kernel: str = "learned",
+        distance: str = "alibi",
+    ) -> None:
+        super().__init__(num_heads, head_dim)
+        self.bins, self.max_shift, self.kernel, self.distance = bins, max_shift, kernel, distance
+        if kernel == "learned":
+            self.kernel_weight = nn.Parameter(torch.zeros(num_heads, head_dim, max_shift + 1))
+            bias = torch.zeros(num_heads, max_shift + 1)
+            bias[:, 1] = 5.0
+            self.kernel_bias = nn.Parameter(bias)
+        delta = torch.arange(-(bins - 1), bins, dtype=torch.float32)
+        table = -alibi_slopes(num_heads)[:, None] * delta.abs()[None, :]  # (H, 2 bins - 1)
+        if distance == "learned":
+            self.table = nn.Parameter(table)
+        else:
+            self.register_buffer("table", table, persistent=False)
+
+    @classmethod
+    def example_options(cls) -> dict:
+        return {"bins": 24}  # the suite's sequences saturate the last bin
+
+    def kernels(self, k: Tensor) -> Tensor:
+        """Shift kernels ``(B, H, Lk, max_shift + 1)`` of keys ``k (B, H, Lk, D)``."""
+        if self.kernel == "counting":
+            out = k.new_zeros(*k.shape[:3], self.max_shift + 1)
+            out[..., 1] = 1.0
+            return out
+        logits = torch.einsum("bhld,hds->bhls", k, self.kernel_weight.to(k.dtype))
+        return torch.softmax(logits + self.kernel_bias.to(k.dtype)[None, :, None], dim=-1)
+
+    def distance_matrix(self) -> Tensor:
+        """``F_h[b, c] = f_h(b - c)``: ``(H, bins, bins)``."""
+        b = torch.arange(self.bins, device=self.table.device)
+        return self.table[:, b[:, None] - b[None, :] + self.bins - 1]
+
+    def precompute(self, q: Tensor, k: Tensor, ctx: BiasContext, inputs: dict[str, Tensor]):
+        lq, lk = q.shape[2], k.shape[2]
+        if lq > lk:
+            raise ValueError(
+                f"prism reads each query's position histogram at its own token among the keys "
+                f"(self-attention, queries the last Lq keys): needs Lq <= Lk, got Lq={lq} > "
+                f"Lk={lk}"
+            )
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        pi = position_histograms(self.kernels(k), self.bins)  # (B, H, Lk, bins) float64
+        pi_q = pi[:, :, lk - lq :]
+        a = torch.matmul(pi_q, self.distance_matrix().to(torch.float64))
+        return PRISMData(a=a, pi_k=pi, dtype=torch.promote_types(q.dtype, torch.float32))
+
+    def block_context(self, ctx: BiasContext, i: Tensor, j: Tensor) -> BiasContext:
+        data = ctx.data
+        i0, j0 = int(i[0]) if i.numel() else 0, int(j[0]) if j.numel() else 0
+        a = data.a[:, :, i0 : i0 + i.numel()]
+        pi_k = data.pi_k[:, :, j0 : j0 + j.numel()]
+        bias = torch.matmul(a, pi_k.transpose(-1, -2)).to(data.dtype)
+        return BiasContext(
+            q_pos=ctx.q_pos,
+            k_pos=ctx.k_pos,
+            data=PRISMBlock(bias, i0, j0),
+            scale=ctx.scale,
+            positions=ctx.positions,
+        )
+
+    def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        blk = ctx.data
+        return blk.bias[b, h, i - blk.i0, j - blk.j0]
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, bins={self.bins}, max_shift={self.max_shift}, "
+            f"kernel={self.kernel!r}, distance={self.distance!r}"
+        )

@@ -1,0 +1,190 @@
+"""What ``relpos.interop.hf`` reads from a Hugging Face ``transformers`` decoder.
+
+``inspect_model(model) -> ModelFacts`` reads, once and loudly (``ValueError`` naming what is
+missing), the facts every part of the integration needs:
+
+* the attention sizes: ``num_heads`` ``H``, ``num_kv_heads`` ``Hkv`` (grouped-query attention:
+  query head ``h`` reads key/value head ``h // (H / Hkv)``), ``head_dim`` ``D``;
+* the RoPE of each layer type (``RopeFacts``): ``rope_theta``, ``partial_rotary_factor``, the
+  scaling dict (``rope_parameters`` without its ``rope_theta`` / ``partial_rotary_factor``
+  keys; None for ``default``) and ``max_position_embeddings``. Models with one RoPE
+  (Llama, Qwen2, Mistral, Phi-3) have one type, ``"full_attention"``; Gemma-3-style configs
+  nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``;
+* the decoder (``model.get_decoder()``) and its ``rotary_emb`` module, which computes the
+  ``(cos, sin)`` every layer applies (``apply_rotary_pos_emb``: ``q cos + rotate_half(q) sin``,
+  pairs ``(i, i + r/2)``: relpos ``layout="half"``).
+
+It refuses, by name and with the reason, models it cannot run exactly: a model that does not
+dispatch attention through transformers' attention interface (``_supports_attention_backend``
+false: the registered function would never be called), a model without a decoder-level
+``rotary_emb``, attention-logit softcapping (Gemma-2: ``tanh`` of the logits, which relpos's
+kernels do not apply), and encoder-decoder models. Read against transformers 5.24.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts"]
+
+#: the layer type of models whose every layer has the same RoPE
+FULL = "full_attention"
+
+
+@dataclass(frozen=True)
+class RopeFacts:
+    """The RoPE of one layer type, as relpos's ``rope`` options.
+
+    Attributes:
+        base: ``rope_theta``.
+        partial_rotary_factor: fraction of the head's channels that rotate (Phi-3, NeoX).
+        scaling: the HF scaling dict (``rope_type`` and its keys), None for plain RoPE.
+        max_position_embeddings: ``config.max_position_embeddings`` (HF's reference length).
+    """
+
+    base: float
+    partial_rotary_factor: float = 1.0
+    scaling: dict[str, Any] | None = None
+    max_position_embeddings: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The options of relpos's ``RoPE`` (``ROPE_OPTIONS``) that state this RoPE."""
+        return {
+            "base": self.base,
+            "layout": "half",
+            "partial_rotary_factor": self.partial_rotary_factor,
+            "scaling": None if self.scaling is None else dict(self.scaling),
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The sizes and RoPE of a transformers decoder (see the module docstring)."""
+
+    model_type: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    rope: dict[str, RopeFacts]
+    layer_types: tuple[str, ...]
+    decoder: nn.Module = field(repr=False, compare=False)
+    rotary: nn.Module = field(repr=False, compare=False)
+
+    def layer_type(self, layer_idx: int | None) -> str:
+        """The layer type of attention layer ``layer_idx`` (its RoPE's key in ``rope``)."""
+        if len(self.rope) == 1:
+            return next(iter(self.rope))
+        if layer_idx is None or not 0 <= layer_idx < len(self.layer_types):
+            raise ValueError(
+                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
+                f"model ({len(self.layer_types)} layers)"
+            )
+        return self.layer_types[layer_idx]
+
+
+def _need(config: Any, key: str, model_type: str) -> Any:
+    value = getattr(config, key, None)
+    if value is None:
+        raise ValueError(
+            f"relpos.interop.hf: the {model_type} config has no {key!r}; the patch needs the "
+            "attention sizes of a decoder (num_attention_heads, num_key_value_heads, head_dim)"
+        )
+    return value
+
+
+def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
+    """``RopeFacts`` of one ``rope_parameters`` dict (``rope_type``, ``rope_theta``, scaling
+    keys; ``partial_rotary_factor`` inside it or on the config)."""
+    params = dict(params)
+    base = params.pop("rope_theta", None)
+    if base is None:
+        base = getattr(config, "rope_theta", None)
+    if base is None:
+        raise ValueError("relpos.interop.hf: the config's rope_parameters have no 'rope_theta'")
+    partial = params.pop("partial_rotary_factor", None)
+    if partial is None:
+        partial = getattr(config, "partial_rotary_factor", None) or 1.0
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    scaling = None if rope_type == "default" else params
+    return RopeFacts(
+        base=float(base),
+        partial_rotary_factor=float(partial),
+        scaling=scaling,
+        max_position_embeddings=getattr(config, "max_position_embeddings", None),
+    )
+
+
+def _rope_per_type(config: Any) -> dict[str, RopeFacts]:
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        params = getattr(config, "rope_scaling", None)
+    if not isinstance(params, Mapping):
+        raise ValueError(
+            "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
+            "decoders (transformers >= 5)"
+        )
+    layer_types = getattr(config, "layer_types", None) or ()
+    if layer_types and all(isinstance(params.get(t), Mapping) for t in set(layer_types)):
+        return {t: rope_facts(params[t], config) for t in sorted(set(layer_types))}
+    return {FULL: rope_facts(params, config)}
+
+
+def inspect_model(model: nn.Module) -> ModelFacts:
+    """The ``ModelFacts`` of a transformers causal LM (or its decoder); ``ValueError`` naming
+    what is missing or refused (see the module docstring); ``TypeError`` for a non-model."""
+    config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or config is None:
+        raise TypeError(
+            f"model must be a transformers PreTrainedModel (e.g. LlamaForCausalLM), got "
+            f"{type(model).__name__}"
+        )
+    model_type = getattr(config, "model_type", type(model).__name__)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"relpos.interop.hf runs decoder-only models; {model_type} is an encoder-decoder"
+        )
+    if not getattr(type(model), "_supports_attention_backend", False):
+        raise ValueError(
+            f"relpos.interop.hf: {type(model).__name__} does not dispatch attention through "
+            "transformers' attention interface (_supports_attention_backend is False), so a "
+            "registered attention function would never run"
+        )
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(
+            f"relpos.interop.hf: attention-logit softcapping ({model_type}: "
+            f"attn_logit_softcapping={softcap}) is not supported: relpos's kernels add no "
+            "tanh to the logits, so the model would change"
+        )
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    rotary = getattr(decoder, "rotary_emb", None)
+    if not isinstance(rotary, nn.Module):
+        raise ValueError(
+            f"relpos.interop.hf: the {model_type} decoder has no rotary_emb module; the patch "
+            "needs models whose RoPE is computed once per forward by decoder.rotary_emb"
+        )
+    heads = int(_need(config, "num_attention_heads", model_type))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or (
+        int(_need(config, "hidden_size", model_type)) // heads
+    )
+    layers = int(_need(config, "num_hidden_layers", model_type))
+    rope = _rope_per_type(config)
+    layer_types = tuple(getattr(config, "layer_types", None) or (FULL,) * layers)
+    return ModelFacts(
+        model_type=model_type,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        num_layers=layers,
+        rope=rope,
+        layer_types=layer_types,
+        decoder=decoder,
+        rotary=rotary,
+    )

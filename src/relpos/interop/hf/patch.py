@@ -1,0 +1,485 @@
+"""``patch(model, method, **options)``: relpos attention inside a transformers decoder.
+
+No modeling file is forked. transformers (5.x) dispatches every attention layer through a
+registry of attention functions (``AttentionInterface``) chosen by
+``config._attn_implementation``, and builds the layers' masks with a registry of mask builders
+(``AttentionMaskInterface``) chosen by the same name. The patch registers, under a name of its
+own (``relpos_<method>_<n>``):
+
+* an attention function ``fn(module, q (B, H, Lq, D), k, v (B, Hkv, Lk, D), attention_mask,
+  *, dropout, scaling, position_ids, **kwargs) -> ((B, Lq, H, Dv), None)`` that runs
+  ``relpos.attention``;
+* transformers' own ``sdpa_mask`` as the mask builder, so padding, packed-sequence and
+  sliding-window masks reach the function as a bool ``(B, 1, Lq, Lk)`` tensor (True = attend)
+  or None when a causal mask suffices. Without a builder transformers silently passes
+  ``attention_mask=None`` to every layer and padding is ignored (measured: 0.44 logit error on
+  a left-padded row; ``tests/interop/test_hf_patch.py`` keeps that trap covered).
+
+Methods:
+
+* ``"baseline"``: the model's own RoPE (applied by the model), attention by relpos's
+  backends. ``backend=None`` (default) calls transformers' ``sdpa_attention_forward`` itself,
+  so logits are bit-identical to the unpatched model; ``backend="chunked"`` (O(L x block)
+  memory), ``"eager"``, ``"sdpa"`` or ``"flex"`` run ``relpos.attention`` on the rotated q/k.
+* any relpos encoding name (``relpos.available()``) that acts inside attention on 1-D
+  positions: ``"rope"`` (with ``scaling=`` an HF dict: linear, dynamic, yarn, llama3,
+  longrope, ... as ``relpos.rope_scaling`` computes them), the piecewise schedules
+  ``"self-extend"``, ``"dca"``, ``"lm-infinite"``, other rotary variants, and biases
+  (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
+  model's RoPE is switched off (a forward hook on ``decoder.rotary_emb`` makes its ``(cos,
+  sin)`` exactly ``(1, 0)``, so ``apply_rotary_pos_emb`` returns q and k unchanged and the
+  cache stores raw keys) and relpos applies the encoding with float64 angle products. A
+  rotary encoding takes the model's ``rope_theta``, ``partial_rotary_factor``, scaling dict and
+  ``max_position_embeddings`` (of each layer's type: Gemma-3's local and global RoPE), and
+  ``layout="half"``; ``options`` override them. One encoding per layer type is shared by its
+  layers; learnable ones train through ``handle.parameters()``.
+
+Positions: transformers passes the query positions ``position_ids (B, Lq)`` only. Keys are
+contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
+``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
+are clamped to 0 and masked. A row whose query positions do not follow from that (packed
+sequences: positions restarting inside a row) is refused for every method but baseline.
+Because the attention sees every key's position in each call, length-dependent scalings
+(dynamic NTK, LongRoPE) use one set of frequencies for all keys of a call, also under the KV
+cache (transformers keeps keys rotated with the frequencies of the step that cached them).
+
+Refusals (``ValueError`` naming the feature and the reason): models that do not use the
+attention interface or have no ``rotary_emb`` (``model.inspect_model``), attention-logit
+softcapping, attention sinks, an additive ``position_bias``, attention dropout while training,
+packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
+slots are not the latest tokens in order; non-baseline methods), encodings that add to the
+token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
+(e.g. partial rotary for an encoding without it), and a model that is already patched.
+
+Sliding windows (Mistral, Qwen2, Gemma-3 local layers) are honoured exactly: transformers'
+builder puts the window into the mask whenever the keys outgrow it, and relpos applies that
+mask as given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...encodings.base import Encoding
+from ...encodings.options import Refused
+from ...optional import require
+from ...registry import available, create, encoding_class
+from .model import ModelFacts, inspect_model
+
+__all__ = ["patch", "PatchHandle", "BASELINE", "BACKENDS", "call_positions"]
+
+BASELINE = "baseline"
+#: relpos backends the patch accepts (None: transformers' SDPA, baseline only)
+BACKENDS = ("auto", "eager", "sdpa", "chunked", "flex")
+#: attention kwargs that change the result and that relpos does not implement
+_REFUSED_KWARGS = {
+    "softcap": "attention-logit softcapping (tanh of the logits)",
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "cu_seq_lens_q": "flash-attention varlen (packed) inputs",
+    "cu_seq_lens_k": "flash-attention varlen (packed) inputs",
+}
+_names = itertools.count()
+
+
+def _transformers() -> Any:
+    require("relpos.interop.hf", {"transformers": "Hugging Face models"})
+    import transformers
+
+    return transformers
+
+
+# ------------------------------------------------------------------------------ positions
+
+
+def call_positions(
+    position_ids: Tensor, batch: int, lq: int, lk: int, mask: Tensor | None, method: str
+) -> tuple[Tensor, Tensor]:
+    """``(q_pos (B, Lq), k_pos (B, Lk))`` int64 of one attention call from transformers'
+    ``position_ids (B|1, Lq)``: key ``j`` at ``position_ids[b, -1] - (Lk - 1 - j)`` (clamped to
+    0: pads, masked). ``ValueError`` naming ``method`` when a query that is not padding (its
+    diagonal entry of ``mask`` is True, or every query when ``mask`` is None) has another
+    position: packed sequences, whose key positions cannot be known."""
+    if position_ids.dim() != 2 or position_ids.shape[-1] != lq:
+        raise ValueError(
+            f"position_ids must be (batch, {lq}) for {lq} queries, got {tuple(position_ids.shape)}"
+        )
+    if position_ids.is_floating_point():
+        raise ValueError(f"position_ids must be integers, got {position_ids.dtype}")
+    pid = position_ids.to(torch.int64).expand(batch, lq)
+    offset = pid[:, -1:] - (lk - 1)
+    k_pos = torch.arange(lk, device=pid.device) + offset
+    expected = k_pos[:, lk - lq :]
+    wrong = pid != expected
+    if mask is not None and mask.dtype == torch.bool:
+        i = torch.arange(lq, device=mask.device)
+        real = mask[:, 0, i, i + (lk - lq)].expand(batch, lq)
+        wrong = wrong & real
+    if bool(wrong.any()):
+        raise ValueError(
+            f"relpos.interop.hf method {method!r}: position_ids are not contiguous inside a "
+            "row (packed sequences, or positions that restart); the key positions cannot be "
+            "known. Pass one sequence per row (left or right padding with an attention_mask), "
+            "or use method='baseline'"
+        )
+    return expected.clamp(min=0), k_pos.clamp(min=0)
+
+
+class _PositionMemo:
+    """The positions of the latest call, reused by the other layers of the same forward (the
+    model passes one ``position_ids`` tensor to every layer)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.value: tuple[Tensor, Tensor] | None = None
+
+    def get(self, position_ids, batch, lq, lk, mask, method) -> tuple[Tensor, Tensor]:
+        key = (id(position_ids), position_ids._version, batch, lq, lk, id(mask))
+        if self.key is not None and self.key[1:] == key[1:] and self.key[0]() is position_ids:
+            return self.value
+        value = call_positions(position_ids, batch, lq, lk, mask, method)
+        self.key = (weakref.ref(position_ids), *key[1:])
+        self.value = value
+        return value
+
+
+# ------------------------------------------------------------------------------ encodings
+
+
+def _encoding_for(
+    method: str, facts: ModelFacts, layer_type: str, options: dict[str, Any]
+) -> Encoding:
+    cls = encoding_class(method)
+    if cls.adds_to_input:
+        raise ValueError(
+            f"method {method!r} adds to the token embeddings; the patch runs encodings that "
+            "act inside attention (rotary, bias, nope)"
+        )
+    if cls.required_inputs or cls.needs_inputs:
+        names = ", ".join(cls.required_inputs or cls.optional_inputs)
+        raise ValueError(
+            f"method {method!r} reads per-call inputs ({names}), which a transformers model "
+            "does not pass"
+        )
+    if cls.dims != 1:
+        raise ValueError(
+            f"method {method!r} takes {cls.dims}-D positions; transformers decoders give 1-D "
+            "position_ids"
+        )
+    specs = cls.option_specs
+    model_rope = facts.rope[layer_type].options()
+    full: dict[str, Any] = {}
+    for key, value in model_rope.items():
+        if key in options or value is None:
+            continue
+        if key not in specs or isinstance(specs[key], Refused):
+            needed = (key == "partial_rotary_factor" and value != 1.0) or key == "scaling"
+            if needed and cls.has_rotary:
+                reason = specs[key].reason if key in specs else "it has no such option"
+                raise ValueError(
+                    f"method {method!r} cannot take the model's {key}={value!r} "
+                    f"({facts.model_type}): {reason}"
+                )
+            continue
+        full[key] = value
+    full.update(options)
+    return create(method, num_heads=facts.num_heads, head_dim=facts.head_dim, **full)
+
+
+# ------------------------------------------------------------------------------ the handle
+
+
+class PatchHandle:
+    """A patched model: ``unpatch()`` (or leaving the ``with`` block) restores it.
+
+    Attributes:
+        model: the patched model; method, backend: what runs; name: the registered
+            attention implementation; encodings: ``nn.ModuleDict`` layer type -> encoding
+            (empty for baseline); facts: the model's ``ModelFacts``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: str,
+        backend: str | None,
+        facts: ModelFacts,
+        encodings: nn.ModuleDict,
+    ) -> None:
+        self.model = model
+        self.method = method
+        self.backend = backend
+        self.facts = facts
+        self.encodings = encodings
+        self.name = f"relpos_{method.replace('-', '_')}_{next(_names)}"
+        self.previous = model.config._attn_implementation
+        self.active = False
+        self._hooks: list[Any] = []
+        self._rotary_calls = 0
+        self._positions = _PositionMemo()
+
+    # -------------------------------------------------------------- lifecycle
+    def _install(self) -> None:
+        tf = _transformers()
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        tf.AttentionInterface.register(self.name, _attention_function(weakref.ref(self)))
+        AttentionMaskInterface.register(self.name, sdpa_mask)
+        if self.method != BASELINE:
+            self._hooks = [
+                self.facts.rotary.register_forward_hook(self._identity_rotation),
+                self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True),
+            ]
+        try:
+            self.model.set_attn_implementation(self.name)
+            if self.model.config._attn_implementation != self.name:
+                raise ValueError(
+                    f"relpos.interop.hf: {type(self.model).__name__} refused to switch its "
+                    "attention implementation (set_attn_implementation)"
+                )
+        except BaseException:
+            self._uninstall()
+            raise
+        self.model._relpos_patch = self
+        self.active = True
+
+    def _uninstall(self) -> None:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self.model.config._attn_implementation == self.name:
+            self.model.set_attn_implementation(self.previous)
+        AttentionInterface._global_mapping.pop(self.name, None)
+        AttentionMaskInterface._global_mapping.pop(self.name, None)
+        if getattr(self.model, "_relpos_patch", None) is self:
+            del self.model._relpos_patch
+
+    def unpatch(self) -> None:
+        """Restore the model's attention implementation and RoPE (idempotent). A KV cache
+        filled while patched holds raw (unrotated) keys for non-baseline methods: do not
+        continue it unpatched."""
+        if self.active:
+            self._uninstall()
+            self.active = False
+
+    def __enter__(self) -> PatchHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unpatch()
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The encodings' parameters (learnable biases: FIRE, T5, KERPLE, ...), for the
+        optimizer; they are not part of ``model.parameters()``."""
+        return self.encodings.parameters()
+
+    def encoding(self, layer_idx: int | None = None) -> Encoding | None:
+        """The encoding layer ``layer_idx`` runs (None for baseline)."""
+        if not len(self.encodings):
+            return None
+        return self.encodings[self.facts.layer_type(layer_idx)]
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "unpatched"
+        return (
+            f"PatchHandle({type(self.model).__name__}, method={self.method!r}, "
+            f"backend={self.backend!r}, {state})"
+        )
+
+    # -------------------------------------------------------------- the hooks
+    def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        """Refuse caches whose keys are not the latest ``Lk`` tokens in order (static and
+        indexed caches keep fixed slots, so key positions would not follow from the queries')."""
+        from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        for layer in getattr(cache, "layers", None) or ():
+            if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
+                raise ValueError(
+                    f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
+                    f"({type(layer).__name__}) is not supported; its key slots are not the "
+                    "latest tokens in order. Use the default DynamicCache, or method='baseline'"
+                )
+
+    def _identity_rotation(self, module: nn.Module, args: Any, output: Any) -> Any:
+        """``decoder.rotary_emb``'s ``(cos, sin)`` replaced by ``(1, 0)``: the model's
+        ``q cos + rotate_half(q) sin`` is then exactly ``q`` (relpos rotates instead)."""
+        if not (isinstance(output, tuple) and len(output) == 2):
+            raise ValueError(
+                f"relpos.interop.hf: {type(module).__name__} returned "
+                f"{type(output).__name__}, expected (cos, sin)"
+            )
+        cos, sin = output
+        self._rotary_calls += 1
+        return torch.ones_like(cos), torch.zeros_like(sin)
+
+    def attend(
+        self,
+        module: nn.Module,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        position_bias: Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[Tensor, None]:
+        """The registered attention function (see the module docstring)."""
+        from ...attention import attention
+
+        what = f"relpos.interop.hf method {self.method!r}"
+        for name, feature in _REFUSED_KWARGS.items():
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{what}: {feature} ({name}=) is not supported")
+        if position_bias is not None:
+            raise ValueError(f"{what}: an additive position_bias is not supported")
+        if dropout and module.training:
+            raise ValueError(
+                f"{what}: attention dropout ({dropout}) is not supported; set the config's "
+                "attention_dropout to 0 for training"
+            )
+        if self.method == BASELINE and self.backend is None:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=is_causal,
+                **kwargs,
+            )
+        lq, lk = query.shape[2], key.shape[2]
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        window = kwargs.get("sliding_window")
+        if window is not None and attention_mask is None and lk > window:
+            raise ValueError(
+                f"{what}: sliding window {window} with {lk} keys but no mask; the window "
+                "reaches relpos only through transformers' mask"
+            )
+        mask = attention_mask  # causality (bottom-right), padding, windows; causal agrees
+        encoding = None
+        q_pos = k_pos = None
+        if self.method != BASELINE:
+            if self._rotary_calls == 0:
+                raise ValueError(
+                    f"{what}: the model's RoPE did not come from decoder.rotary_emb, so it "
+                    "cannot be replaced"
+                )
+            encoding = self.encodings[self.facts.layer_type(getattr(module, "layer_idx", None))]
+            _to_device(encoding, query.device)
+            position_ids = kwargs.get("position_ids")
+            if position_ids is None:
+                raise ValueError(f"{what}: the model passed no position_ids to attention")
+            q_pos, k_pos = self._positions.get(
+                position_ids, query.shape[0], lq, lk, mask, self.method
+            )
+        out = attention(
+            query,
+            key,
+            value,
+            encoding,
+            q_pos=q_pos,
+            k_pos=k_pos,
+            causal=causal,
+            mask=mask,
+            scale=scaling,
+            backend=self.backend or "auto",
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+
+def _to_device(encoding: Encoding, device: torch.device) -> None:
+    """Move ``encoding`` to ``device`` if the model moved (``model.to`` does not reach it)."""
+    for tensor in itertools.chain(encoding.parameters(), encoding.buffers()):
+        if tensor.device != device:
+            encoding.to(device)
+        return
+
+
+def _attention_function(ref: weakref.ReferenceType) -> Any:
+    def relpos_attention(module, query, key, value, attention_mask, **kwargs):
+        handle = ref()
+        if handle is None or not handle.active:
+            raise ValueError(
+                "relpos.interop.hf: this attention implementation belongs to a patch that was "
+                "undone; patch the model again"
+            )
+        return handle.attend(module, query, key, value, attention_mask, **kwargs)
+
+    return relpos_attention
+
+
+# ------------------------------------------------------------------------------ patch
+
+
+def patch(
+    model: nn.Module, method: str = BASELINE, *, backend: str | None = None, **options: Any
+) -> PatchHandle:
+    """Run relpos attention (and a relpos positional encoding) inside a transformers decoder.
+
+    Args:
+        model: a transformers causal LM that uses the attention interface (Llama, Qwen2/3,
+            Mistral, Gemma-3, Phi-3, OLMo-2, ...).
+        method: ``"baseline"`` (the model's own RoPE, relpos's attention) or a relpos
+            encoding name: ``"self-extend"``, ``"dca"``, ``"lm-infinite"``, ``"rope"``
+            (``scaling=`` an HF rope dict), a bias (``"alibi"``, ``"kerple-log"``, ``"fire"``,
+            ``"t5"``), ...
+        backend: ``None`` (baseline: transformers' own SDPA call, bit-identical; other
+            methods: ``"auto"``) or a relpos backend (``"auto"``, ``"eager"``, ``"sdpa"``,
+            ``"chunked"``, ``"flex"``); ``"chunked"`` keeps memory at O(L x block).
+        options: the encoding's options (``relpos.create``), over the model's RoPE facts.
+
+    Returns a ``PatchHandle`` (a context manager; ``unpatch()``). ``model(...)`` and
+    ``model.generate(...)`` then run through relpos, with padding, the KV cache, GQA, partial
+    rotary and any activation dtype. See the module docstring for what is refused.
+    """
+    _transformers()
+    facts = inspect_model(model)
+    if not isinstance(method, str):
+        raise TypeError(f"method must be 'baseline' or a relpos encoding name, got {method!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be None or one of {list(BACKENDS)}, got {backend!r}")
+    existing = getattr(model, "_relpos_patch", None)
+    if existing is not None and existing.active:
+        raise ValueError(f"the model is already patched ({existing!r}); unpatch it first")
+    encodings = nn.ModuleDict()
+    if method == BASELINE:
+        if options:
+            raise ValueError(
+                f"method 'baseline' takes no encoding options, got {sorted(options)}; the model "
+                "keeps its own RoPE"
+            )
+    else:
+        if method not in available():
+            encoding_class(method)  # ValueError naming the known encodings (or an alias)
+        device = next(itertools.chain(model.parameters(), [torch.empty(0)])).device
+        for layer_type in facts.rope:
+            encodings[layer_type] = _encoding_for(method, facts, layer_type, options).to(device)
+        if backend is None:
+            backend = "auto"
+        from ...attention import supported_backends
+
+        allowed = supported_backends(next(iter(encodings.values())))
+        if backend != "auto" and backend not in allowed:
+            raise ValueError(
+                f"backend {backend!r} cannot run method {method!r} exactly; its backends are "
+                f"{allowed} (or 'auto')"
+            )
+    handle = PatchHandle(model, method, backend, facts, encodings)
+    handle._install()
+    return handle

@@ -1,0 +1,234 @@
+"""Weights both ways between transformers' Llama-family models and ``relpos.nn.LlamaLM``.
+
+``from_hf(model) -> LlamaLM`` and ``to_hf(lm) -> transformers.LlamaForCausalLM`` move the same
+tensors (copied) under these names (``i`` = layer):
+
+    transformers                                   relpos LlamaLM
+    model.embed_tokens.weight                      embed.weight
+    model.layers.i.input_layernorm.weight          blocks.i.attn_norm.weight
+    model.layers.i.self_attn.q_proj.weight         blocks.i.attn.q_proj.weight
+    model.layers.i.self_attn.{k,v}_proj.weight     blocks.i.attn.kv_proj.weight = cat(k, v, 0)
+    model.layers.i.self_attn.o_proj.weight         blocks.i.attn.out_proj.weight
+    model.layers.i.post_attention_layernorm.weight blocks.i.mlp_norm.weight
+    model.layers.i.mlp.{gate,up,down}_proj.weight  blocks.i.mlp.{gate,up,down}_proj.weight
+    model.norm.weight                              norm.weight
+    lm_head.weight                                 lm_head.weight (absent when tied)
+
+Both models are the same function: pre-norm blocks, RMSNorm in float32 then
+``weight * x.to(dtype)``, SwiGLU, GQA, RoPE in transformers' half layout (``rope_layout="half"``;
+``layout="interleaved"`` permutes the q/k rows, ``relpos.interop.rope_layout``), the RoPE
+scaling dict carried over as the ``rope`` encoding's ``scaling``. Logits agree to float32
+rounding both ways (tests/interop/test_hf_weights.py).
+
+Refused by name: anything ``LlamaLM`` cannot represent exactly. Leftover tensors (Qwen2's q/k/v
+biases, Qwen3's q/k norms, ...), another activation than SiLU, a head size other than
+``hidden_size / num_attention_heads``, partial rotary, a sliding window (Mistral), and for
+``to_hf`` an encoding other than ``rope``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...nn.llama import LlamaConfig, LlamaLM
+from ...validation import check_choice
+from ..rope_layout import half_to_interleaved, interleaved_to_half
+from .model import inspect_model
+from .patch import _transformers
+
+__all__ = ["llama_config_from_hf", "from_hf", "to_hf"]
+
+
+def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaConfig, dict | None]:
+    """``(LlamaConfig, scaling)`` of a transformers Llama-family config; ``scaling`` is the
+    RoPE scaling dict (None for plain RoPE). ``ValueError`` naming what LlamaLM lacks."""
+    check_choice(layout, "layout", ("half", "interleaved"))
+    what = getattr(config, "model_type", type(config).__name__)
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"from_hf: {what} uses hidden_act={act!r}; LlamaLM's MLP is SwiGLU (silu)")
+    heads, dim = config.num_attention_heads, config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or dim // heads
+    if head_dim * heads != dim:
+        raise ValueError(
+            f"from_hf: {what} has head_dim={head_dim} with {heads} heads and hidden_size={dim}; "
+            "LlamaLM needs head_dim = hidden_size / num_attention_heads"
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True):
+        raise ValueError(
+            f"from_hf: {what} has sliding_window={window}; LlamaLM has no sliding-window "
+            "attention (use relpos.interop.hf.patch to run the model itself)"
+        )
+    for key in ("attention_bias", "mlp_bias"):
+        if getattr(config, key, False):
+            raise ValueError(f"from_hf: {what} has {key}=True; LlamaLM's projections have no bias")
+    from .model import rope_facts
+
+    params = getattr(config, "rope_parameters", None) or {"rope_theta": 10000.0}
+    rope = rope_facts(params, config)
+    if rope.partial_rotary_factor != 1.0:
+        raise ValueError(
+            f"from_hf: {what} rotates a part of each head (partial_rotary_factor="
+            f"{rope.partial_rotary_factor}); LlamaLM rotates whole heads"
+        )
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    out = LlamaConfig(
+        vocab_size=config.vocab_size,
+        dim=dim,
+        depth=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        hidden_dim=config.intermediate_size,
+        rms_norm_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        rope_base=rope.base,
+        rope_layout=layout,
+        max_position_embeddings=int(getattr(config, "max_position_embeddings", 2048)),
+        tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        bos_token_id=getattr(config, "bos_token_id", None),
+        eos_token_id=eos,
+        name=str(getattr(config, "name_or_path", "") or what),
+    )
+    return out, rope.scaling
+
+
+def _qk(weight: Tensor, heads: int, head_dim: int, layout: str, to_relpos: bool) -> Tensor:
+    if layout == "half":
+        return weight
+    if to_relpos:  # half (transformers) -> interleaved rows
+        return half_to_interleaved(weight, heads, head_dim)
+    return interleaved_to_half(weight, heads, head_dim)
+
+
+def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") -> LlamaLM:
+    """A ``LlamaLM`` with the weights of a transformers Llama-family causal LM (copied).
+
+    Args:
+        model: ``LlamaForCausalLM`` (or any model with exactly Llama's tensors: Mistral
+            without a sliding window, ...).
+        layout: RoPE pair layout of the result (``"half"``: transformers' rows as they are).
+        backend: the ``LlamaLM``'s attention backend.
+
+    The encoding is ``rope`` with the model's base, trained length and scaling dict. Returned
+    in the model's training mode and dtype, on its device.
+    """
+    _transformers()
+    inspect_model(model)  # the refusals every HF entry point shares
+    config, scaling = llama_config_from_hf(model.config, layout=layout)
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+
+    def take(name: str) -> Tensor:
+        try:
+            return state.pop(name).detach().clone()
+        except KeyError:
+            raise ValueError(f"from_hf: the model has no tensor {name!r}") from None
+
+    hd = config.head_dim
+    sd: dict[str, Tensor] = {
+        "embed.weight": take("model.embed_tokens.weight"),
+        "norm.weight": take("model.norm.weight"),
+    }
+    for i in range(config.depth):
+        p, b = f"model.layers.{i}.", f"blocks.{i}."
+        sd[b + "attn_norm.weight"] = take(p + "input_layernorm.weight")
+        sd[b + "mlp_norm.weight"] = take(p + "post_attention_layernorm.weight")
+        q = take(p + "self_attn.q_proj.weight")
+        k = take(p + "self_attn.k_proj.weight")
+        sd[b + "attn.q_proj.weight"] = _qk(q, config.num_heads, hd, layout, True)
+        k = _qk(k, config.num_kv_heads, hd, layout, True)
+        sd[b + "attn.kv_proj.weight"] = torch.cat((k, take(p + "self_attn.v_proj.weight")), 0)
+        sd[b + "attn.out_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            sd[b + f"mlp.{name}.weight"] = take(p + f"mlp.{name}.weight")
+    head = state.pop("lm_head.weight", None)
+    if not config.tie_embeddings:
+        if head is None:
+            raise ValueError("from_hf: the model has no tensor 'lm_head.weight'")
+        sd["lm_head.weight"] = head.detach().clone()
+    if state:
+        raise ValueError(
+            f"from_hf: the {model.config.model_type} model holds tensors LlamaLM has no place "
+            f"for: {sorted(state)[:4]}"
+        )
+    options = {} if scaling is None else {"scaling": scaling}
+    with torch.device("meta"):
+        lm = LlamaLM(config, "nope", backend=backend)
+    lm.load_state_dict(sd, assign=True, strict=True)
+    lm.set_encoding("rope", **options)
+    return lm.train(model.training)
+
+
+def to_hf(lm: LlamaLM) -> nn.Module:
+    """A transformers ``LlamaForCausalLM`` with the weights of ``lm`` (copied), whose encoding
+    must be ``rope`` (its base, trained length and ``scaling`` dict become the config's
+    ``rope_parameters``). Other encodings have no transformers equivalent: export the RoPE
+    model and run the method with ``relpos.interop.hf.patch``."""
+    tf = _transformers()
+    if not isinstance(lm, LlamaLM):
+        raise TypeError(f"lm must be a relpos.nn.LlamaLM, got {type(lm).__name__}")
+    enc = lm.encoding
+    if lm.encoding_name != "rope" or enc is None:
+        raise ValueError(
+            f"to_hf exports LlamaLM with the 'rope' encoding, got {lm.encoding_name!r}; use "
+            "lm.set_encoding('rope') and run the method on the exported model with "
+            "relpos.interop.hf.patch(model, method=...)"
+        )
+    if enc.partial_rotary_factor != 1.0:
+        raise ValueError("to_hf: partial rotary is not supported by LlamaForCausalLM's export")
+    c = lm.config
+    rope_parameters = {"rope_type": "default", **(enc.scaling or {}), "rope_theta": enc.base}
+    kwargs: dict[str, Any] = {}
+    if c.bos_token_id is not None:
+        kwargs["bos_token_id"] = c.bos_token_id
+    if c.eos_token_id is not None:
+        kwargs["eos_token_id"] = c.eos_token_id
+    config = tf.LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.dim,
+        intermediate_size=c.hidden_dim,
+        num_hidden_layers=c.depth,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=enc.max_position_embeddings or c.max_position_embeddings,
+        tie_word_embeddings=c.tie_embeddings,
+        rope_parameters=rope_parameters,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        **kwargs,
+    )
+    hd, layout = c.head_dim, enc.layout
+    src = lm.state_dict()
+    sd: dict[str, Tensor] = {
+        "model.embed_tokens.weight": src["embed.weight"],
+        "model.norm.weight": src["norm.weight"],
+    }
+    for i in range(c.depth):
+        p, b = f"model.layers.{i}.", f"blocks.{i}."
+        sd[p + "input_layernorm.weight"] = src[b + "attn_norm.weight"]
+        sd[p + "post_attention_layernorm.weight"] = src[b + "mlp_norm.weight"]
+        q = src[b + "attn.q_proj.weight"]
+        k, v = src[b + "attn.kv_proj.weight"].split(c.num_kv_heads * hd, 0)
+        sd[p + "self_attn.q_proj.weight"] = _qk(q, c.num_heads, hd, layout, False)
+        sd[p + "self_attn.k_proj.weight"] = _qk(k, c.num_kv_heads, hd, layout, False)
+        sd[p + "self_attn.v_proj.weight"] = v
+        sd[p + "self_attn.o_proj.weight"] = src[b + "attn.out_proj.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            sd[p + f"mlp.{name}.weight"] = src[b + f"mlp.{name}.weight"]
+    sd["lm_head.weight"] = src["embed.weight" if c.tie_embeddings else "lm_head.weight"]
+    dtype = src["embed.weight"].dtype
+    model = tf.LlamaForCausalLM(config).to(dtype)
+    missing, unexpected = model.load_state_dict(
+        {k: v.detach().clone() for k, v in sd.items()}, strict=False
+    )
+    missing = [m for m in missing if not m.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        raise ValueError(f"to_hf: tensors did not match: missing {missing}, extra {unexpected}")
+    return model.to(src["embed.weight"].device).train(lm.training)

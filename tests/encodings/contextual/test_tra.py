@@ -1,0 +1,140 @@
+"""TRA (Opper et al. 2025, threshold relative attention): the reconstructed formula of
+remaining.md section 1 on hand-computed rows, the own-key rule, the forget-gate decay, the
+gate relaxations and the backends."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import relpos
+from relpos.attention import chunked
+
+
+def last_row(scores_row: list[float], **options) -> tuple[torch.Tensor, float]:
+    """Logits of the last query of a one-head call whose content logits on that row are
+    ``scores_row`` (``q = 1``, ``k_j = s_j``, scale 1), and the head's decay lambda."""
+    n = len(scores_row)
+    enc = relpos.create("tra", num_heads=1, head_dim=1, **options).double()
+    q = torch.ones(1, 1, n, 1, dtype=torch.float64)
+    k = torch.tensor(scores_row, dtype=torch.float64).view(1, 1, n, 1)
+    return relpos.scores(q, k, enc, scale=1.0)[0, 0, -1].detach(), float(enc.decay().detach()[0])
+
+
+def test_thresholded_keys_leave_and_the_distance_counts_kept_keys_only():
+    row, lam = last_row([2.0, -1.0, 3.0, 0.5])
+    # kept [1, 0, 1, 1]; kept keys right of j: c = [2, 2, 1, 0]
+    expected = torch.tensor([2 - 2 * lam, -math.inf, 3 - lam, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(row, expected)
+    row, lam = last_row([2.0, -1.0, 3.0, 0.5], threshold=2.5)
+    # kept [0, 0, 1, own]: c = [2, 2, 1, 0]
+    expected = torch.tensor([-math.inf, -math.inf, 3 - lam, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(row, expected)
+
+
+def test_forget_gate_starts_at_the_alibi_slopes():
+    enc = relpos.create("tra", num_heads=8, head_dim=4)
+    slopes = torch.tensor([2.0 ** (-(h + 1)) for h in range(8)])
+    torch.testing.assert_close(enc.decay(), slopes)
+    torch.testing.assert_close(-F.logsigmoid(enc.forget), slopes)
+
+
+def test_weights_decay_with_the_number_of_kept_keys_between():
+    """``p_ij / p_ik = exp(s_ij - s_ik) * sigmoid(f) ** (c_ij - c_ik)`` for kept keys."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 10, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    enc = relpos.create("tra", num_heads=1, head_dim=4).double()
+    with torch.no_grad():
+        enc.forget.fill_(0.3)
+    s = (q @ k.transpose(-1, -2) / 2.0)[0, 0, -1]
+    kept = (s > 0) | (torch.arange(10) == 9)
+    count = kept.flip(0).cumsum(0).flip(0) - kept.long()
+    logits = torch.where(kept, s + count * math.log(torch.sigmoid(torch.tensor(0.3))), -math.inf)
+    weights = torch.softmax(logits, 0)
+    out = relpos.attention(q, k, v, enc, causal=True)[0, 0, -1]
+    torch.testing.assert_close(out, weights @ v[0, 0])
+
+
+def test_the_own_key_is_always_kept():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 2, 7, 4, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, 7, 4, generator=gen, dtype=torch.float64)
+    enc = relpos.create("tra", num_heads=2, head_dim=4, threshold=1e9).double()
+    # no score passes the threshold: each query attends to its own key only
+    out = relpos.attention(q, q, v, enc, causal=True)
+    torch.testing.assert_close(out, v)
+    # a row whose own key is masked has no key left: 0, like any dead row
+    mask = ~torch.eye(7, dtype=torch.bool)
+    out = relpos.attention(q, q, v, enc, mask=mask)
+    assert (out == 0).all()
+
+
+def _problem(seed=0, dtype=torch.float64, **options):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, 12, 4, generator=gen, dtype=dtype) for _ in range(3))
+    return relpos.create("tra", num_heads=2, head_dim=4, **options).to(dtype), q, k, v
+
+
+def _grads(enc, q, k, v, backend="eager", causal=True):
+    q, k = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+    out = relpos.attention(q, k, v, enc, causal=causal, backend=backend)
+    return out, torch.autograd.grad(out.square().sum(), (q, k, enc.forget))
+
+
+def test_straight_through_has_the_hard_forward_and_a_count_gradient():
+    hard, q, k, v = _problem()
+    st, *_ = _problem(gate="straight-through")
+    out_hard, g_hard = _grads(hard, q, k, v)
+    out_st, g_st = _grads(st, q, k, v)
+    torch.testing.assert_close(out_st, out_hard)
+    torch.testing.assert_close(g_st[2], g_hard[2])  # the decay's gradient is the same
+    assert not torch.allclose(g_st[0], g_hard[0])  # q also learns through the count
+
+
+def test_soft_gates_are_the_sigmoid_relaxation():
+    enc, q, k, v = _problem(gate="soft", threshold=0.2, temperature=0.5)
+    s = q @ k.transpose(-1, -2) / 2.0
+    own = torch.eye(12, dtype=torch.bool)
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    g = torch.where(own, 1.0, torch.sigmoid((s - 0.2) / 0.5)) * causal
+    count = g.flip(-1).cumsum(-1).flip(-1) - g
+    lam = enc.decay().detach()[None, :, None, None]
+    log_g = torch.where(own, 0.0, F.logsigmoid((s - 0.2) / 0.5))
+    logits = (s + log_g - lam * count).masked_fill(~causal, -math.inf)
+    expected = torch.softmax(logits, -1) @ v
+    torch.testing.assert_close(relpos.attention(q, k, v, enc, causal=True), expected)
+
+
+@pytest.mark.parametrize("gate", ["hard", "straight-through", "soft"])
+def test_chunked_key_blocks_match_eager_forward_and_backward(gate, monkeypatch):
+    monkeypatch.setattr(chunked, "FORWARD_BLOCK", 5)
+    enc, q, k, v = _problem(seed=3, gate=gate)
+    for causal in (True, False):
+        out, grads = _grads(enc, q, k, v, "eager", causal)
+        out_c, grads_c = _grads(enc, q, k, v, "chunked", causal)
+        torch.testing.assert_close(out_c, out)
+        for a, b in zip(grads_c, grads, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_keep_decisions_are_taken_on_float64_scores():
+    """With a threshold between a float32 score and its float64 value, the float64 value
+    decides (so backends whose float32 matmuls round differently keep the same keys)."""
+    enc, q, k, v = _problem(dtype=torch.float32)
+    s32 = (q @ k.transpose(-1, -2) * 0.5)[0, 0]
+    s64 = (q.double() @ k.double().transpose(-1, -2) * 0.5)[0, 0]
+    differ = (s32.double() != s64).nonzero()
+    i, j = (int(t) for t in differ[differ[:, 0] > differ[:, 1]][0])  # a visible, non-own key
+    enc.threshold = (float(s32[i, j]) + float(s64[i, j])) / 2
+    logits = relpos.scores(q, k, enc)[0, 0, i, j]
+    assert bool(torch.isinf(logits)) == (float(s64[i, j]) <= enc.threshold)
+
+
+def test_options_are_checked_by_name():
+    with pytest.raises(ValueError, match="gate"):
+        relpos.create("tra", num_heads=2, head_dim=4, gate="sometimes")
+    with pytest.raises(ValueError, match="temperature"):
+        relpos.create("tra", num_heads=2, head_dim=4, temperature=0.0)
