@@ -63,6 +63,11 @@ COMMANDS: dict[str, Command] = {
         "length per RoPE scaling method",
         "relpos.lab.longctx.command",
     ),
+    "tasks": command(
+        "algorithmic length generalisation: Chomsky, NoPE-study and coupling suites, "
+        "accuracy per test length over seeds",
+        "relpos.lab.tasks.command",
+    ),
     "bench": command(
         "time and peak memory of encodings x backends x lengths beside no-bias SDPA "
         "(ratios, JSON/CSV, log-log plots)",

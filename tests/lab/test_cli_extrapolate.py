@@ -460,3 +460,34 @@ def test_without_rich_the_run_prints_plain_tables(capsys, tmp_path, data_file, m
     code, stdout, err = run(capsys, *argv[:-1], str(out))
     assert code == 0, err
     assert "alibi" in stdout and "report:" in stdout
+
+
+def test_model_flags_and_seeds_give_one_report_with_intervals(tmp_path, data_file, capsys):
+    out = tmp_path / "seeds"
+    args = ["extrapolate", "--data", str(data_file), *TINY_ARGS, "--encodings", "alibi"]
+    args += ["--dim", "32", "--depth", "1", "--heads", "2", "--batch", "4", "--lr", "3e-3"]
+    code, _, err = run(capsys, *args, "--seeds", "2", "--out", str(out))
+    assert code == 0, err
+    for seed in (0, 1):  # one standard run folder per seed
+        assert (out / f"seed{seed}" / "run.json").is_file()
+        assert (out / f"seed{seed}" / "alibi" / "state.json").is_file()
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["seed"] for r in rows} == {"0", "1"}
+    assert {(r["dim"], r["depth"], r["heads"], r["batch"], r["lr"]) for r in rows} == {
+        ("32", "1", "2", "4", "0.003")
+    }
+    md = (out / "report.md").read_text()
+    assert "seeds 0, 1 (cells: mean ± 95% CI)" in md and " ± " in md
+    code, _, err = run(capsys, *args, "--dim", "30", "--heads", "4", "--out", str(tmp_path / "x"))
+    assert code == 2 and "--dim (30) must be divisible by --heads (4)" in err
+    code, _, err = run(capsys, *args, "--seeds", "2", "--out", str(out))
+    assert code == 2 and "already holds a run" in err  # checked before any training
+
+
+def test_xtransformers_profile_is_the_peer_configuration():
+    from relpos.lab.profiles import get_profile
+
+    p = get_profile("xtransformers")
+    assert (p.dim, p.depth, p.num_heads, p.batch_size, p.steps) == (128, 4, 4, 32, 1000)
+    assert (p.lr, p.warmup, p.weight_decay, p.min_lr_ratio) == (1e-3, 50, 0.01, 0.1)

@@ -1,5 +1,5 @@
-"""The lab: train short, test long, on real text (``relpos extrapolate``), and context
-extension of a pretrained model (``relpos longctx``).
+"""The lab: train short, test long, on real text (``relpos extrapolate``) and on algorithmic
+tasks (``relpos tasks``), and context extension of a pretrained model (``relpos longctx``).
 
 * ``data``: the built-in Shakespeare (split by play) or the user's text; byte or BPE tokens;
 * ``train``: the trainer (AdamW, warmup + cosine, atomic checkpoints, resume, Ctrl-C);
@@ -9,7 +9,10 @@ extension of a pretrained model (``relpos longctx``).
   entry point;
 * ``extrapolate/`` (plan, run, command) and ``longctx/`` (methods, plan, run, report, models,
   command): the two experiments, each with its command; ``demo``: ``relpos demo``;
-* ``perplexity``, ``passkey``: the measurements; ``profiles``: presets; ``report``: files,
+* ``tasks/``: algorithmic length generalisation (``relpos tasks``: the Chomsky suite, the
+  NoPE study's tasks, position coupling), generators, models, jobs, plan, run, report;
+* ``perplexity``, ``passkey``: the measurements; ``profiles``: presets and the shared
+  training flags (``--dim --depth --heads --batch --lr --steps --seeds``); ``report``: files,
   tables, plots and run folders.
 """
 

@@ -5,6 +5,9 @@
   evaluation at 1-16x the train length.
 * ``paper``: a deeper model trained ten times longer, plus xPos, KERPLE-power and learned
   absolute positions; hours on 2 CPU cores.
+* ``xtransformers``: the peer configuration recorded in docs/benchmarks.md (x-transformers
+  2.31: dim 128, depth 4, 4 heads, L = 128, batch 32, 1000 steps, AdamW 1e-3, weight decay
+  0.01, 50 warm-up steps, cosine to 1e-4, clip 1.0), ALiBi and RoPE.
 
 Estimated times come from throughputs measured on a quiet 2-core CPU (torch 2.13): the
 ``*_tokens_per_second`` fields below. ``--steps`` overrides a profile's step count.
@@ -12,11 +15,13 @@ Estimated times come from throughputs measured on a quiet 2-core CPU (torch 2.13
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import registry
+from ..arguments import optional_int, parse_float
 
 P = TypeVar("P")
 
@@ -49,6 +54,9 @@ class Profile:
     #: (chunked for FIRE's per-distance MLP table at training sizes, see
     #: ``relpos.attention``)
     backend: str = "auto"
+    #: AdamW weight decay (matrices and the token embedding) and the cosine's floor
+    weight_decay: float = 0.1
+    min_lr_ratio: float = 0.1
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
         """Options for ``relpos.create``, read from what the encoding declares: one that has a
@@ -116,6 +124,27 @@ PROFILES: dict[str, Profile] = {
         train_tokens_per_second={"*": 12500.0, "t5": 8500.0},
         eval_tokens_per_second={"*": 27000.0, "fire": 2700.0},
     ),
+    "xtransformers": Profile(
+        name="xtransformers",
+        description="the x-transformers configuration of docs/benchmarks.md's throughput "
+        "section (dim 128, depth 4, 4 heads, batch 32, 1000 steps, AdamW 1e-3, wd 0.01, 50 "
+        "warm-up steps, cosine to 1e-4, clip 1.0), to set perplexities beside that peer's",
+        encodings=("alibi", "rope"),
+        dim=128,
+        depth=4,
+        num_heads=4,
+        batch_size=32,
+        steps=1000,
+        lr=1e-3,
+        warmup=50,
+        checkpoint_every=250,
+        eval_tokens={"nonoverlapping": 131072, "sliding": 16384},
+        # depth 4 at L = 128: about 2/3 of quick's depth-2 throughput (scaled from it)
+        train_tokens_per_second={"*": 19000.0, "t5": 12500.0},
+        eval_tokens_per_second={"*": 40000.0, "fire": 4000.0},
+        weight_decay=0.01,
+        min_lr_ratio=0.1,
+    ),
 }
 
 
@@ -135,4 +164,62 @@ def get_profile(name: str) -> Profile:
     return lookup_profile(PROFILES, name)
 
 
-__all__ = ["Profile", "PROFILES", "HEADLINE", "get_profile", "lookup_profile"]
+# ------------------------------------------------------------------------------ shared flags
+
+#: the model-size and training flags every training lab command takes, and the profile
+#: field each one overrides
+TRAINING_FLAGS = {
+    "--dim": "dim",
+    "--depth": "depth",
+    "--heads": "num_heads",
+    "--batch": "batch_size",
+    "--lr": "lr",
+    "--steps": "steps",
+}
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--dim --depth --heads --batch --lr --steps --seeds``: the flags every training lab
+    command takes (``relpos extrapolate``, ``relpos tasks``); each defaults to the profile's
+    value. Parsed by ``training_overrides`` / ``seeds_flag`` so a bad value is one line naming
+    the flag."""
+    add = parser.add_argument
+    add("--dim", help="model width (default: the profile's)")
+    add("--depth", help="number of layers (default: the profile's)")
+    add("--heads", help="attention heads; must divide --dim (default: the profile's)")
+    add("--batch", help="sequences per training step (default: the profile's)")
+    add("--lr", help="peak learning rate (default: the profile's)")
+    add("--steps", help="training steps per model (default: the profile's)")
+    add("--seeds", help="train every model with N seeds and report mean +- a 95%% CI")
+
+
+def training_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The profile fields given on the command line (``TRAINING_FLAGS``), parsed and checked:
+    ints > 0, ``--lr`` a finite float > 0; ``--dim`` divisible by ``--heads`` is checked where
+    both are known (the plan)."""
+    out: dict[str, Any] = {}
+    for flag, name in TRAINING_FLAGS.items():
+        text = getattr(args, flag[2:].replace("-", "_"), None)
+        if text is None:
+            continue
+        out[name] = parse_float(text, flag, above=0.0) if name == "lr" else optional_int(text, flag)
+    return out
+
+
+def seeds_flag(args: argparse.Namespace, default: int) -> int:
+    """``--seeds`` as a positive int (``default`` when not given)."""
+    value = optional_int(getattr(args, "seeds", None), "--seeds")
+    return default if value is None else value
+
+
+__all__ = [
+    "Profile",
+    "PROFILES",
+    "HEADLINE",
+    "TRAINING_FLAGS",
+    "add_training_arguments",
+    "training_overrides",
+    "seeds_flag",
+    "get_profile",
+    "lookup_profile",
+]

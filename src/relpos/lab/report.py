@@ -182,13 +182,43 @@ def _lengths(rows: Sequence[dict[str, Any]]) -> list[int]:
     return sorted({int(r["eval_len"]) for r in rows})
 
 
-def ppl_grid(rows: Sequence[dict[str, Any]], mode: str) -> dict[str, dict[int, float]]:
-    """``{encoding: {eval_len: ppl}}`` for one mode."""
-    grid: dict[str, dict[int, float]] = {}
+def _seed_values(rows: Sequence[dict[str, Any]], mode: str) -> dict[str, dict[int, list[float]]]:
+    """``{encoding: {eval_len: [ppl of each seed]}}`` for one mode."""
+    values: dict[str, dict[int, list[float]]] = {}
     for r in rows:
         if r["mode"] == mode:
-            grid.setdefault(r["encoding"], {})[int(r["eval_len"])] = float(r["ppl"])
-    return grid
+            values.setdefault(r["encoding"], {}).setdefault(int(r["eval_len"]), []).append(
+                float(r["ppl"])
+            )
+    return values
+
+
+def ppl_grid(rows: Sequence[dict[str, Any]], mode: str) -> dict[str, dict[int, float]]:
+    """``{encoding: {eval_len: ppl}}`` for one mode (the mean over seeds when the rows hold
+    several)."""
+    return {
+        name: {n: sum(v) / len(v) for n, v in by_len.items()}
+        for name, by_len in _seed_values(rows, mode).items()
+    }
+
+
+def ppl_ci(rows: Sequence[dict[str, Any]], mode: str) -> dict[str, dict[int, float]]:
+    """``{encoding: {eval_len: half-width}}`` of the 95 % Student-t interval of the mean
+    over seeds (0 with one seed)."""
+    from .tasks.metrics import mean_ci
+
+    return {
+        name: {n: mean_ci(v)[1] for n, v in by_len.items()}
+        for name, by_len in _seed_values(rows, mode).items()
+    }
+
+
+def _n_seeds(rows: Sequence[dict[str, Any]]) -> int:
+    return len({r.get("seed") for r in rows})
+
+
+def _cell(mean: float, ci: float, seeds: int) -> str:
+    return f"{mean:.2f} ± {ci:.2f}" if seeds > 1 else f"{mean:.2f}"
 
 
 def _ratio(values: dict[int, float], train_len: int) -> float | None:
@@ -207,7 +237,7 @@ def markdown_tables(rows: Sequence[dict[str, Any]]) -> str:
     lengths = _lengths(rows)
     parts = []
     for mode in _modes(rows):
-        grid = ppl_grid(rows, mode)
+        grid, ci, seeds = ppl_grid(rows, mode), ppl_ci(rows, mode), _n_seeds(rows)
         head = ["encoding", *[f"{n} ({n / train_len:g}L)" for n in lengths], "ratio"]
         lines = [
             f"**{MODE_TITLES.get(mode, mode)}**",
@@ -217,7 +247,7 @@ def markdown_tables(rows: Sequence[dict[str, Any]]) -> str:
         ]
         for name, values in grid.items():
             cells = [f"`{name}`"]
-            cells += [f"{values[n]:.2f}" if n in values else "-" for n in lengths]
+            cells += [_cell(values[n], ci[name][n], seeds) if n in values else "-" for n in lengths]
             ratio = _ratio(values, train_len)
             cells.append("-" if ratio is None else f"{ratio:.2f}x")
             lines.append("| " + " | ".join(cells) + " |")
@@ -248,14 +278,17 @@ def print_table(rows: Sequence[dict[str, Any]], file: Any = None) -> None:
     console = Console(file=file) if file is not None else Console()
     for mode in _modes(rows):
         title = "non-overlapping" if mode == "nonoverlapping" else mode
-        table = Table(title=f"perplexity, {title} windows (trained at L={train_len})")
+        seeds = _n_seeds(rows)
+        over = f", mean ± 95% CI over {seeds} seeds" if seeds > 1 else ""
+        table = Table(title=f"perplexity, {title} windows (trained at L={train_len}){over}")
         table.add_column("encoding", no_wrap=True)
         for n in lengths:
             table.add_column(f"{n}\n{n / train_len:g}L", justify="right")
         table.add_column(f"{max(lengths)} / {train_len}", justify="right")
+        ci, seeds = ppl_ci(rows, mode), _n_seeds(rows)
         for name, values in ppl_grid(rows, mode).items():
             ratio = _ratio(values, train_len)
-            cells = [f"{values[n]:.2f}" if n in values else "-" for n in lengths]
+            cells = [_cell(values[n], ci[name][n], seeds) if n in values else "-" for n in lengths]
             style = "green" if ratio is not None and ratio <= 1.15 else "red"
             table.add_row(name, *cells, f"[{style}]{ratio:.2f}x[/]" if ratio else "-")
         console.print(table)
@@ -316,12 +349,21 @@ def plot_ppl_vs_length(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     handles = {}
     for ax, mode in zip(axes[0], modes, strict=True):
-        grid = ppl_grid(rows, mode)
+        grid, ci = ppl_grid(rows, mode), ppl_ci(rows, mode)
         for k, name in enumerate(encs):
             values = grid.get(name, {})
             if not values:
                 continue
             xs = sorted(values)
+            if any(ci[name][x] > 0 for x in xs):  # seeds > 1: the 95 % interval as a band
+                ax.fill_between(
+                    xs,
+                    [max(values[x] - ci[name][x], 1e-3) for x in xs],
+                    [values[x] + ci[name][x] for x in xs],
+                    color=colors(k % 10),
+                    alpha=0.15,
+                    linewidth=0,
+                )
             (line,) = ax.plot(
                 xs,
                 [values[x] for x in xs],
@@ -374,7 +416,11 @@ def write_markdown(
     cfg = (
         f"dim {first.get('dim')}, depth {first.get('depth')}, {first.get('heads')} heads, "
         f"batch {first.get('batch')}, lr {first.get('lr')}, {first.get('steps')} steps, "
-        f"seed {first.get('seed')}"
+        + (
+            f"seeds {', '.join(map(str, meta['seeds']))} (cells: mean ± 95% CI)"
+            if len(meta.get("seeds", [])) > 1
+            else f"seed {first.get('seed')}"
+        )
     )
     machine = meta.get("machine", {})
     versions = meta.get("versions", {})

@@ -5,18 +5,20 @@ train, evaluate) and writes the report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from ...arguments import optional_int, parse_int
+from ...arguments import parse_int
+from ...io import check_output_dir
 from ...optional import missing_plot_note
 from .. import report
-from ..profiles import get_profile
+from ..profiles import add_training_arguments, get_profile, seeds_flag, training_overrides
 from ..runtime import exit_code
-from .plan import EvalPlan
+from .plan import EvalPlan, check_out_dir
 from .run import run_extrapolation
 
 __all__ = ["add_arguments", "run_command"]
@@ -31,13 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--encodings", help="comma-separated registry names (default: the profile's list)")
     add("--train-len", default="128", help="training length L in tokens (default 128)")
     add("--eval-mult", default="1,2,4,8,16", help="evaluation lengths as multiples of L")
-    add("--steps", help="training steps per encoding (default: the profile's)")
-    add("--profile", default="quick", help="quick (default, ~6 min on 2 cores) or paper")
+    add(
+        "--profile",
+        default="quick",
+        help="quick (default, ~6 min on 2 cores), paper, or xtransformers (the peer's "
+        "configuration of docs/benchmarks.md)",
+    )
+    add_training_arguments(parser)  # --dim --depth --heads --batch --lr --steps --seeds
     add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
     add("--tokenizer", default="bytes", help="bytes (default) or bpe")
     add("--bpe-vocab-size", default="2048", help="vocabulary of --tokenizer bpe (> 256)")
     add("--split", default="test", help="evaluation split: test (default) or valid")
-    add("--seed", default="0", help="seed of the model init and the batches (default 0)")
+    add("--seed", default="0", help="first seed of the model init and the batches (default 0)")
     add("--out", help="run folder (default runs/extrapolate-PROFILE)")
     add("--resume", action="store_true", help="continue the run in --out")
     add("--force", action="store_true", help="replace the run in --out")
@@ -107,30 +114,51 @@ def run_command(args: argparse.Namespace) -> int:
         if note:
             print(f"  {note}")
 
-    out = Path(args.out or f"runs/extrapolate-{profile.name}")
-    try:
-        rows = run_extrapolation(
-            profile.encodings if args.encodings is None else args.encodings,
-            train_len=parse_int(args.train_len, "--train-len", minimum=None),
-            eval_mults=args.eval_mult,
-            profile=profile,
-            data=args.data,
-            tokenizer=args.tokenizer,
-            bpe_vocab_size=parse_int(args.bpe_vocab_size, "--bpe-vocab-size", minimum=None),
-            out_dir=out,
-            resume=args.resume,
-            force=args.force,
-            seed=parse_int(args.seed, "--seed", minimum=None),
-            steps=optional_int(args.steps, "--steps", minimum=None),
-            split=args.split,
-            progress=not args.no_progress,
-            meta={"command": command},
-            on_plan=on_plan,
+    overrides = training_overrides(args)
+    steps = overrides.pop("steps", None)
+    profile = dataclasses.replace(profile, **overrides)
+    if profile.dim % profile.num_heads:
+        raise ValueError(
+            f"--dim ({profile.dim}) must be divisible by --heads ({profile.num_heads})"
         )
+    seeds = seeds_flag(args, 1)
+    first_seed = parse_int(args.seed, "--seed", minimum=None)
+    out = Path(args.out or f"runs/extrapolate-{profile.name}")
+    # --seeds N > 1: one standard run folder per seed (out/seed<K>), the report over all
+    # seeds in out/; every folder is checked before the first one is written
+    folders = [out] if seeds == 1 else [out / f"seed{first_seed + k}" for k in range(seeds)]
+    if seeds > 1:
+        check_output_dir(out, "--out")
+        for folder in folders:
+            check_out_dir(folder, resume=args.resume, force=args.force)
+    rows: list[dict] = []
+    try:
+        for k, folder in enumerate(folders):
+            if seeds > 1:
+                print(f"seed {first_seed + k} ({k + 1}/{seeds}) into {folder}")
+            rows += run_extrapolation(
+                profile.encodings if args.encodings is None else args.encodings,
+                train_len=parse_int(args.train_len, "--train-len", minimum=None),
+                eval_mults=args.eval_mult,
+                profile=profile,
+                data=args.data,
+                tokenizer=args.tokenizer,
+                bpe_vocab_size=parse_int(args.bpe_vocab_size, "--bpe-vocab-size", minimum=None),
+                out_dir=folder,
+                resume=args.resume,
+                force=args.force,
+                seed=first_seed + k,
+                steps=steps,
+                split=args.split,
+                progress=not args.no_progress,
+                meta={"command": command},
+                on_plan=on_plan if k == 0 else None,
+            )
     except KeyboardInterrupt as stop:
         print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
         return exit_code(getattr(stop, "signum", None))
     meta["wall_seconds"] = time.perf_counter() - t0
+    meta["seeds"] = [first_seed + k for k in range(seeds)]
     paths = report.write_report(out, rows, meta)
     report.print_table(rows)
     print(f"wall time {meta['wall_seconds']:.0f} s")

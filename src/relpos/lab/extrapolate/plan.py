@@ -144,6 +144,8 @@ class EvalPlan:
             "num_heads": p.num_heads,
             "batch_size": p.batch_size,
             "lr": p.lr,
+            "weight_decay": p.weight_decay,
+            "min_lr_ratio": p.min_lr_ratio,
         }
 
     def estimate_seconds(self) -> float:
@@ -286,6 +288,8 @@ def plan_extrapolation(
             steps=steps,
             lr=prof.lr,
             warmup=min(prof.warmup, max(1, steps // 10)),
+            weight_decay=prof.weight_decay,
+            min_lr_ratio=prof.min_lr_ratio,
             seed=seed,
             checkpoint_every=prof.checkpoint_every,
             backend=prof.backend,
