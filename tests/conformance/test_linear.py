@@ -49,6 +49,7 @@ def _runs(enc: relpos.Encoding, causal: bool = True) -> bool:
 
 
 _RUNS: dict[tuple[str, bool], bool] = {}
+_REFUSALS: dict[tuple[str, bool], str] = {}  # the refusal's message, by (name, causal)
 
 
 def _try(enc: relpos.Encoding, causal: bool) -> bool:
@@ -57,8 +58,13 @@ def _try(enc: relpos.Encoding, causal: bool) -> bool:
         attention(q, k, v, enc, causal=causal, feature_map="elu1")
     except ValueError as e:
         msg = str(e)
+        _REFUSALS[(enc.name, causal)] = msg
         if enc.needs_probabilities:
             assert "backend 'linear' cannot run encoding" in msg, msg
+        elif type(enc).prepare_rotary is not relpos.Encoding.prepare_rotary:
+            assert "reads per-call inputs" in msg, msg  # camera frames
+        elif "changes the width of q and k" in msg:  # SeqPE's appended channels
+            assert enc.has_rotary, msg
         else:
             assert enc.has_bias and "needs a Toeplitz bias" in msg, msg
         return False
@@ -97,7 +103,11 @@ def _reference(enc, q, k, v, causal, **kw):
 def test_linear_runs_or_refuses_by_name(name):
     enc = _encoding(name)
     runs = _runs(enc, causal=True)
-    if not enc.needs_probabilities and not enc.has_bias:
+    rotation_refused = _REFUSALS.get((enc.name, True), "") and any(
+        reason in _REFUSALS[(enc.name, True)]
+        for reason in ("reads per-call inputs", "changes the width of q and k")
+    )
+    if not enc.needs_probabilities and not enc.has_bias and not rotation_refused:
         assert runs, "an encoding without a bias always runs on the linear backend"
     if enc.distance_only and not enc.needs_probabilities:
         assert runs, "a distance-only bias always has a per-distance table for 0..L-1"

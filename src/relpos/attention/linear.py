@@ -56,6 +56,12 @@ def linear_path(call: AttentionCall) -> str:
             "logits), which kernelized attention has no form for; use softmax attention "
             "(feature_map=None) with backend 'eager' or 'chunked'"
         )
+    if enc is not None and call.rotary_state is not None:
+        raise ValueError(
+            f"backend 'linear' cannot run encoding {enc.name!r}: its rotation reads per-call "
+            "inputs (prepare_rotary: camera frames), which the feature rotation of kernelized "
+            "attention does not take; use softmax attention (feature_map=None)"
+        )
     if call.mask_mod is not None:
         raise ValueError(
             "backend 'linear' cannot take a mask_mod: kernelized attention sums keys once for "

@@ -46,4 +46,10 @@ def rotate_features(
             f"num_features=head_dim)"
         )
     a_q, a_k = encoding.rotate_qk(phi_q, phi_k, q_pos, k_pos)
+    if a_q.shape[-1] != m or a_k.shape[-1] != m:
+        raise ValueError(
+            f"linear attention cannot run encoding {encoding.name!r}: its rotate_qk changes the "
+            f"width of q and k ({m} -> {a_q.shape[-1]} channels, e.g. SeqPE's appended position "
+            f"vectors), which has no kernelized form; use softmax attention (feature_map=None)"
+        )
     return a_q.to(phi_q.dtype), a_k.to(phi_k.dtype)
