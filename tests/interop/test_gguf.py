@@ -263,6 +263,7 @@ def test_set_encoding_swaps_the_context_extension_without_reloading(smollm2):
     assert torch.equal(before, after)
 
 
+@pytest.mark.slow  # 1500-token prefill and decoding of the real model
 @needs_model
 def test_greedy_passkey_retrieval_at_1500_tokens(smollm2):
     model, tokenizer, _ = smollm2

@@ -147,6 +147,7 @@ def test_each_method_builds_its_encoding_on_the_models_rope():
     assert math.isclose(encs["yarn"].attention_factor, 0.1 * math.log(2.0) + 1)
 
 
+@pytest.mark.slow  # runs every profile's methods
 def test_profiles_run_the_rope_scalings_and_all_adds_the_slower_schedules():
     assert longctx.plan_longctx(out_dir="unused-folder").methods == list(longctx.ROPE_SCALINGS)
     assert longctx.parse_methods("all") == list(METHODS)
