@@ -22,7 +22,14 @@ from ..validation import check_int
 from .base import Encoding
 from .options import Bool, Float, Int
 
-__all__ = ["OrthogonalFunctionPE", "LegendrePE", "HaarWaveletPE", "legendre", "haar_wavelets"]
+__all__ = [
+    "OrthogonalFunctionPE",
+    "LegendrePE",
+    "HaarWaveletPE",
+    "legendre",
+    "legendre_series",
+    "haar_wavelets",
+]
 
 
 def legendre(x: Tensor, count: int) -> Tensor:
@@ -35,6 +42,20 @@ def legendre(x: Tensor, count: int) -> Tensor:
     for k in range(1, count - 1):
         out.append(((2 * k + 1) * x * out[k] - k * out[k - 1]) / (k + 1))
     return torch.stack(out[:count], dim=-1)
+
+
+def legendre_series(x: Tensor, coefficients: Tensor) -> Tensor:
+    """``sum_k coefficients[..., k] P_k(x)`` by Bonnet's recurrence, accumulated term by term
+    (no ``(..., count)`` stack: FlexAttention's score_mod lowering cannot take one)."""
+    count = coefficients.shape[-1]
+    p_prev, p = torch.ones_like(x), x
+    total = coefficients[..., 0] * p_prev
+    if count > 1:
+        total = total + coefficients[..., 1] * p
+    for k in range(1, count - 1):
+        p_prev, p = p, ((2 * k + 1) * x * p - k * p_prev) / (k + 1)
+        total = total + coefficients[..., k + 1] * p
+    return total
 
 
 def haar_wavelets(t: Tensor, count: int) -> Tensor:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ...registry import register
 from ..options import Bool, Int
-from ..orthogonal_functions import legendre
+from ..orthogonal_functions import legendre_series
 from .distance import DistanceBias
 
 __all__ = ["LegendreBias"]
@@ -61,9 +61,8 @@ class LegendreBias(DistanceBias):
         n = distance.to(torch.float64)
         if self.clamp:
             n = n.clamp(0.0, float(self.max_length))
-        basis = legendre(2.0 * n / self.max_length - 1.0, self.degree)  # (..., degree)
-        c = self.coefficients[h].to(torch.float64)
-        return (basis * c).sum(-1).to(self.coefficients.dtype)
+        c = self.coefficients[h].to(torch.float64)  # (..., degree)
+        return legendre_series(2.0 * n / self.max_length - 1.0, c).to(self.coefficients.dtype)
 
     def extra_repr(self) -> str:
         return (

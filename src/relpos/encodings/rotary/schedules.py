@@ -94,15 +94,19 @@ class PiecewiseRoPE(RoPE):
         factor = self.logit_factor(q_pos, k_pos)
         if factor != 1.0:
             q = q * factor
-        rotated: dict[tuple[int, int], Tensor] = {}  # one rotation per (tensor, positions)
+        # one rotation per (tensor, positions) object: pieces share their key positions
+        rotated: list[tuple[Tensor, Tensor, Tensor]] = []
 
         def rot(x: Tensor, pos: Tensor) -> Tensor:
-            key = (id(x), id(pos))
-            if key not in rotated:
-                rotated[key] = self._rotate_at(x, pos, seq_len)
-            return rotated[key]
+            for seen_x, seen_pos, out in rotated:
+                if seen_x is x and seen_pos is pos:
+                    return out
+            out = self._rotate_at(x, pos, seq_len)
+            rotated.append((x, pos, out))
+            return out
 
-        return [(rot(q, qp), rot(k, kp)) for qp, kp in self.piece_positions(q_pos, k_pos)]
+        positions = list(self.piece_positions(q_pos, k_pos))
+        return [(rot(q, qp), rot(k, kp)) for qp, kp in positions]
 
 
 @register("dca")
