@@ -69,9 +69,19 @@ class TaskPlan:
         """What must match for ``--resume`` to continue this run."""
         return {**self.profile.settings(), "profile": self.profile.name}
 
-    def estimate_seconds(self) -> float:
-        per_job = self.profile.steps * self.profile.seconds_per_step
-        return per_job * len(self.jobs) / max(1, self.workers)
+    def cpu_seconds(self) -> float:
+        """CPU seconds of training every job (``profile.seconds_per_step`` per step)."""
+        return self.profile.steps * self.profile.seconds_per_step * len(self.jobs)
+
+    def estimate_seconds(self, load: float = 0.0, cpus: int | None = None) -> float:
+        """Wall seconds for ``cpu_seconds`` in ``workers`` one-thread processes on ``cpus``
+        cores (default ``os.cpu_count()``) that ``load`` other runnable threads share (the
+        load average before the run): each worker gets ``min(1, cpus / (load + workers))``
+        of a core. ``load=0``: free cores."""
+        cpus = cpus or os.cpu_count() or 1
+        workers = max(1, min(self.workers, len(self.jobs)))
+        share = min(1.0, cpus / (max(0.0, load) + workers))
+        return self.cpu_seconds() / (workers * share)
 
 
 def parse_models(value: str | Sequence[str], suite: str) -> list[tuple[str, str, str]]:

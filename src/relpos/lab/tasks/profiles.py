@@ -66,7 +66,9 @@ class TaskProfile:
     max_position: int = 40
     checkpoint_every: int = 500
     encoding_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: measured seconds per training step at this size on one loaded core (for the estimate)
+    #: CPU seconds per training step of one model on one core (``time.process_time`` over
+    #: the profile's jobs, one torch thread, torch 2.13; ``plan.TaskPlan.estimate_seconds``
+    #: turns it into wall time for the workers and the machine's load)
     seconds_per_step: float = 0.1
 
     def settings(self) -> dict[str, Any]:
@@ -123,7 +125,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             seeds=2,
             dropout=0.1,
             max_length=256,
-            seconds_per_step=0.08,
+            seconds_per_step=0.02,
         ),
         "full": TaskProfile(
             name="full",
@@ -169,7 +171,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             dropout=0.1,
             max_length=2048,
             checkpoint_every=1000,
-            seconds_per_step=1.5,
+            seconds_per_step=0.5,
         ),
     },
     "nope": {
@@ -192,7 +194,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             optimizer="adamw",
             weight_decay=0.05,
             encoding_options=NOPE_STUDY_OPTIONS,
-            seconds_per_step=0.3,
+            seconds_per_step=0.1,
         ),
         "full": TaskProfile(
             name="full",
@@ -214,7 +216,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             weight_decay=0.05,
             encoding_options=NOPE_STUDY_OPTIONS,
             checkpoint_every=1000,
-            seconds_per_step=0.8,
+            seconds_per_step=1.7,
         ),
     },
     "coupling": {
@@ -238,7 +240,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             schedule="cosine",
             mlp_ratio=2.0,
             max_position=40,
-            seconds_per_step=0.15,
+            seconds_per_step=0.1,
         ),
         "full": TaskProfile(
             name="full",
@@ -261,7 +263,7 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             mlp_ratio=2.0,
             max_position=102,
             checkpoint_every=1000,
-            seconds_per_step=1.0,
+            seconds_per_step=2.9,
         ),
     },
 }
