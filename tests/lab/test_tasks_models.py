@@ -134,3 +134,32 @@ def test_the_chomsky_encoder_uses_the_two_sided_form_of_declared_bidirectional_b
         assert enc.bidirectional in (True, "symmetric"), name
     job = _job(suite="nope", task="copy", model="t5", encoding="t5", scheme="default")
     assert build_model(job, _Data(job)).blocks[0].attn.encoding.bidirectional is False
+
+
+def test_learning_rate_schedules_after_the_warmup():
+    from relpos.lab.tasks.jobs import learning_rate
+
+    job = _job(steps=100, warmup=10, lr=1e-3, schedule="linear")
+    assert learning_rate(job, 0) == pytest.approx(1e-4)  # warmup: (step + 1) / warmup
+    assert learning_rate(job, 9) == pytest.approx(1e-3)
+    assert learning_rate(job, 10) == pytest.approx(1e-3)  # then linear to 0 at `steps`
+    assert learning_rate(job, 55) == pytest.approx(0.5e-3)
+    assert learning_rate(job, 100) == pytest.approx(0.0)
+    job.schedule = "cosine"  # to lr / 10
+    assert learning_rate(job, 55) == pytest.approx(0.55e-3)
+    assert learning_rate(job, 100) == pytest.approx(1e-4)
+    job.schedule = "constant"
+    assert learning_rate(job, 99) == pytest.approx(1e-3)
+    job.schedule = "step"
+    with pytest.raises(ValueError, match="schedule must be one of constant, cosine, linear"):
+        learning_rate(job, 50)
+
+
+def test_the_nope_study_profiles_decay_the_learning_rate_as_the_official_trainer():
+    # configs/trainer/default.jsonnet: warmup_ratio 0.06, lr_scheduler_type polynomial (power 1)
+    from relpos.lab.tasks.profiles import get_task_profile
+
+    for name in ("quick", "full"):
+        profile = get_task_profile("nope", name)
+        assert profile.schedule == "linear"
+        assert profile.warmup == pytest.approx(0.06 * profile.steps)

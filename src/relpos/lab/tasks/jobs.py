@@ -292,15 +292,25 @@ def loss_of(logits: Tensor, batch: Any) -> Tensor:
     return F.cross_entropy(logits[:, :-1][mask], target[mask])
 
 
+#: the learning-rate shapes after the warmup (``Job.schedule``)
+SCHEDULES = ("constant", "cosine", "linear")
+
+
 def learning_rate(job: Job, step: int) -> float:
-    """Linear warmup over ``warmup`` steps, then constant or cosine to ``lr / 10``."""
+    """Linear warmup over ``warmup`` steps, then ``constant``, ``cosine`` to ``lr / 10``, or
+    ``linear`` to 0 at ``steps`` (the NoPE study's trainer: HF ``polynomial`` with power 1,
+    ``configs/trainer/default.jsonnet``)."""
     if job.warmup and step < job.warmup:
         return job.lr * (step + 1) / job.warmup
     if job.schedule == "constant":
         return job.lr
     span = max(1, job.steps - job.warmup)
     t = min(1.0, (step - job.warmup) / span)
-    return job.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    if job.schedule == "linear":
+        return job.lr * (1.0 - t)
+    if job.schedule == "cosine":
+        return job.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {job.schedule!r}")
 
 
 def make_optimizer(job: Job, model: nn.Module) -> torch.optim.Optimizer:

@@ -25,7 +25,7 @@ from ...validation import check_int
 from .. import checkpoint as ckpt
 from ..report import check_run_folder
 from .chomsky import CHOMSKY_TASKS
-from .jobs import Job
+from .jobs import SCHEDULES, Job
 from .models import POSITION_SCHEMES, check_encoding_for_tasks
 from .nope_study import NOPE_TASKS
 from .profiles import SUITES, TaskProfile, get_task_profile
@@ -159,6 +159,8 @@ def plan_tasks(
             f"--test-lengths must all be longer than --train-len ({prof.train_len}), got "
             f"{min(prof.test_lengths)}"
         )
+    if prof.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {prof.schedule!r}")
     if prof.warmup >= prof.steps:
         prof = dataclasses.replace(prof, warmup=max(0, prof.steps // 10))
     names = _tasks(tasks, suite, prof)
