@@ -163,3 +163,38 @@ def test_the_nope_study_profiles_decay_the_learning_rate_as_the_official_trainer
         profile = get_task_profile("nope", name)
         assert profile.schedule == "linear"
         assert profile.warmup == pytest.approx(0.06 * profile.steps)
+
+
+def test_wilson_interval_matches_the_closed_form_and_is_not_empty_at_the_edges():
+    from relpos.lab.tasks.metrics import wilson_interval
+
+    # 0 of 640 (a collapsed model on the quick copy test set): [0, z^2 / (n + z^2)]
+    low, high = wilson_interval(0, 640)
+    assert low == 0.0 and high == pytest.approx(1.96**2 / (640 + 1.96**2))
+    assert wilson_interval(640, 640)[0] == pytest.approx(640 / (640 + 1.96**2))
+    # 8 of 10: Wilson (1927) -> [0.4902, 0.9433]
+    assert wilson_interval(8, 10) == pytest.approx((0.49016, 0.94332), abs=1e-4)
+    with pytest.raises(ValueError, match="n >= 1"):
+        wilson_interval(0, 0)
+    with pytest.raises(ValueError, match="hits must be in"):
+        wilson_interval(11, 10)
+
+
+def test_exact_match_summaries_pool_the_test_examples_of_every_seed():
+    from relpos.lab.tasks.metrics import wilson_interval
+    from relpos.lab.tasks.report import markdown_summary, summarize
+
+    def row(seed, length, acc, n, suite="nope"):
+        return {"suite": suite, "task": "copy", "model": "nope", "seed": seed,
+                "length": length, "test": length > 2, "accuracy": acc, "n": n}  # fmt: skip
+
+    rows = [row(0, 2, 1.0, 8), row(0, 3, 0.5, 8), row(0, 4, 0.25, 4),
+            row(1, 2, 1.0, 8), row(1, 3, 0.0, 8), row(1, 4, 0.5, 4)]  # fmt: skip
+    (s,) = summarize(rows)
+    assert s["scores"] == pytest.approx([5 / 12, 2 / 12])  # mean over test examples
+    assert s["test_examples"] == 24
+    assert s["examples_ci"] == pytest.approx(list(wilson_interval(7, 24)))
+    assert "| 24 [" in markdown_summary([s])
+    chomsky = [dict(r, suite="chomsky") for r in rows]
+    (c,) = summarize(chomsky)
+    assert c["examples_ci"] is None and "| - |" in markdown_summary([c])

@@ -7,11 +7,14 @@
 * ``accuracy_<task>.png``: accuracy against length per model, the mean over seeds as a line
   and its 95 % interval as a band (seeds > 1), the train length dashed, chance dotted;
 * ``report.md``: the exact command, the summary table (test-length score: mean ± CI over
-  seeds, max over seeds, the published reference), the plots and how to read them.
+  seeds, max over seeds, the test examples' Wilson interval, the published reference), the
+  plots and how to read them.
 
 ``summarize(rows)``: per task x model, the score of each seed (mean accuracy over the test
-lengths, ``metrics.ood_score``), their mean, 95 % CI half-width, max, and the mean
-accuracy at the training lengths. ``print_table(summary)`` prints it with rich.
+lengths, ``metrics.ood_score``), their mean, 95 % CI half-width, max, the mean accuracy at
+the training lengths and, for the exact-match suites, the test examples pooled over seeds
+with their Wilson interval (``metrics.wilson_interval``). ``print_table(summary)`` prints it
+with rich.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from ...optional import installed
 from ..report import _write_text, save_figure, write_csv, write_json_file
 from .chomsky import CHOMSKY_TASKS
-from .metrics import mean_ci
+from .metrics import mean_ci, wilson_interval
 from .references import REFERENCE_NOTES, reference
 
 __all__ = ["summarize", "write_report", "print_table", "markdown_summary", "plot_task"]
@@ -35,6 +38,8 @@ CSV_COLUMNS = (
     "token_accuracy", "n", "train_len", "steps", "final_loss", "train_seconds", "dim",
     "depth", "heads", "batch", "lr",
 )  # fmt: skip
+#: suites scored by exact match per example (a binomial rate: Wilson intervals apply)
+EXACT_MATCH_SUITES = ("nope", "coupling")
 METRIC = {
     "chomsky": "per-token accuracy",
     "nope": "exact match",
@@ -61,6 +66,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One summary row per (task, model), in the rows' order."""
     groups: dict[tuple[str, str], dict[int, dict[str, list[float]]]] = {}
     suites: dict[tuple[str, str], str] = {}
+    examples: dict[tuple[str, str], list] = {}  # exact-match suites: [hits, n] at test lengths
     for r in rows:
         key = (r["task"], r["model"])
         suites[key] = r["suite"]
@@ -68,6 +74,10 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         # the NoPE study scores the mean over test examples, the others the mean over lengths
         weight = float(r["n"]) if r["suite"] == "nope" else 1.0
         seed["test" if _is_test(r) else "train"].append((float(r["accuracy"]), weight))
+        if _is_test(r) and r["suite"] in EXACT_MATCH_SUITES:
+            pooled = examples.setdefault(key, [0.0, 0])
+            pooled[0] += float(r["accuracy"]) * int(r["n"])
+            pooled[1] += int(r["n"])
     out = []
     for (task, model), seeds in groups.items():
         scores = [_mean(s["test"]) for s in seeds.values() if s["test"]]
@@ -76,6 +86,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         mean, ci = mean_ci(scores)
         suite = suites[(task, model)]
+        hits, n = examples.get((task, model), (0.0, 0))
+        wilson = list(wilson_interval(min(hits, n), n)) if n else None
         out.append(
             {
                 "suite": suite,
@@ -90,6 +102,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "train_mean": sum(train) / len(train) if train else None,
                 "reference": reference(suite, task, model),
                 "chance": _chance(suite, task),
+                "test_examples": n,
+                "examples_ci": wilson,
             }
         )
     return out
@@ -102,20 +116,28 @@ def _cell(s: dict[str, Any]) -> str:
     return text
 
 
+def _examples_cell(s: dict[str, Any]) -> str:
+    """``n [low, high]``: the pooled test examples and their Wilson interval (exact match)."""
+    ci = s.get("examples_ci")
+    if not ci:
+        return "-"
+    return f"{s['test_examples']} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def markdown_summary(summary: Sequence[dict[str, Any]]) -> str:
     """The summary as a markdown table (one row per task x model)."""
     lines = [
-        "| task | model | test score (mean ± 95% CI) | max over seeds | train lengths | "
-        "published | chance |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| task | model | test score (mean ± 95% CI) | max over seeds | test examples "
+        "(95% Wilson) | train lengths | published | chance |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         ref = "-" if s["reference"] is None else f"{s['reference']:.3f}"
         chance = "-" if s["chance"] is None else f"{s['chance']:.2f}"
         train = "-" if s["train_mean"] is None else f"{s['train_mean']:.3f}"
         lines.append(
-            f"| {s['task']} | `{s['model']}` | {_cell(s)} | {s['max']:.3f} | {train} | "
-            f"{ref} | {chance} |"
+            f"| {s['task']} | `{s['model']}` | {_cell(s)} | {s['max']:.3f} | "
+            f"{_examples_cell(s)} | {train} | {ref} | {chance} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -199,7 +221,10 @@ lengths ({test}; for the NoPE study's tasks the mean over the test examples, as 
 The table gives its mean over seeds with a 95% Student-t interval (no interval for one seed)
 and the max over seeds (the Chomsky papers report the max; the mean is much lower,
 maintainer: Transformer on Even Pairs averages 67.7 ± 15.2 over 10 seeds). *train lengths*
-is the mean score at the training lengths (did the model learn the task at all?).
+is the mean score at the training lengths (did the model learn the task at all?). *test
+examples* (exact-match suites): how many test examples the score pools over all seeds and
+their 95% Wilson interval, the spread the evaluation sample alone allows (two models whose
+intervals overlap are not told apart by this test set, whatever the seeds say).
 *published*: {ref_note}. Chance is 1 / classes for the Chomsky tasks.
 """
 
