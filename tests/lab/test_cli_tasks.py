@@ -85,7 +85,9 @@ def test_resume_skips_finished_models_and_refuses_other_settings(tmp_path, capsy
     first = _rows(tmp_path)
     capsys.readouterr()
     assert _run(tmp_path, *args, "--resume") == 0
-    assert "done (resume)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "done (resume)" in out
+    assert "estimated ~0 min for the 0 left" in out  # finished models cost nothing
     assert _rows(tmp_path) == first
     tiny = list(TINY)
     tiny[tiny.index("--dim") + 1] = "32"

@@ -62,20 +62,13 @@ def _print_plan(plan: TaskPlan) -> None:
         f"{p.batch_size}, lr {p.lr:g}; train lengths <= {p.train_len}, test "
         f"{min(p.test_lengths)}-{max(p.test_lengths)}"
     )
-    free = plan.estimate_seconds() / 60
-    text = f"estimated ~{free:.0f} min on {os.cpu_count()} free CPUs"
-    load = _load_average()
-    if load is not None and plan.estimate_seconds(load) > 1.25 * plan.estimate_seconds():
-        text += f", ~{plan.estimate_seconds(load) / 60:.0f} min at the load average {load:.1f}"
-    print(f"  {plan.workers} worker process(es); {text}; out: {plan.out_dir}")
-
-
-def _load_average() -> float | None:
-    """The 1-minute load average, None where the system has none."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
+    left = plan.jobs_left()
+    todo = f" for the {left} left" if left < len(plan.jobs) else ""
+    print(
+        f"  {plan.workers} worker process(es); estimated ~{plan.estimate_seconds() / 60:.0f} "
+        f"min{todo} on {os.cpu_count()} free CPUs (longer on a shared machine); out: "
+        f"{plan.out_dir}"
+    )
 
 
 def parse_lengths(text: str, flag: str) -> tuple[int, ...]:

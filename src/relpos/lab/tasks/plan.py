@@ -64,24 +64,31 @@ class TaskPlan:
     resume: bool = False
     clear: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: per job, the training steps already done (``--resume``; empty: none)
+    done_steps: list[int] = field(default_factory=list)
 
     def settings(self) -> dict[str, Any]:
         """What must match for ``--resume`` to continue this run."""
         return {**self.profile.settings(), "profile": self.profile.name}
 
     def cpu_seconds(self) -> float:
-        """CPU seconds of training every job (``profile.seconds_per_step`` per step)."""
-        return self.profile.steps * self.profile.seconds_per_step * len(self.jobs)
+        """CPU seconds of the training left to do (``profile.seconds_per_step`` per step;
+        on ``--resume`` finished jobs and checkpointed steps are not counted)."""
+        done = sum(self.done_steps) if self.done_steps else 0
+        return self.profile.seconds_per_step * (self.profile.steps * len(self.jobs) - done)
 
-    def estimate_seconds(self, load: float = 0.0, cpus: int | None = None) -> float:
-        """Wall seconds for ``cpu_seconds`` in ``workers`` one-thread processes on ``cpus``
-        cores (default ``os.cpu_count()``) that ``load`` other runnable threads share (the
-        load average before the run): each worker gets ``min(1, cpus / (load + workers))``
-        of a core. ``load=0``: free cores."""
+    def estimate_seconds(self, cpus: int | None = None) -> float:
+        """Wall seconds of ``cpu_seconds`` in ``workers`` one-thread processes on ``cpus``
+        free cores (default ``os.cpu_count()``); a shared machine is slower by its load."""
         cpus = cpus or os.cpu_count() or 1
-        workers = max(1, min(self.workers, len(self.jobs)))
-        share = min(1.0, cpus / (max(0.0, load) + workers))
-        return self.cpu_seconds() / (workers * share)
+        workers = max(1, min(self.workers, self.jobs_left(), cpus))
+        return self.cpu_seconds() / workers
+
+    def jobs_left(self) -> int:
+        """How many jobs still have training steps to do."""
+        if not self.done_steps:
+            return len(self.jobs)
+        return sum(done < job.steps for done, job in zip(self.done_steps, self.jobs, strict=True))
 
 
 def parse_models(value: str | Sequence[str], suite: str) -> list[tuple[str, str, str]]:
@@ -265,7 +272,10 @@ def _check_resume(plan: TaskPlan) -> None:
             f"--resume: {plan.out_dir} holds a run with other settings ({'; '.join(diffs)}); "
             "use --force to start over or another --out"
         )
-    for job in plan.jobs:
+    from .jobs import load_result
+
+    plan.done_steps = [0] * len(plan.jobs)
+    for index, job in enumerate(plan.jobs):
         folder = Path(job.folder)
         if not ckpt.has_checkpoint(folder):
             continue
@@ -283,3 +293,5 @@ def _check_resume(plan: TaskPlan) -> None:
                 f"--resume: the checkpoint in {folder} is at step {state['step']}, past "
                 f"--steps {job.steps}"
             )
+        done = load_result(folder, job) is not None
+        plan.done_steps[index] = job.steps if done else int(state["step"])
