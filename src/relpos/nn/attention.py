@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from ..attention import attention
+from ..attention import attention, plan
 from ..attention.call import MaskMod
+from ..efficient.feature_maps import FeatureMap, create_feature_map
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from ..registry import create
 from .cache import LayerCache
@@ -34,11 +37,20 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads (divides ``num_heads``); default ``num_heads``.
         encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
         backend: passed to ``relpos.attention``.
+        feature_map: kernelized (linear) attention instead of softmax: ``"elu1"``,
+            ``"relu"``, ``"prf"`` or a ``relpos.efficient.FeatureMap`` for ``head_dim``
+            (``relpos.attention(..., feature_map=...)``, backend ``linear``). A name builds
+            one map owned by the layer (its random projection is in the ``state_dict``).
+        feature_map_options: constructor options of a feature map given by name
+            (``num_features``, ``seed``, ... for ``"prf"``).
 
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
-    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    to the whole cache. With a ``feature_map`` the cache may also be a
+    ``relpos.efficient.LinearState`` (the recurrent sums: O(m Dv) per decoded token);
+    ``new_cache()`` gives the one that applies (``LinearState`` when the call has a
+    recurrent form: no bias or a geometric one, keys rotated the same in every call). ``inputs`` are the encoding's per-call tensors (graphs, boxes);
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
     key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
@@ -53,6 +65,8 @@ class MultiHeadAttention(nn.Module):
         encoding_options: dict[str, Any] | None = None,
         backend: str = "auto",
         bias: bool = False,
+        feature_map: str | FeatureMap | None = None,
+        feature_map_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -67,6 +81,13 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.backend = backend
         self.encoding = build_encoding(encoding, num_heads, self.head_dim, encoding_options or {})
+        self.feature_map: FeatureMap | None = None
+        if feature_map is not None:
+            self.feature_map = create_feature_map(
+                feature_map, self.head_dim, **(feature_map_options or {})
+            )
+        elif feature_map_options:
+            raise ValueError("feature_map_options are only used with a feature_map name")
         self.q_proj = nn.Linear(dim, dim, bias=bias)
         self.kv_proj = nn.Linear(dim, 2 * num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
@@ -75,11 +96,30 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, heads, self.head_dim).transpose(1, 2)
 
+    def new_cache(self) -> LayerCache | LinearState:
+        """An empty cache for this layer: a ``LinearState`` when kernelized attention has a
+        recurrent form for the encoding (``relpos.attention.plan`` gives ``linear-scan`` or
+        ``linear-decay`` and the keys' rotation does not change from call to call), else a
+        ``LayerCache`` (softmax attention, or a kernelized call that recomputes over all
+        cached keys)."""
+        if self.feature_map is None:
+            return LayerCache()
+        enc = self.encoding
+        if enc is not None and enc.has_rotary and not enc.cache_rotated_keys:
+            return LayerCache()
+        probe = torch.zeros(1, self.num_heads, 2, self.head_dim)
+        kv = probe[:, : self.num_kv_heads]
+        try:
+            _, path = plan(probe, kv, kv, enc, causal=True, feature_map=self.feature_map)
+        except ValueError:  # needs per-call inputs: decided on the first call instead
+            return LayerCache()
+        return LinearState() if path in ("linear-scan", "linear-decay") else LayerCache()
+
     def forward(
         self,
         x: Tensor,
         pos: Tensor | None = None,
-        cache: LayerCache | None = None,
+        cache: LayerCache | LinearState | None = None,
         causal: bool = True,
         inputs: dict[str, Tensor] | None = None,
         mask_mod: MaskMod | None = None,
@@ -102,5 +142,6 @@ class MultiHeadAttention(nn.Module):
             inputs=inputs,
             mask_mod=mask_mod,
             cache=cache,
+            feature_map=self.feature_map,
         )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))

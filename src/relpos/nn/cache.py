@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..efficient.state import LinearState
+
 
 @dataclass
 class LayerCache:
@@ -53,14 +55,16 @@ class LayerCache:
 
 @dataclass
 class KVCache:
-    """One ``LayerCache`` per layer of a ``TransformerLM``.
+    """One cache per layer of a ``TransformerLM``: a ``LayerCache``, or for kernelized
+    attention with a recurrent form a ``relpos.efficient.LinearState``
+    (``MultiHeadAttention.new_cache``).
 
     ``position_state``: what an encoding that derives positions from token ids needs to
     continue them on the next call (BiPE: the next token's intra offset and segment index);
     None when nothing was derived.
     """
 
-    layers: list[LayerCache] = field(default_factory=list)
+    layers: list[LayerCache | LinearState] = field(default_factory=list)
     position_state: Tensor | None = None
 
     @classmethod
