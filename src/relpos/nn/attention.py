@@ -50,7 +50,8 @@ class MultiHeadAttention(nn.Module):
     to the whole cache. With a ``feature_map`` the cache may also be a
     ``relpos.efficient.LinearState`` (the recurrent sums: O(m Dv) per decoded token);
     ``new_cache()`` gives the one that applies (``LinearState`` when the call has a
-    recurrent form: no bias or a geometric one, keys rotated the same in every call). ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    recurrent form: no bias or a geometric one, keys rotated the same in every call).
+    ``inputs`` are the encoding's per-call tensors (graphs, boxes);
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
     key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
