@@ -4,6 +4,9 @@
   building blocks: feature maps, the FFT Toeplitz RPE, RoPE on features, the recurrent state;
 * data-controlled decayed recurrences (``recurrence``): GateLoop and LightNet, exact in
   recurrent, chunked and surrogate-attention form, O(1) decoding;
+* ``relflexformer``: linear attention with an integrable modulation of arbitrary m-D relative
+  positions (seed 3): exact sum, dense spectral quadrature, a torch NUFFT (``nufft``) and
+  random Fourier features, with the aliasing / truncation conditions checked per call;
 * ``fold``: biases folded into q/k channels for the fused kernels (exact for ALiBi, low rank
   with a measured weight error otherwise).
 
@@ -25,7 +28,16 @@ from .gateloop import gateloop_scan
 from .kernelized import kernelized_attention, kernelized_reference, toeplitz_matvec
 from .lightnet import LightNetState, lightnet_keys, lightnet_scan, lrpe_theta, md_lrpe, tpe_scan
 from .linear_rope import rotate_features
+from .nufft import NUFFTGrid, nufft_convolve, nufft_type1, nufft_type2
 from .recurrence import decayed_recurrence
+from .relflexformer import (
+    CauchyModulation,
+    GaussianModulation,
+    Modulation,
+    plan_grid,
+    relflexformer_attention,
+    relflexformer_reference,
+)
 from .state import LinearState
 
 __all__ = [
@@ -51,6 +63,16 @@ __all__ = [
     "md_lrpe",
     "lrpe_theta",
     "tpe_scan",
+    "NUFFTGrid",
+    "nufft_type1",
+    "nufft_type2",
+    "nufft_convolve",
+    "Modulation",
+    "GaussianModulation",
+    "CauchyModulation",
+    "plan_grid",
+    "relflexformer_attention",
+    "relflexformer_reference",
 ]
 
 _FOLD_NAMES = ("FOLD_LOGIT_TOLERANCE", "LowRankFold", "folded_attention", "low_rank_fold")

@@ -8,6 +8,7 @@ from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .relflexformer import RelFlexformerAttention
 from .transformer import TransformerLM
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "GateLoop",
     "LightNetAttention",
     "MDTPE",
+    "RelFlexformerAttention",
     "ConvolutionAttention",
     "DirectionMix",
     "LocationAttention",
