@@ -187,7 +187,10 @@ def test_attention_is_invariant_to_moving_and_rotating_every_position():
 def test_random_features_are_an_unbiased_rank_2k_fold_of_the_modulation():
     gen = torch.Generator().manual_seed(0)
     pos = torch.rand(1, 20, 3, generator=gen, dtype=torch.float64)
-    for mod in (GaussianModulation(2, 3, [0.3, 0.6]), CauchyModulation(2, 3, [0.3, 0.6])):
+    for mod in (
+        GaussianModulation(2, 3, [0.3, 0.6], learnable=False),
+        CauchyModulation(2, 3, [0.3, 0.6], learnable=False),
+    ):
         d2 = (pos[:, :, None] - pos[:, None]).pow(2).sum(-1)
         F = mod.spatial(d2[:, None], head_dim=1).double()
         u = position_features(pos, mod, mod.draw(8, gen))
@@ -210,7 +213,7 @@ def test_random_method_runs_the_fold_as_linear_attention_and_trains_the_scale():
     base = mod.draw(256, torch.Generator().manual_seed(0))
     out = relflexformer_attention(pq, pk, v, q_pos, k_pos, mod, method="random", random_base=base)
     ref = relflexformer_reference(pq, pk, v, q_pos, k_pos, mod)
-    assert float((out - ref).abs().max()) < 0.5  # stochastic: a rough estimate at K = 256
+    assert float((out - ref).detach().abs().max()) < 0.5  # stochastic: a rough estimate at K = 256
     out.sum().backward()
     assert mod.log_scale.grad is not None and bool(mod.log_scale.grad.abs().gt(0).all())
     with pytest.raises(ValueError, match="random_base"):

@@ -2,6 +2,8 @@
 
 * kernelized / linear attention (the ``linear`` backend of ``relpos.attention``) and its
   building blocks: feature maps, the FFT Toeplitz RPE, RoPE on features, the recurrent state;
+* RoLA's low-rank branch (``rola``): RoPE outside a low-rank feature map, on a frequency
+  subset of a model's (N-D) rotary schedule;
 * data-controlled decayed recurrences (``recurrence``): GateLoop and LightNet, exact in
   recurrent, chunked and surrogate-attention form, O(1) decoding;
 * ``relflexformer``: linear attention with an integrable modulation of arbitrary m-D relative
@@ -20,6 +22,7 @@ from typing import Any
 from .feature_maps import (
     EluPlusOne,
     FeatureMap,
+    LowRankFeatures,
     PositiveRandomFeatures,
     ReLUFeatures,
     create_feature_map,
@@ -38,6 +41,7 @@ from .relflexformer import (
     relflexformer_attention,
     relflexformer_reference,
 )
+from .rola import rola_attention, rotary_schedule, select_frequencies
 from .state import LinearState
 
 __all__ = [
@@ -45,11 +49,15 @@ __all__ = [
     "PositiveRandomFeatures",
     "EluPlusOne",
     "ReLUFeatures",
+    "LowRankFeatures",
     "create_feature_map",
     "kernelized_attention",
     "kernelized_reference",
     "toeplitz_matvec",
     "rotate_features",
+    "rola_attention",
+    "rotary_schedule",
+    "select_frequencies",
     "LinearState",
     "FOLD_LOGIT_TOLERANCE",
     "LowRankFold",
