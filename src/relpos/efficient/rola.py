@@ -48,7 +48,7 @@ from ..encodings.rotary.nd import SectionedRoPE
 from ..encodings.rotary.rope import RoPE
 from ..functional import apply_rotary
 from ..validation import check_choice, check_int
-from .feature_maps import FeatureMap, LowRankFeatures
+from .feature_maps import FeatureMap
 from .kernelized import kernelized_attention
 from .state import LinearState
 
