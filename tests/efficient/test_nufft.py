@@ -45,12 +45,13 @@ def test_type1_and_type2_match_the_dense_sums_to_the_tolerance(d, tol):
     assert float((y - dense_y).abs().max()) <= tol * float(c.abs().reshape(2, -1).sum(-1).max())
 
 
-@pytest.mark.parametrize("d", [1, 3])
-def test_the_fused_convolution_is_type2_of_the_multiplied_type1(d):
+@pytest.mark.parametrize("d,upsampling", [(1, 2.0), (3, 2.0), (3, 1.25)])
+def test_the_fused_convolution_is_type2_of_the_multiplied_type1(d, upsampling):
     K, tol = 5, 1e-10
     pts, x, E = _case(d, K=K, seed=1)
     out_pts = torch.rand(9, d, dtype=torch.float64) * 7
-    grid = NUFFTGrid.create(K, d, tol)
+    grid = NUFFTGrid.create(K, d, tol, upsampling)
+    assert grid.fine == (24 if upsampling == 2.0 else 32)  # >= 2 w: the kernel fits
     w = torch.rand(1, *([2 * K + 1] * d), dtype=torch.float64)
     w = (w + w.flip(list(range(1, d + 1)))) / 2  # real and even
     y = nufft_convolve(out_pts, pts, x, w, grid)
@@ -72,6 +73,9 @@ def test_gradients_reach_the_values_and_the_multiplier():
 
 def test_kernel_width_follows_the_tolerance_and_refuses_bad_values():
     assert [kernel_width(t) for t in (1e-2, 1e-6, 1e-12)] == [3, 7, 13]
+    assert [kernel_width(t, 1.25) for t in (1e-2, 1e-6)] == [4, 10]
+    small, big = NUFFTGrid.cheapest(20, 3, 1e-6, 100), NUFFTGrid.cheapest(2, 3, 1e-6, 10**6)
+    assert (small.upsampling, big.upsampling) == (1.25, 2.0)
     with pytest.raises(ValueError, match="tol"):
         kernel_width(0.0)
     with pytest.raises(ValueError, match="dims"):

@@ -54,16 +54,31 @@ UPSAMPLING = 2.0
 MIN_TOLERANCE = 1e-14
 
 
-def kernel_width(tol: float) -> int:
-    """ES kernel width ``w`` (fine-grid points) for relative tolerance ``tol`` (FINUFFT's rule
-    at upsampling 2: ``ceil(log10(1/tol)) + 1``, between 2 and 16)."""
+def kernel_width(tol: float, upsampling: float = UPSAMPLING) -> int:
+    """ES kernel width ``w`` (fine-grid points) for relative tolerance ``tol`` (FINUFFT's
+    rules: ``ceil(log10(1/tol)) + 1`` at upsampling 2, ``ceil(ln(1/tol) / (pi sqrt(1 -
+    1/sigma)))`` otherwise), between 2 and 16."""
     tol = check_float(tol, "tol", above=0.0)
-    return int(min(16, max(2, math.ceil(math.log10(1.0 / max(tol, MIN_TOLERANCE))) + 1)))
+    upsampling = check_float(upsampling, "upsampling", minimum=1.25, maximum=2.0)
+    tol = max(tol, MIN_TOLERANCE)
+    if upsampling == 2.0:
+        w = math.ceil(math.log10(1.0 / tol)) + 1
+    else:
+        w = math.ceil(math.log(1.0 / tol) / (math.pi * math.sqrt(1 - 1 / upsampling)))
+    return int(min(16, max(2, w)))
 
 
-def _fine_size(modes: int, width: int) -> int:
-    """Fine-grid points per axis: ``>= 2 * modes`` and ``>= 2 w``, even, 2-3-5-smooth."""
-    n = max(int(math.ceil(UPSAMPLING * modes)), 2 * width)
+def _beta(width: int, upsampling: float) -> float:
+    """The ES shape parameter: ``2.30 w`` at upsampling 2, ``0.97 pi (1 - 1/(2 sigma)) w``
+    otherwise (FINUFFT)."""
+    if upsampling == 2.0:
+        return 2.30 * width
+    return 0.97 * math.pi * (1 - 1 / (2 * upsampling)) * width
+
+
+def _fine_size(modes: int, width: int, upsampling: float = UPSAMPLING) -> int:
+    """Fine-grid points per axis: ``>= sigma * modes`` and ``>= 2 w``, even, 2-3-5-smooth."""
+    n = max(int(math.ceil(upsampling * modes)), 2 * width)
     while True:
         if n % 2 == 0:
             m = n
@@ -78,8 +93,9 @@ def _fine_size(modes: int, width: int) -> int:
 @dataclass(frozen=True)
 class NUFFTGrid:
     """Modes ``-K .. K`` per axis (``K = half_modes``) on ``dims`` axes, for tolerance
-    ``tol``: the kernel width ``w``, ``beta``, the fine grid ``n_f`` per axis and the
-    deconvolution ``psi_hat`` at the kept modes ``(2K + 1,)`` (float64)."""
+    ``tol`` and upsampling ``sigma`` (2, or down to 1.25: a fine grid ``sigma^d`` times the
+    modes, with a wider kernel): the kernel width ``w``, ``beta``, the fine grid ``n_f`` per
+    axis and the deconvolution ``psi_hat`` at the kept modes ``(2K + 1,)`` (float64)."""
 
     half_modes: int
     dims: int
@@ -88,22 +104,38 @@ class NUFFTGrid:
     beta: float
     fine: int
     psi_hat: Tensor
+    upsampling: float = UPSAMPLING
 
     @classmethod
-    def create(cls, half_modes: int, dims: int, tol: float) -> NUFFTGrid:
+    def create(
+        cls, half_modes: int, dims: int, tol: float, upsampling: float = UPSAMPLING
+    ) -> NUFFTGrid:
         half_modes = check_int(half_modes, "half_modes", minimum=0)
         dims = check_int(dims, "dims", minimum=1)
         if dims > 3:
             raise ValueError(f"dims must be 1, 2 or 3 for the NUFFT, got {dims}")
-        w = kernel_width(tol)
-        beta = 2.30 * w
-        fine = _fine_size(2 * half_modes + 1, w)
+        w = kernel_width(tol, upsampling)
+        beta = _beta(w, upsampling)
+        fine = _fine_size(2 * half_modes + 1, w, upsampling)
         alpha = math.pi * w / fine
         z, wq = np.polynomial.legendre.leggauss(4 * w + 40)
         phi = np.exp(beta * (np.sqrt(1.0 - z * z) - 1.0))
         k = np.arange(-half_modes, half_modes + 1, dtype=np.float64)
         psi_hat = alpha * (wq * phi * np.cos(np.outer(k, alpha * z))).sum(-1)
-        return cls(half_modes, dims, float(tol), w, beta, fine, torch.from_numpy(psi_hat))
+        return cls(
+            half_modes, dims, float(tol), w, beta, fine, torch.from_numpy(psi_hat), upsampling
+        )
+
+    @classmethod
+    def cheapest(cls, half_modes: int, dims: int, tol: float, points: int) -> NUFFTGrid:
+        """The grid of upsampling 2 or 1.25 with the smaller estimated cost per column,
+        ``points w^d + n_f^d log2 n_f`` (spreading + FFT): 1.25 wins when the fine grid
+        dominates (few points, many modes)."""
+
+        def cost(g: NUFFTGrid) -> float:
+            return points * g.width**dims + g.fine**dims * math.log2(max(g.fine, 2)) * 2
+
+        return min((cls.create(half_modes, dims, tol, s) for s in (2.0, 1.25)), key=cost)
 
     @property
     def modes(self) -> int:

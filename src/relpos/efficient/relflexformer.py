@@ -467,7 +467,9 @@ def nufft_convolution(
     ``x (B, H, Lk, C)`` -> ``(B, H, Lq, C)``."""
     B, H, Lk, C = x.shape
     q_pos, k_pos, _ = _origin(q_pos, k_pos)
-    nugrid = NUFFTGrid.create(grid.half_modes, grid.dims, nufft_tol or grid.tol / 3)
+    nugrid = NUFFTGrid.cheapest(
+        grid.half_modes, grid.dims, nufft_tol or grid.tol / 3, q_pos.shape[1] + Lk
+    )
     w = grid.frequencies(x.device)
     weights = grid.h**grid.dims * modulation.spectrum((w * w).sum(-1))  # (H, G)
     multiplier = weights.reshape(H, *([2 * grid.half_modes + 1] * grid.dims))
@@ -590,7 +592,7 @@ def relflexformer_attention(
         y = y.unflatten(-1, (m, Dv + 1))
     else:
         if chunk_features is None:
-            fine = (4 * grid.half_modes + 2) ** grid.dims
+            fine = int((2.5 * grid.half_modes + 2) ** grid.dims)
             chunk_features = max(1, min(m, 2**26 // max(1, fine * H * (Dv + 1))))
         parts = [
             nufft_convolution(
