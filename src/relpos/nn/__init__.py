@@ -9,6 +9,7 @@ from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
 from .relflexformer import RelFlexformerAttention
+from .rola import RoLAAttention
 from .transformer import TransformerLM
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "LightNetAttention",
     "MDTPE",
     "RelFlexformerAttention",
+    "RoLAAttention",
     "ConvolutionAttention",
     "DirectionMix",
     "LocationAttention",
