@@ -141,18 +141,21 @@ def test_attention_equals_the_exact_reference_forward_and_gradients(method):
     pq, pk, v, q_pos, k_pos, valid = _attention_case()
     mod = GaussianModulation(2, 3, [0.5, 0.8]).double()
     pq, pk, v = (t.requires_grad_() for t in (pq, pk, v))
+    if method == "quadrature":  # the dense quadrature also differentiates the positions
+        q_pos.requires_grad_()
     out = relflexformer_attention(
         pq, pk, v, q_pos, k_pos, mod, method=method, tol=1e-7, key_valid=valid
     )
     ref = relflexformer_reference(pq, pk, v, q_pos, k_pos, mod, key_valid=valid)
     torch.testing.assert_close(out, ref, atol=1e-7, rtol=0)
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
-    wrt = (pq, pk, v, mod.log_scale)
-    got = torch.autograd.grad((out * w).sum(), wrt)
+    wrt = (pq, pk, v, mod.log_scale) + ((q_pos,) if q_pos.requires_grad else ())
+    got = torch.autograd.grad((out * w).sum(), wrt, retain_graph=True)
     want = torch.autograd.grad((ref * w).sum(), wrt)
     for g, r in zip(got, want, strict=True):
         torch.testing.assert_close(g, r, atol=1e-6, rtol=0)
     # padded keys change nothing: dropping them gives the same rows
+    q_pos = q_pos.detach()
     short = relflexformer_attention(
         pq[1:],
         pk[1:, :, :-4],
@@ -224,6 +227,9 @@ def test_random_method_runs_the_fold_as_linear_attention_and_trains_the_scale():
 def test_bad_inputs_are_refused_by_name():
     pq, pk, v, q_pos, k_pos, _ = _attention_case()
     mod = GaussianModulation(2, 3, 0.3)
+    with pytest.raises(ValueError, match="no gradient to the positions"):
+        relflexformer_attention(pq, pk, v, q_pos.requires_grad_(), k_pos, mod)
+    q_pos = q_pos.detach()
     with pytest.raises(ValueError, match="method"):
         relflexformer_attention(pq, pk, v, q_pos, k_pos, mod, method="fft")
     with pytest.raises(ValueError, match="k_pos must have shape"):

@@ -547,6 +547,10 @@ def relflexformer_attention(
             (``modulation.draw``).
         chunk_features: NUFFT columns are processed this many features at a time
             (default: to keep the fine grid under ~2^26 values).
+
+    Gradients reach the features, the values and the modulation's scales on every method;
+    the positions on ``"direct"``, ``"quadrature"`` and ``"random"`` (``"nufft"`` refuses
+    positions that require grad).
     """
     check_choice(method, "method", METHODS)
     if phi_q.dim() != 4 or phi_k.dim() != 4 or v.dim() != 4:
@@ -583,6 +587,16 @@ def relflexformer_attention(
         num = fq @ (fk.transpose(-1, -2) @ v)
         den = (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
         return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), 0.0)
+    if (
+        method == "nufft"
+        and torch.is_grad_enabled()
+        and (q_pos.requires_grad or k_pos.requires_grad)
+    ):
+        raise ValueError(
+            "method='nufft' gives no gradient to the positions (its spreading kernel is "
+            "evaluated as data); positions that require grad need method='direct', "
+            "'quadrature' or 'random'"
+        )
     _, _, span = _origin(q_pos, k_pos)
     with torch.no_grad():
         grid = plan_grid(modulation, span, tol, h=h, omega=omega)
