@@ -32,6 +32,7 @@ tests/efficient/test_nufft.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -90,6 +91,20 @@ def _fine_size(modes: int, width: int, upsampling: float = UPSAMPLING) -> int:
         n += 1
 
 
+@functools.lru_cache(maxsize=64)
+def _legendre(order: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.polynomial.legendre.leggauss(order)
+
+
+def _kernel_transform(half_modes: int, width: int, beta: float, alpha: float) -> Tensor:
+    """``psi_hat(k) = alpha int_{-1}^{1} phi(z) cos(k alpha z) dz`` for ``k = -K..K``
+    (Gauss-Legendre, float64)."""
+    z, wq = _legendre(4 * width + 40)
+    phi = np.exp(beta * (np.sqrt(1.0 - z * z) - 1.0))
+    k = np.arange(-half_modes, half_modes + 1, dtype=np.float64)
+    return torch.from_numpy(alpha * (wq * phi * np.cos(np.outer(k, alpha * z))).sum(-1))
+
+
 @dataclass(frozen=True)
 class NUFFTGrid:
     """Modes ``-K .. K`` per axis (``K = half_modes``) on ``dims`` axes, for tolerance
@@ -118,13 +133,8 @@ class NUFFTGrid:
         beta = _beta(w, upsampling)
         fine = _fine_size(2 * half_modes + 1, w, upsampling)
         alpha = math.pi * w / fine
-        z, wq = np.polynomial.legendre.leggauss(4 * w + 40)
-        phi = np.exp(beta * (np.sqrt(1.0 - z * z) - 1.0))
-        k = np.arange(-half_modes, half_modes + 1, dtype=np.float64)
-        psi_hat = alpha * (wq * phi * np.cos(np.outer(k, alpha * z))).sum(-1)
-        return cls(
-            half_modes, dims, float(tol), w, beta, fine, torch.from_numpy(psi_hat), upsampling
-        )
+        psi_hat = _kernel_transform(half_modes, w, beta, alpha)
+        return cls(half_modes, dims, float(tol), w, beta, fine, psi_hat, upsampling)
 
     @classmethod
     def cheapest(cls, half_modes: int, dims: int, tol: float, points: int) -> NUFFTGrid:

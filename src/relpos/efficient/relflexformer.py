@@ -50,6 +50,7 @@ positions ``(B|1, L, m)`` float; output ``(B, H, Lq, Dv)``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -282,9 +283,17 @@ class SpectralGrid:
         return torch.stack(mesh, -1).reshape(-1, self.dims).to(device)
 
 
+@functools.lru_cache(maxsize=8)
 def _images(dims: int, reach: int = 3) -> Tensor:
+    """``|n|`` for the periodic images ``n != 0`` with ``|n_a| <= reach`` (cached: read only)."""
     n = [m for m in itertools.product(range(-reach, reach + 1), repeat=dims) if any(m)]
     return torch.tensor(n, dtype=torch.float64).abs()
+
+
+@functools.lru_cache(maxsize=1)
+def _image_radii(reach: int = 3) -> Tensor:
+    """Radii beyond the box of images, for the far-image integral (cached: read only)."""
+    return (reach + 0.5) * torch.logspace(0, 8, 801, dtype=torch.float64)
 
 
 def aliasing_estimate(modulation: Modulation, span: Tensor, h: float) -> float:
@@ -297,7 +306,7 @@ def aliasing_estimate(modulation: Modulation, span: Tensor, h: float) -> float:
     # images beyond the box of reach 3 (matters for polynomial tails: Cauchy), as the
     # integral over image radii R > reach + 1/2 of S_{m-1} R^(m-1) f(R / h - |span|)
     m = modulation.dims
-    radii = (reach + 0.5) * torch.logspace(0, 8, 2001, dtype=torch.float64)
+    radii = _image_radii(reach)
     rho = (radii / h - float(span.double().norm())).clamp(min=0)
     sphere = 2 * math.pi ** (m / 2) / math.gamma(m / 2)
     far = float(torch.trapezoid(sphere * radii ** (m - 1) * modulation.bound(rho), radii))
@@ -339,7 +348,7 @@ def plan_grid(
             low, high = high, 2 * high
             if high > 1e12:
                 raise ValueError("no quadrature period makes the aliasing small enough")
-        for _ in range(60):
+        for _ in range(40):
             mid = 0.5 * (low + high)
             if aliasing_estimate(modulation, span, 1 / mid) > budget:
                 low = mid
