@@ -470,15 +470,18 @@ def nufft_convolution(
     grid: SpectralGrid,
     *,
     nufft_tol: float | None = None,
+    nugrid: NUFFTGrid | None = None,
 ) -> Tensor:
     """The quadrature of ``quadrature_convolution`` by a fused type-1 / type-2 NUFFT
-    (``relpos.efficient.nufft``, tolerance ``nufft_tol``, default ``grid.tol / 3``):
+    (``relpos.efficient.nufft``, tolerance ``nufft_tol``, default ``grid.tol / 3``; the
+    cheaper upsampling for these sizes unless ``nugrid`` is given):
     ``x (B, H, Lk, C)`` -> ``(B, H, Lq, C)``."""
     B, H, Lk, C = x.shape
+    if nugrid is None:
+        nugrid = NUFFTGrid.cheapest(
+            grid.half_modes, grid.dims, nufft_tol or grid.tol / 3, q_pos.shape[1] + Lk
+        )
     q_pos, k_pos, _ = _origin(q_pos, k_pos)
-    nugrid = NUFFTGrid.cheapest(
-        grid.half_modes, grid.dims, nufft_tol or grid.tol / 3, q_pos.shape[1] + Lk
-    )
     w = grid.frequencies(x.device)
     weights = grid.h**grid.dims * modulation.spectrum((w * w).sum(-1))  # (H, G)
     multiplier = weights.reshape(H, *([2 * grid.half_modes + 1] * grid.dims))
@@ -614,12 +617,18 @@ def relflexformer_attention(
         y = quadrature_convolution(x.flatten(-2), q_pos, k_pos, modulation, grid)
         y = y.unflatten(-1, (m, Dv + 1))
     else:
+        nugrid = NUFFTGrid.cheapest(grid.half_modes, grid.dims, tol / 3, Lq + Lk)
         if chunk_features is None:
-            fine = int((2.5 * grid.half_modes + 2) ** grid.dims)
+            fine = nugrid.fine**grid.dims
             chunk_features = max(1, min(m, 2**26 // max(1, fine * H * (Dv + 1))))
         parts = [
             nufft_convolution(
-                x[..., s : s + chunk_features, :].flatten(-2), q_pos, k_pos, modulation, grid
+                x[..., s : s + chunk_features, :].flatten(-2),
+                q_pos,
+                k_pos,
+                modulation,
+                grid,
+                nugrid=nugrid,
             ).unflatten(-1, (-1, Dv + 1))
             for s in range(0, m, chunk_features)
         ]
