@@ -263,3 +263,17 @@ def test_the_layer_equals_the_functional_call_and_masks_padding():
     out.sum().backward()
     assert layer.modulation.log_scale.grad is not None
     assert layer.q_proj.weight.grad is not None
+
+
+def test_float32_activations_and_empty_sequences():
+    pq, pk, v, q_pos, k_pos, _ = _attention_case(4)
+    mod = GaussianModulation(2, 3, [0.6, 0.9])
+    pq32, pk32, v32 = pq.float(), pk.float(), v.float()
+    out = relflexformer_attention(pq32, pk32, v32, q_pos.float(), k_pos.float(), mod, tol=1e-4)
+    ref = relflexformer_reference(pq, pk, v, q_pos, k_pos, mod.double())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=0)
+    empty = relflexformer_attention(pq[:, :, :0], pk, v, q_pos[:, :0], k_pos, mod)
+    assert empty.shape == (2, 2, 0, 2)
+    none = relflexformer_attention(pq, pk[:, :, :0], v[:, :, :0], q_pos, k_pos[:, :0], mod)
+    assert none.shape == (2, 2, 7, 2) and not none.any()
