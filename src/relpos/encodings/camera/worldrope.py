@@ -152,7 +152,8 @@ class WorldRoPE(CameraFrames):
         self.patch_extent, self.near, self.group_limit = patch_extent, near, group_limit
         self.sections = split_pairs(head_dim // 2, 2)
         omega = section_frequencies(self.sections, base, "per_axis", head_dim)
-        self.register_buffer("omega", omega, persistent=False)  # (D/2, 2) float64
+        # (D/2, 2) float64, not a buffer: ``module.float()`` must never round the frequencies
+        self.omega = omega
 
     @classmethod
     def example_options(cls) -> dict:
@@ -300,7 +301,7 @@ class WorldRoPE(CameraFrames):
         ``patch_extent`` (the footprint's ``1/12`` patch^2 per axis), else ones: ``(D/2,)``."""
         if not self.patch_extent:
             return torch.ones_like(self.omega[:, 0])
-        return torch.exp(-0.5 * (self.omega**2).sum(-1) / 12.0)
+        return torch.exp(-0.5 * (self.omega**2).sum(-1) / 12.0)  # float64, on the CPU
 
     def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> Any:
         if self.grid is None or self.image_size is None:
