@@ -3,6 +3,7 @@
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 from .convolution import ConvolutionAttention
+from .dual_kernel import DualKernelAttention
 from .gateloop import GateLoop
 from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
@@ -22,6 +23,7 @@ __all__ = [
     "LightNetAttention",
     "MDTPE",
     "ConvolutionAttention",
+    "DualKernelAttention",
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
