@@ -12,7 +12,7 @@ import torch
 import relpos
 from relpos import cameras
 from relpos.encodings.camera.prope import lift
-from relpos.encodings.camera.worldrope import gaussian_expected_rotation
+from relpos.encodings.camera.worldrope import PrimitiveHead, gaussian_expected_rotation
 
 from .scene import IMAGE, K_PIX, camera_a, camera_b, world_G
 
@@ -234,3 +234,24 @@ def test_worldrope_refuses_bad_primitives_and_missing_geometry():
         )
     with pytest.raises(ValueError, match="head_dim"):
         relpos.create("worldrope", num_heads=1, head_dim=2)
+
+
+def test_primitive_head_starts_at_log_spaced_hypotheses_and_feeds_worldrope():
+    head = PrimitiveHead(8, 3, depth_range=(1.0, 4.0), relative_sigma=0.2).double()
+    x = torch.randn(1, 8, 8, dtype=F64, requires_grad=True)
+    prims = head(x)
+    torch.testing.assert_close(prims["k_depths"][0, 0], torch.tensor([1.0, 2.0, 4.0], dtype=F64))
+    torch.testing.assert_close(
+        prims["k_depth_sigma"] / prims["k_depths"], torch.full_like(prims["k_depths"], 0.2)
+    )
+    torch.testing.assert_close(prims["k_weights"], torch.full_like(prims["k_weights"], 1 / 3))
+    inputs, pos = _scene(prims["k_depths"])
+    inputs.update(prims)
+    q, k, v = _qk()
+    out = relpos.attention(q, k, v, _worldrope(), q_pos=pos, k_pos=pos, inputs=inputs)
+    out.square().sum().backward()
+    assert float(head.proj.weight.grad.abs().max()) > 0  # the geometry learns from the loss
+    with pytest.raises(ValueError, match="depth_range"):
+        PrimitiveHead(8, 2, depth_range=(3.0, 1.0))
+    with pytest.raises(ValueError, match="x"):
+        head(x[..., :4])

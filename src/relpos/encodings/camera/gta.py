@@ -94,7 +94,8 @@ class GTA(CameraFrames):
     rounded down to a multiple of 4), ``so2_freqs`` (default: the rest of the head, ``(D -
     se3_dim) // 4``), ``grid=(H_p, W_p)`` (patch grid; None: positions are already
     normalised), ``max_freq`` (1), ``trans_coeff`` (0.01), ``learn_trans_coeff`` (True),
-    ``rotate_values`` (True)."""
+    ``so3_degrees`` (0: no SO(3) section), ``so3_dim`` (default one chunk, ``L (L + 2)``),
+    ``t2_dim`` (0), ``rotate_values`` (True). The defaults split what so3 and t2 leave."""
 
     paper = "Miyato et al. 2024 (GTA, Geometric Transform Attention)"
     reads_intrinsics = False

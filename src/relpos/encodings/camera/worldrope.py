@@ -42,6 +42,12 @@ same as ``rotate`` without a state. Invariant to a rigid change of world coordin
 Values: ``rotate_values=False`` (default) rotates queries and keys only, as RoPE; ``True``
 gives the values the key's operator and the output the query's inverse rotation.
 
+Geometry per layer: the abstract predicts each layer's primitives from the features;
+``PrimitiveHead`` (``Linear(dim, 3K)``) maps token features to the three primitive inputs
+(depths ``exp(log d)`` clamped to ``max_depth``, relative doubt ``sigma = d softplus(s)``,
+weights ``softmax(w)``), started at ``K`` log-spaced depth hypotheses between ``depth_range``
+with equal weights (zero-initialised weights: the start does not depend on the features).
+
 Inputs: ``k_viewmats (B, Lk, 4, 4)`` world-to-camera, ``k_Ks (B, Lk, 3, 3)`` pixel
 intrinsics, ``k_depths (B, Lk, K)`` z-depths (> 0, world units; required); optional
 ``k_depth_sigma (B, Lk, K)`` (>= 0; default 0), ``k_weights (B, Lk, K)`` (>= 0, not all 0;
@@ -56,18 +62,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ...functional import apply_rotary
 from ...registry import register
-from ...validation import check_finite_tensor
+from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
 from ..rotary.nd import section_frequencies, split_pairs
 from .frames import CameraFrames
 from .groups import query_camera_groups
 
-__all__ = ["WorldRoPE", "WorldState", "gaussian_expected_rotation"]
+__all__ = ["WorldRoPE", "WorldState", "PrimitiveHead", "gaussian_expected_rotation"]
 
 
 def gaussian_expected_rotation(
@@ -367,3 +373,55 @@ class WorldRoPE(CameraFrames):
 
     def camera_blocks(self, viewmats, Ks, pos):  # pragma: no cover - no camera channels
         raise RuntimeError("worldrope has no camera block channels")
+
+
+class PrimitiveHead(nn.Module):
+    """Each token's ``K`` Gaussian primitives from its features (see the module docstring):
+    ``forward(x (B, L, dim)) -> {"k_depths", "k_depth_sigma", "k_weights"}``, each ``(B, L,
+    K)``, ready for ``WorldRoPE`` (merge with the cameras into ``inputs``).
+
+    Args:
+        dim: feature width; ``primitives``: ``K``.
+        depth_range: ``(near, far)`` of the initial log-spaced depth hypotheses (K = 1: their
+            geometric mean).
+        relative_sigma: initial ``sigma / d`` of every primitive.
+        max_depth: clamp of the predicted depths.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        primitives: int = 3,
+        *,
+        depth_range: tuple[float, float] = (1.0, 10.0),
+        relative_sigma: float = 0.1,
+        max_depth: float = 100.0,
+    ) -> None:
+        super().__init__()
+        self.dim = check_int(dim, "dim")
+        self.primitives = K = check_int(primitives, "primitives")
+        near, far = check_float_sequence(depth_range, "depth_range", length=2, above=0.0)
+        if far < near:
+            raise ValueError(f"depth_range must be (near, far) with near <= far, got {depth_range}")
+        rel = check_float(relative_sigma, "relative_sigma", above=0.0)
+        self.max_depth = check_float(max_depth, "max_depth", above=far)
+        self.proj = nn.Linear(self.dim, 3 * K)
+        nn.init.zeros_(self.proj.weight)
+        t = torch.linspace(0, 1, K) if K > 1 else torch.full((1,), 0.5)
+        log_d = math.log(near) + t * (math.log(far) - math.log(near))
+        with torch.no_grad():
+            self.proj.bias[:K] = log_d
+            self.proj.bias[K : 2 * K] = math.log(math.expm1(rel))  # softplus^-1
+            self.proj.bias[2 * K :] = 0.0
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {shape}")
+        log_d, s, w = self.proj(x).chunk(3, dim=-1)
+        depth = torch.exp(log_d.clamp(max=math.log(self.max_depth)))
+        return {
+            "k_depths": depth,
+            "k_depth_sigma": depth * nn.functional.softplus(s),
+            "k_weights": w.softmax(-1),
+        }
