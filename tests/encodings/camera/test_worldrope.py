@@ -255,3 +255,12 @@ def test_primitive_head_starts_at_log_spaced_hypotheses_and_feeds_worldrope():
         PrimitiveHead(8, 2, depth_range=(3.0, 1.0))
     with pytest.raises(ValueError, match="x"):
         head(x[..., :4])
+
+
+def test_worldrope_refuses_inputs_of_another_batch_size():
+    depth = torch.full((2, 8, 2), 2.0, dtype=F64)
+    inputs, pos = _scene(depth)
+    inputs["k_viewmats"] = inputs["k_viewmats"].expand(3, 8, 4, 4)
+    q, k, v = (t.expand(3, 1, 8, 16) for t in _qk())
+    with pytest.raises(ValueError, match="k_depths"):
+        relpos.attention(q, k, v, _worldrope(), q_pos=pos, k_pos=pos, inputs=inputs)

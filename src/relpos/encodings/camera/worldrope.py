@@ -319,7 +319,22 @@ class WorldRoPE(CameraFrames):
         assert q_K is not None and k_K is not None
         Lq, Lk = q_pos.shape[1], k_pos.shape[1]
         depth, sigma, weights = self.primitives(inputs, Lk)
-        batch = max(q_view.shape[0], q_K.shape[0], k_view.shape[0], k_K.shape[0], depth.shape[0])
+        sizes = {
+            "q_viewmats": q_view.shape[0],
+            "q_Ks": q_K.shape[0],
+            "k_viewmats": k_view.shape[0],
+            "k_Ks": k_K.shape[0],
+            "k_depths": depth.shape[0],
+            "k_depth_sigma": sigma.shape[0],
+            "k_weights": weights.shape[0],
+        }
+        batch = max(sizes.values())
+        wrong = [f"inputs[{n!r}] has {b}" for n, b in sizes.items() if b not in (1, batch)]
+        if wrong:
+            raise ValueError(
+                f"the inputs of encoding 'worldrope' must share the batch size {batch} (or 1): "
+                + ", ".join(wrong)
+            )
         q_view, q_K = q_view.expand(batch, Lq, 4, 4), q_K.expand(batch, Lq, 3, 3)
         k_view, k_K = k_view.expand(batch, Lk, 4, 4), k_K.expand(batch, Lk, 3, 3)
         depth, sigma, weights = (t.expand(batch, *t.shape[1:]) for t in (depth, sigma, weights))
