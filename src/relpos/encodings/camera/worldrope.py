@@ -23,7 +23,9 @@ proposal, made concrete; check against the paper before relying on the details):
 * **Projection** into the query camera ``c`` (first order, the spec): centre ``mu_m =
   pi_c(X_m)`` in patch units, covariance ``J Sigma_m J^T`` with ``J`` the Jacobian of
   ``pi_c`` at ``X_m``. A primitive with depth ``<= near`` in camera ``c`` is not seen there and
-  contributes nothing (its rotation integrates to zero).
+  contributes nothing (its rotation integrates to zero). Against quadrature over the true
+  support projected exactly (tests): 8e-4 for depth doubt alone, 1.3e-2 with the footprint
+  (its perspective distortion is second order).
 * **Closed form** (exact for Gaussians; spec R.8): ``E[R(omega^T x)] = sum_m pi_m
   exp(-1/2 omega^T Sigma_m omega) R(omega^T mu_m)`` with mixture weights ``pi`` (normalised
   to sum 1). Keys get this operator — an attenuated rotation, ``|E| <= 1`` — so ``logit_ij
