@@ -2,6 +2,7 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .camera_adapter import CameraAdapter
 from .convolution import ConvolutionAttention
 from .dual_kernel import DualKernelAttention
 from .gateloop import GateLoop
@@ -24,6 +25,7 @@ __all__ = [
     "MDTPE",
     "ConvolutionAttention",
     "DualKernelAttention",
+    "CameraAdapter",
     "DirectionMix",
     "LocationAttention",
     "reverse_align",

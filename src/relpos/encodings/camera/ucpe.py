@@ -23,8 +23,8 @@ rays: ``orientation_map`` gives per patch ``(up_x, up_y, lat)`` — the latitude
 is turned by ``delta = 0.1`` rad toward world-up (Rodrigues about ``normalize(d_w x up)``, the
 turned ray projected with the UCM lens): pitch and roll only, blind to yaw and position.
 ``OrientationEmbedding`` is UCPE's ``cam_encoder``: ``Linear(3, dim)`` added to the tokens
-before q, k, v. UCPE's parallel-adapter block (own q/k/v, zero-init output) is a
-``relpos.nn`` recipe, not part of the encoding.
+before q, k, v. UCPE's parallel-adapter block (own q/k/v, zero-init output, the
+orientation embedding on its input) is ``relpos.nn.CameraAdapter``.
 
 Shapes: ``pos (B|1, L, 2)`` = (x, y) patch indices on a ``grid=(Px, Py)`` grid of a
 ``image_size=(W, H)`` image (the ray of patch (x, y) passes through pixel ``((x + 0.5) W /
