@@ -2,7 +2,9 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .camera_adapter import CameraAdapter
 from .convolution import ConvolutionAttention
+from .dual_kernel import DualKernelAttention
 from .gateloop import GateLoop
 from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
@@ -22,6 +24,8 @@ __all__ = [
     "LightNetAttention",
     "MDTPE",
     "ConvolutionAttention",
+    "DualKernelAttention",
+    "CameraAdapter",
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
