@@ -1,0 +1,158 @@
+"""Analytic-walk transport of rotary channel pairs over a graph (the operator of AW-RoPE).
+
+Channel pairs ``(x_{2c}, x_{2c+1})`` are complex numbers ``x_c``. For a directed edge
+``u -> v`` with transition weight ``P[u, v]`` (edge weights divided by the out-degree of
+``u``; a node without edges has a zero row) and edge angle ``a_uv``, channel ``c`` of
+frequency ``omega_c`` moves along the edge by
+
+    T_c[u, v] = P[u, v] exp(i omega_c a_uv)            (the message from v, summed at u)
+
+and the transport sums over every walk, weighted by ``z^length`` (``0 <= z < 1``):
+
+* exact:  ``Y_c = (I - z T_c)^{-1} X_c`` — a dense solve per graph and channel, O(N^3);
+* sparse: ``Y_c = sum_{k=0}^{K} z^k T_c^k X_c`` — K message-passing steps, O(K (N + E));
+  ``non_backtracking`` drops the message that returns along the edge it came by.
+
+Since ``|T_c| <= P`` is sub-stochastic, the truncation error is at most
+``z^(K+1) / (1 - z) * max|X|`` per entry (AW-RoPE's forward bound).
+
+Layout: node features ``X (Bg * N, F, G, W, C)`` as two real tensors (real and imaginary
+parts), for ``Bg`` graphs of ``N`` nodes; ``F`` batch rows folded onto one graph (a graph
+shared by the batch), ``G`` frequency groups (``omega (G, C)``: one ladder per head, or one
+for all) and ``W`` feature rows per group (heads, queries and keys). Everything is real
+arithmetic (no complex dtypes: ``torch.compile`` and every backend take it); the angles
+``omega * a`` are formed in float64.
+
+"Analytic-Walk Rotary Positional Encodings" (AW-RoPE, seed 60; code jiaqingxie/AW-RoPE):
+the operator of the official ``truncated_walk_resolvent`` / ``exact_walk_resolvent``,
+restated here (spec ``remaining.md`` section 6, authority A).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["WalkGraph", "exact_transport", "sparse_transport", "truncation_bound"]
+
+
+@dataclass
+class WalkGraph:
+    """A padded batch of graphs as directed edges ``u -> v`` (``E`` of them).
+
+    ``graph (E,)``, ``source (E,)`` (``u``), ``target (E,)`` (``v``): int64; ``weight (E,)``:
+    ``P[u, v]``; ``angle (E,)``: ``a_uv`` (differentiable); ``reverse (E,)``: the index of
+    the edge ``v -> u`` or -1; ``graphs``, ``nodes``: ``Bg`` and ``N``."""
+
+    graph: Tensor
+    source: Tensor
+    target: Tensor
+    weight: Tensor
+    angle: Tensor
+    reverse: Tensor
+    graphs: int
+    nodes: int
+
+    @property
+    def flat_source(self) -> Tensor:
+        return self.graph * self.nodes + self.source
+
+    @property
+    def flat_target(self) -> Tensor:
+        return self.graph * self.nodes + self.target
+
+
+def truncation_bound(z: float, num_steps: int, largest: float) -> float:
+    """``z^(K+1) / (1 - z) * largest``: the largest entry of ``exact - sparse`` for
+    features whose largest magnitude ``|x_c|`` is ``largest``."""
+    return z ** (num_steps + 1) / (1.0 - z) * largest
+
+
+def _phases(graph: WalkGraph, omega: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``P_e cos(omega a_e)``, ``P_e sin(omega a_e)`` of shape ``(E, 1, G, 1, C)``; the
+    products ``omega * a`` in float64."""
+    theta = graph.angle.double()[:, None, None] * omega.double()[None]  # (E, G, C)
+    w = graph.weight.double()[:, None, None]
+    cos = (w * torch.cos(theta)).to(dtype)[:, None, :, None, :]
+    sin = (w * torch.sin(theta)).to(dtype)[:, None, :, None, :]
+    return cos, sin
+
+
+def _rotate(re: Tensor, im: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """``(re + i im) * (cos + i sin)``."""
+    return re * cos - im * sin, re * sin + im * cos
+
+
+def sparse_transport(
+    re: Tensor,
+    im: Tensor,
+    graph: WalkGraph,
+    omega: Tensor,
+    z: Tensor,
+    num_steps: int,
+    *,
+    non_backtracking: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``sum_{k=0}^{K} z^k T^k X`` for ``X = re + i im`` of shape ``(Bg * N, F, G, W, C)``
+    (see the module); ``omega (G, C)``, ``z`` a 0-d tensor in ``[0, 1)``. Non-backtracking:
+    the state lives on edges and the message a node sent along ``u -> v`` is removed from
+    what ``v`` passes back to ``u``."""
+    cos, sin = _phases(graph, omega, re.dtype)
+    src, tgt = graph.flat_source, graph.flat_target
+    z = z.to(re.dtype)
+    out_re, out_im = re, im
+    coefficient = torch.ones((), dtype=re.dtype, device=re.device)
+    has_reverse = graph.reverse >= 0
+    reverse = graph.reverse[has_reverse]
+    edge_re, edge_im = re[tgt], im[tgt]  # what each edge carries towards its source
+    for hop in range(1, num_steps + 1):
+        msg_re, msg_im = _rotate(edge_re, edge_im, cos, sin)
+        state_re = torch.zeros_like(re).index_add(0, src, msg_re)
+        state_im = torch.zeros_like(im).index_add(0, src, msg_im)
+        coefficient = coefficient * z
+        out_re = out_re + coefficient * state_re
+        out_im = out_im + coefficient * state_im
+        if hop == num_steps:
+            break
+        edge_re, edge_im = state_re[tgt], state_im[tgt]
+        if non_backtracking and bool(has_reverse.any()):
+            back = torch.zeros_like(edge_re)
+            back_im = torch.zeros_like(edge_im)
+            back[has_reverse] = msg_re[reverse]
+            back_im[has_reverse] = msg_im[reverse]
+            edge_re, edge_im = edge_re - back, edge_im - back_im
+    return out_re, out_im
+
+
+def exact_transport(
+    re: Tensor, im: Tensor, graph: WalkGraph, omega: Tensor, z: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``(I - z T)^{-1} X`` for ``X = re + i im`` of shape ``(Bg * N, F, G, W, C)``: one
+    dense solve per graph, frequency group and channel, as the equivalent real system
+    ``[[A, -B], [B, A]] [y_re; y_im] = [x_re; x_im]`` for ``I - z T = A + i B`` (the
+    official CUDA path's form; no complex dtypes). Nodes without edges keep their features."""
+    Bg, N = graph.graphs, graph.nodes
+    _, F, G, W, C = re.shape
+    cos, sin = _phases(graph, omega, re.dtype)  # (E, 1, G, 1, C)
+    z = z.to(re.dtype)
+    # T_re / T_im dense: (Bg, G, C, N, N)
+    index = (graph.graph, graph.source, graph.target)
+    zeros = re.new_zeros(Bg, N, N, G, C)
+    t_re = zeros.index_put(index, cos[:, 0, :, 0, :], accumulate=True).permute(0, 3, 4, 1, 2)
+    t_im = zeros.index_put(index, sin[:, 0, :, 0, :], accumulate=True).permute(0, 3, 4, 1, 2)
+    eye = torch.eye(N, dtype=re.dtype, device=re.device)
+    a, b = eye - z * t_re, -z * t_im
+    system = torch.cat((torch.cat((a, -b), dim=-1), torch.cat((b, a), dim=-1)), dim=-2)
+
+    def columns(x: Tensor) -> Tensor:  # (Bg * N, F, G, W, C) -> (Bg, G, C, N, F * W)
+        return x.reshape(Bg, N, F, G, W, C).permute(0, 3, 5, 1, 2, 4).reshape(Bg, G, C, N, F * W)
+
+    rhs = torch.cat((columns(re), columns(im)), dim=-2)  # (Bg, G, C, 2N, F * W)
+    sol = torch.linalg.solve(system, rhs)
+
+    def rows(y: Tensor) -> Tensor:  # inverse of columns
+        return y.reshape(Bg, G, C, N, F, W).permute(0, 3, 4, 1, 5, 2).reshape(Bg * N, F, G, W, C)
+
+    return rows(sol[..., :N, :]), rows(sol[..., N:, :])
