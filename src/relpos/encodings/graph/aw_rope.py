@@ -221,7 +221,7 @@ class AnalyticWalkRoPE(Encoding):
         x = value.expand(graph.graphs, -1, -1)
         if self.field == "coordinate":
             w = self.projection.weight
-            a = ((x[b, v] - x[b, u]).to(w.dtype) @ w[0])
+            a = (x[b, v] - x[b, u]).to(w.dtype) @ w[0]
         else:
             h_u = x[b, u].to(self.scorer[0].weight.dtype)
             h_v = x[b, v].to(h_u.dtype)
@@ -251,9 +251,7 @@ class AnalyticWalkRoPE(Encoding):
             raise ValueError(f"{label} must have shape (B, {nodes}, {last}), got {tuple(t.shape)}")
         return t
 
-    def prepare_rotary(
-        self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]
-    ) -> WalkState:
+    def prepare_rotary(self, q_pos: Tensor, k_pos: Tensor, inputs: dict[str, Tensor]) -> WalkState:
         """The call's graphs as a ``WalkGraph`` (edges, transition weights, field angles);
         node ids (positions) are checked against the graphs' node count."""
         if "adjacency" not in inputs:
