@@ -23,7 +23,8 @@ def _encoding(name: str, *, z: float = Z, omega: float | None = None, **options)
     """A float64 encoding with ``z`` set exactly (and every frequency ``omega`` if given)."""
     enc = relpos.create(name, **{"num_heads": 1, "head_dim": 2, **options}).double()
     with torch.no_grad():
-        enc.z_logit.copy_(torch.logit(torch.tensor(z / (1 - 1e-4), dtype=torch.float64)))
+        if hasattr(enc, "z_logit"):
+            enc.z_logit.copy_(torch.logit(torch.tensor(z / (1 - 1e-4), dtype=torch.float64)))
         if omega is not None:
             enc.frequencies.fill_(omega)
     return enc
@@ -325,3 +326,19 @@ def test_bad_inputs_raise_errors_that_name_them():
             inputs={"adjacency": adj, "node_features": feats},
             cache=relpos.nn.LayerCache(),
         )
+
+
+def test_multiscale_walks_mix_single_scale_walks():
+    """``z_values`` (official ``aw-nb-ms``): with the initial uniform mixture the transport is
+    the mean of the single-scale transports (it is linear in the walk coefficients)."""
+    gen = torch.Generator().manual_seed(8)
+    adj = example_walk_graphs(1, 7, gen)
+    inputs = {"adjacency": adj, "edge_angles": torch.zeros(1, 7, 7, dtype=torch.float64)}
+    x = torch.randn(1, 1, 7, 2, generator=gen, dtype=torch.float64)
+    common = dict(field="precomputed", num_steps=4, non_backtracking=True)
+    mixed = _encoding("aw-rope", z_values=(0.2, 0.6), **common)
+    assert torch.allclose(mixed.z_values.detach(), torch.tensor([0.2, 0.6], dtype=torch.float64))
+    parts = [_transport(_encoding("aw-rope", z=z, **common), x, inputs) for z in (0.2, 0.6)]
+    torch.testing.assert_close(_transport(mixed, x, inputs), (parts[0] + parts[1]) / 2)
+    with pytest.raises(ValueError, match="z_values"):
+        relpos.create("aw-rope", num_heads=1, head_dim=2, z_values=(0.5, 1.0))

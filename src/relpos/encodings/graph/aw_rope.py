@@ -59,9 +59,9 @@ from torch import Tensor, nn
 from ...graphs import check_adjacency
 from ...registry import register
 from ..base import Encoding
-from ..options import Bool, Choice, Float, Int
+from ..options import Bool, Choice, Float, FloatSequence, Int
 from .base import DEFAULT_MAX_NODES
-from .walk_transport import WalkGraph, exact_transport, sparse_transport
+from .walk_transport import WalkGraph, exact_transport, sparse_transport, walk_coefficients
 
 __all__ = ["AWRoPE", "AWRoPEExact", "AnalyticWalkRoPE", "WalkState", "example_walk_graphs"]
 
@@ -409,11 +409,16 @@ def example_walk_graphs(batch: int, nodes: int, generator: torch.Generator) -> T
 @register("aw-rope")
 class AWRoPE(AnalyticWalkRoPE):
     """AW-RoPE, sparse variant: ``sum_{k=0}^{K} z^k T^k`` applied to q and k (the official
-    ``AnalyticWalkRoPE`` layer, method ``aw`` / ``aw-nb``; see the module docstring).
+    ``AnalyticWalkRoPE`` layer, methods ``aw`` / ``aw-nb`` / ``aw-nb-ms``; see the module
+    docstring).
 
     Args:
         num_steps: ``K`` (8).
         non_backtracking: drop the message returning along the edge it came by (``aw-nb``).
+        z_values: several walk scales ``z_m`` (each in ``(0, 1)``, learnable with
+            ``learnable_z``) mixed by learned weights ``p = softmax(mixture_logits)`` (zero
+            at init): ``c_k = sum_m p_m z_m^k`` replaces ``z^k`` (official ``aw-nb-ms`` with
+            ``non_backtracking=True``; ``initial_z`` is then unused).
         (the other options as ``AnalyticWalkRoPE``)
     """
 
@@ -421,6 +426,7 @@ class AWRoPE(AnalyticWalkRoPE):
     options = {
         "num_steps": Int(minimum=0, doc="K: walk length of the truncated sum"),
         "non_backtracking": Bool(doc="exclude immediate edge reversals"),
+        "z_values": FloatSequence(above=0.0, optional=True, doc="scales z_m of a mixture"),
     }
 
     def __init__(
@@ -430,10 +436,36 @@ class AWRoPE(AnalyticWalkRoPE):
         *,
         num_steps: int = 8,
         non_backtracking: bool = False,
+        z_values: tuple[float, ...] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **options)
         self.num_steps, self.non_backtracking = num_steps, non_backtracking
+        self.multiscale = z_values is not None
+        if z_values is not None:
+            if any(not 0.0 < z < 1.0 for z in z_values):
+                raise ValueError(f"z_values must lie in (0, 1), got {z_values}")
+            scaled = torch.tensor(z_values) / (1.0 - STABILITY_EPS)
+            logits = torch.logit(scaled.clamp(1e-7, 1.0 - 1e-7))
+            del self.z_logit
+            if options.get("learnable_z", True):
+                self.z_logits = nn.Parameter(logits)
+            else:
+                self.register_buffer("z_logits", logits)
+            self.mixture_logits = nn.Parameter(torch.zeros(len(z_values)))
+
+    @property
+    def z_values(self) -> Tensor:
+        """The walk scales ``z_m`` of a multi-scale encoding."""
+        return torch.sigmoid(self.z_logits) * (1.0 - STABILITY_EPS)
+
+    def coefficients(self) -> Tensor:
+        """``c_k``, ``k = 0..K``: ``z^k``, or ``sum_m p_m z_m^k`` (multi-scale)."""
+        if not self.multiscale:
+            return walk_coefficients(self.z, self.num_steps)
+        mixture = torch.softmax(self.mixture_logits, dim=0)
+        scales = torch.stack([walk_coefficients(z, self.num_steps) for z in self.z_values])
+        return mixture @ scales
 
     def transport(self, re, im, graph):
         return sparse_transport(
@@ -441,8 +473,7 @@ class AWRoPE(AnalyticWalkRoPE):
             im,
             graph,
             self.frequencies,
-            self.z,
-            self.num_steps,
+            self.coefficients(),
             non_backtracking=self.non_backtracking,
         )
 

@@ -11,7 +11,8 @@ and the transport sums over every walk, weighted by ``z^length`` (``0 <= z < 1``
 
 * exact:  ``Y_c = (I - z T_c)^{-1} X_c`` — a dense solve per graph and channel, O(N^3);
 * sparse: ``Y_c = sum_{k=0}^{K} z^k T_c^k X_c`` — K message-passing steps, O(K (N + E));
-  ``non_backtracking`` drops the message that returns along the edge it came by.
+  ``non_backtracking`` drops the message that returns along the edge it came by; a
+  multi-scale mixture replaces ``z^k`` by ``sum_m p_m z_m^k``.
 
 Since ``|T_c| <= P`` is sub-stochastic, the truncation error is at most
 ``z^(K+1) / (1 - z) * max|X|`` per entry (AW-RoPE's forward bound).
@@ -35,7 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["WalkGraph", "exact_transport", "sparse_transport", "truncation_bound"]
+__all__ = [
+    "WalkGraph",
+    "exact_transport",
+    "sparse_transport",
+    "truncation_bound",
+    "walk_coefficients",
+]
 
 
 @dataclass
@@ -85,25 +92,33 @@ def _rotate(re: Tensor, im: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, T
     return re * cos - im * sin, re * sin + im * cos
 
 
+def walk_coefficients(z: Tensor, num_steps: int) -> Tensor:
+    """``(1, z, z^2, ..., z^K)`` as products (no ``z^0`` whose gradient is NaN at 0)."""
+    out = [torch.ones((), dtype=z.dtype, device=z.device)]
+    for _ in range(num_steps):
+        out.append(out[-1] * z)
+    return torch.stack(out)
+
+
 def sparse_transport(
     re: Tensor,
     im: Tensor,
     graph: WalkGraph,
     omega: Tensor,
-    z: Tensor,
-    num_steps: int,
+    coefficients: Tensor,
     *,
     non_backtracking: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """``sum_{k=0}^{K} z^k T^k X`` for ``X = re + i im`` of shape ``(Bg * N, F, G, W, C)``
-    (see the module); ``omega (G, C)``, ``z`` a 0-d tensor in ``[0, 1)``. Non-backtracking:
-    the state lives on edges and the message a node sent along ``u -> v`` is removed from
-    what ``v`` passes back to ``u``."""
+    """``sum_{k=0}^{K} c_k T^k X`` for ``X = re + i im`` of shape ``(Bg * N, F, G, W, C)``
+    (see the module); ``omega (G, C)``, ``coefficients (K + 1,)``: ``c_k = z^k``
+    (``walk_coefficients``), or a mixture ``sum_m p_m z_m^k`` over several scales.
+    Non-backtracking: the state lives on edges and the message a node sent along ``u -> v``
+    is removed from what ``v`` passes back to ``u``."""
     cos, sin = _phases(graph, omega, re.dtype)
     src, tgt = graph.flat_source, graph.flat_target
-    z = z.to(re.dtype)
-    out_re, out_im = re, im
-    coefficient = torch.ones((), dtype=re.dtype, device=re.device)
+    c = coefficients.to(re.dtype)
+    num_steps = c.shape[0] - 1
+    out_re, out_im = c[0] * re, c[0] * im
     has_reverse = graph.reverse >= 0
     reverse = graph.reverse[has_reverse]
     edge_re, edge_im = re[tgt], im[tgt]  # what each edge carries towards its source
@@ -111,9 +126,8 @@ def sparse_transport(
         msg_re, msg_im = _rotate(edge_re, edge_im, cos, sin)
         state_re = torch.zeros_like(re).index_add(0, src, msg_re)
         state_im = torch.zeros_like(im).index_add(0, src, msg_im)
-        coefficient = coefficient * z
-        out_re = out_re + coefficient * state_re
-        out_im = out_im + coefficient * state_im
+        out_re = out_re + c[hop] * state_re
+        out_im = out_im + c[hop] * state_im
         if hop == num_steps:
             break
         edge_re, edge_im = state_re[tgt], state_im[tgt]
