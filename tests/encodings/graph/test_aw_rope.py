@@ -342,3 +342,28 @@ def test_multiscale_walks_mix_single_scale_walks():
     torch.testing.assert_close(_transport(mixed, x, inputs), (parts[0] + parts[1]) / 2)
     with pytest.raises(ValueError, match="z_values"):
         relpos.create("aw-rope", num_heads=1, head_dim=2, z_values=(0.5, 1.0))
+
+
+@pytest.mark.parametrize("name", ["aw-rope", "aw-rope-exact"])
+@pytest.mark.parametrize("ladder", ["model", "head"])
+def test_a_graph_shared_by_the_batch_and_grouped_keys(name, ladder):
+    """One graph for a batch of 2 equals each row's call; grouped keys (2 key heads for 4
+    query heads) equal their expansion to the query heads."""
+    torch.manual_seed(0)
+    enc = relpos.create(name, num_heads=4, head_dim=8, feature_dim=3, frequency_ladder=ladder)
+    gen = torch.Generator().manual_seed(9)
+    inputs = {
+        "adjacency": example_walk_graphs(1, 7, gen),
+        "node_features": torch.randn(1, 7, 3, generator=gen),
+    }
+    q = torch.randn(2, 4, 7, 8, generator=gen)
+    k, v = torch.randn(2, 2, 7, 8, generator=gen), torch.randn(2, 2, 7, 8, generator=gen)
+    out = relpos.scores(q, k, enc, inputs=inputs)
+    for b in range(2):
+        row = relpos.scores(q[b : b + 1], k[b : b + 1], enc, inputs=inputs)
+        torch.testing.assert_close(out[b : b + 1], row)
+    wide = k.repeat_interleave(2, dim=1)
+    torch.testing.assert_close(out, relpos.scores(q, wide, enc, inputs=inputs))
+    attn = relpos.attention(q, k, v, enc, inputs=inputs)
+    ref = relpos.attention(q, wide, v.repeat_interleave(2, dim=1), enc, inputs=inputs)
+    torch.testing.assert_close(attn, ref)
