@@ -40,12 +40,12 @@ Tokens are graph nodes: positions are node ids (``q_pos[b, i]`` is a node of gra
 are its node features (tokens at one node add up, nodes without a token hold 0); every
 token reads the transported features at its node. So the rotation of a token reads the
 other tokens of its side of the call (``mixes_tokens``): not relative, no KV cache (refused
-by name), and a call's rows are not the rows of a larger call; ``causal`` and ``mask`` choose
-the attended pairs, while the transport still reads every node of the graph. A padded node (no edges)
-neither sends nor receives. Queries and keys share the transport; values and outputs are
-not rotated. Features are transported in float32 (float64 for float64 activations), angles
-formed in float64. Cost: sparse O(K (N + E) H D) per call, exact O(B H D N^3 / 2) time and
-O(B H D N^2) memory (small graphs).
+by name), and a call's rows are not the rows of a larger call; ``causal`` and ``mask``
+choose the attended pairs, while the transport still reads every node of the graph. A padded
+node (no edges) neither sends nor receives. Queries and keys share the transport; values
+and outputs are not rotated. Features are transported in float32 (float64 for float64
+activations), angles formed in float64. Cost: sparse O(K (N + E) H D) per call, exact
+O(B H D N^3 / 2) time and O(B H D N^2) memory (small graphs: ``benchmarks/bench_graph_walks``).
 """
 
 from __future__ import annotations

@@ -87,11 +87,6 @@ def _phases(graph: WalkGraph, omega: Tensor, dtype: torch.dtype) -> tuple[Tensor
     return cos, sin
 
 
-def _rotate(re: Tensor, im: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """``(re + i im) * (cos + i sin)``."""
-    return re * cos - im * sin, re * sin + im * cos
-
-
 def walk_coefficients(z: Tensor, num_steps: int) -> Tensor:
     """``(1, z, z^2, ..., z^K)`` as products (no ``z^0`` whose gradient is NaN at 0)."""
     out = [torch.ones((), dtype=z.dtype, device=z.device)]
@@ -114,30 +109,27 @@ def sparse_transport(
     (``walk_coefficients``), or a mixture ``sum_m p_m z_m^k`` over several scales.
     Non-backtracking: the state lives on edges and the message a node sent along ``u -> v``
     is removed from what ``v`` passes back to ``u``."""
-    cos, sin = _phases(graph, omega, re.dtype)
+    cos, sin = _phases(graph, omega, re.dtype)  # (E, 1, G, 1, C)
+    # pairs stacked on a last axis of 2: (r, i) * (c + i s) = (r, i) * (c, c) + (i, r) * (-s, s)
+    cc, ss = torch.stack((cos, cos), dim=-1), torch.stack((-sin, sin), dim=-1)
     src, tgt = graph.flat_source, graph.flat_target
     c = coefficients.to(re.dtype)
-    num_steps = c.shape[0] - 1
-    out_re, out_im = c[0] * re, c[0] * im
-    has_reverse = graph.reverse >= 0
-    reverse = graph.reverse[has_reverse]
-    edge_re, edge_im = re[tgt], im[tgt]  # what each edge carries towards its source
-    for hop in range(1, num_steps + 1):
-        msg_re, msg_im = _rotate(edge_re, edge_im, cos, sin)
-        state_re = torch.zeros_like(re).index_add(0, src, msg_re)
-        state_im = torch.zeros_like(im).index_add(0, src, msg_im)
-        out_re = out_re + c[hop] * state_re
-        out_im = out_im + c[hop] * state_im
-        if hop == num_steps:
+    x = torch.stack((re, im), dim=-1)  # (Bg * N, F, G, W, C, 2)
+    out = c[0] * x
+    back = graph.reverse >= 0
+    reverse = graph.reverse.clamp_min(0)
+    back = back.reshape(-1, *([1] * (x.dim() - 1)))
+    edge = x[tgt]  # what each edge carries towards its source
+    for hop in range(1, c.shape[0]):
+        msg = edge * cc + edge.flip(-1) * ss
+        state = torch.zeros_like(x).index_add(0, src, msg)
+        out = out + c[hop] * state
+        if hop == c.shape[0] - 1:
             break
-        edge_re, edge_im = state_re[tgt], state_im[tgt]
-        if non_backtracking and bool(has_reverse.any()):
-            back = torch.zeros_like(edge_re)
-            back_im = torch.zeros_like(edge_im)
-            back[has_reverse] = msg_re[reverse]
-            back_im[has_reverse] = msg_im[reverse]
-            edge_re, edge_im = edge_re - back, edge_im - back_im
-    return out_re, out_im
+        edge = state[tgt]
+        if non_backtracking:
+            edge = edge - torch.where(back, msg[reverse], 0.0)
+    return out[..., 0], out[..., 1]
 
 
 def exact_transport(
