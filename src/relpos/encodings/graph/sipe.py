@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -53,10 +54,12 @@ from .base import (
     GraphEncoding,
     GraphStructure,
     check_structure,
-    example_relations,
+    example_forest,
 )
 
 __all__ = ["SyntaxPriorBias", "check_parse", "syntax_relations"]
+
+EXAMPLE_TOKENS = 64
 
 
 def check_parse(heads: object, name: str = "inputs['heads']", *, single_root: bool = False):
@@ -244,8 +247,20 @@ class SyntaxPriorBias(GraphEncoding):
         return torch.where(torch.isinf(beta), beta, scaled)
 
     @classmethod
+    def example_options(cls) -> dict:
+        return {"max_nodes": EXAMPLE_TOKENS}  # (conformance positions reduced into 64 tokens)
+
+    @classmethod
     def example_inputs(cls, batch, length_q, length_k, generator):
-        return {"relations": example_relations(batch)}
+        return {"relations": _example_relations(batch)}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, max_relation={self.max_relation}"
+
+
+@lru_cache(maxsize=4)
+def _example_relations(batch: int) -> Tensor:
+    """Relations of random parses of ``EXAMPLE_TOKENS`` tokens, two sentences per row."""
+    heads = example_forest(batch, EXAMPLE_TOKENS, 0)[0].clone()
+    heads[:, EXAMPLE_TOKENS * 5 // 8] = -1  # the second sentence
+    return syntax_relations(heads)
