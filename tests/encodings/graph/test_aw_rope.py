@@ -367,3 +367,19 @@ def test_a_graph_shared_by_the_batch_and_grouped_keys(name, ladder):
     attn = relpos.attention(q, k, v, enc, inputs=inputs)
     ref = relpos.attention(q, wide, v.repeat_interleave(2, dim=1), enc, inputs=inputs)
     torch.testing.assert_close(attn, ref)
+
+
+def test_edge_weights_are_normalised_by_the_out_degree():
+    """Path 0-1-2 with weights 1 (0-1) and 3 (1-2): node 1 moves along 1 -> 0 with
+    ``P10 = 1/4``, so a unit feature at node 0 reaches node 1 as ``z / 4`` after one step."""
+    weights = torch.tensor([[[0.0, 1, 0], [1, 0, 3], [0, 3, 0]]])
+    inputs = {
+        "adjacency": weights > 0,
+        "edge_weights": weights,
+        "edge_angles": torch.zeros(1, 3, 3),
+    }
+    x = torch.zeros(1, 1, 3, 2, dtype=torch.float64)
+    x[0, 0, 0, 0] = 1.0
+    y = _transport(_encoding("aw-rope", field="precomputed", num_steps=1), x, inputs)
+    assert float(y[0, 0, 1, 0]) == pytest.approx(Z / 4, abs=1e-12)
+    assert float(y[0, 0, 2, 0]) == 0.0  # two steps away

@@ -279,9 +279,10 @@ class AnalyticWalkRoPE(Encoding):
                     f"positions are node ids: {name} holds node {int(pos.max())}, outside "
                     f"inputs['adjacency'] with {N} nodes"
                 )
-        adj = adj.expand(graphs, N, N)
+        device = q_pos.device  # the activations' device (inputs may come on another one)
+        given = {name: t.to(device) for name, t in given.items()}
+        adj, weights = given["adjacency"].expand(graphs, N, N), given.get("edge_weights")
         b, u, v = adj.nonzero(as_tuple=True)
-        device = adj.device
         if weights is None:
             w = torch.ones(b.shape[0], dtype=torch.float64, device=device)
         else:
