@@ -242,8 +242,8 @@ class AnalyticWalkRoPE(Encoding):
         if self.field == "precomputed":
             t = _floating(inputs[name], label, "(B, N, N)", dims=3)
             if t.shape[1:] != (nodes, nodes):
-                raise ValueError(f"{label} must have shape (B, {nodes}, {nodes}), got "
-                                 f"{tuple(t.shape)}")  # fmt: skip
+                shape = tuple(t.shape)
+                raise ValueError(f"{label} must have shape (B, {nodes}, {nodes}), got {shape}")
             return t
         last = self.feature_dim if self.field == "features" else self.position_dim
         form = "(B, N, F)" if self.field == "features" else "(B, N, P)"

@@ -190,8 +190,8 @@ class SyntaxPriorBias(GraphEncoding):
         max_nodes: int = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
-        self.base = registry.create(base, num_heads=num_heads, head_dim=head_dim,
-                                    **(base_options or {}))  # fmt: skip
+        options = base_options or {}
+        self.base = registry.create(base, num_heads=num_heads, head_dim=head_dim, **options)
         usable = (
             self.base.distance_only
             and not self.base.has_rotary
@@ -223,9 +223,14 @@ class SyntaxPriorBias(GraphEncoding):
         class for tokens of different trees."""
         if "relations" in inputs:
             rel = check_structure(
-                inputs["relations"], "relations", "(B, N, N, 2)", dims=4, last=2, integer=True,
+                inputs["relations"],
+                "relations",
+                "(B, N, N, 2)",
+                dims=4,
+                last=2,
+                integer=True,
                 minimum=-1,
-            )  # fmt: skip
+            )
             up, down = rel[..., 0].long(), rel[..., 1].long()
         elif "heads" in inputs:
             heads = check_parse(inputs["heads"], single_root=self.single_root)
