@@ -8,6 +8,7 @@ from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .qkv_convolution import CausalDepthwiseConv
 from .transformer import TransformerLM
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
+    "CausalDepthwiseConv",
 ]
