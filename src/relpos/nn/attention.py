@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from ..attention import attention
 from ..attention.call import MaskMod
 from ..encodings.base import Encoding
+from ..encodings.contextual.tra import LAYER_INPUT
 from ..registry import create
 from ..validation import check_int
 from .cache import LayerCache
@@ -44,7 +45,8 @@ class MultiHeadAttention(nn.Module):
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
-    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes); an
+    encoding that reads ``inputs["layer_input"]`` (TRA's forget gate) gets this layer's ``x``;
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
     key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
@@ -105,6 +107,9 @@ class MultiHeadAttention(nn.Module):
         k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         if self.qkv_conv is not None:
             q, k, v = self._convolve(q, k, v, cache)
+        enc = self.encoding
+        if enc is not None and LAYER_INPUT in {**enc.required_inputs, **enc.optional_inputs}:
+            inputs = {**(inputs or {}), LAYER_INPUT: x}  # this layer's own input (TRA's gate)
         out = attention(
             q,
             k,
