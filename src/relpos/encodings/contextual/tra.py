@@ -134,6 +134,8 @@ class TRA(Encoding):
     }
 
     example_inputs = _ExampleInputs()  # type: ignore[assignment]
+    #: the gate keeps PyTorch's Linear init, as the authors' model (models must not reset it)
+    own_init_modules = ("forget_proj",)
 
     def __init__(
         self,
