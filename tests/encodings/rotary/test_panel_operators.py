@@ -66,8 +66,11 @@ def test_operators_keep_norms() -> None:
     pos = torch.arange(7)[None]
     state = enc.prepare_rotary(pos, pos, {"panel": panel})
     qr, kr = enc.rotate_qk(q, k, pos, pos, state)
-    torch.testing.assert_close(qr.norm(dim=-1), q.norm(dim=-1), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(kr.norm(dim=-1), k.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    q0, k0 = enc.rotate_qk(q, k, pos, pos)  # the frozen RoPE alone (no state: O = I)
+    assert not torch.allclose(qr, q0)
+    torch.testing.assert_close(qr.norm(dim=-1), q0.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(kr.norm(dim=-1), k0.norm(dim=-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(q0.norm(dim=-1), q.norm(dim=-1), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("hkv", [H, 2, 1])
@@ -179,3 +182,33 @@ def test_bad_panels_and_options_raise_named_errors() -> None:
                                                                  "factor": 2.0})  # fmt: skip
     with pytest.raises(ValueError, match="panels"):
         relpos.create("opro", num_heads=H, head_dim=D, panels=0)
+
+
+# ---------------------------------------------------------------- over axial N-D RoPE
+def test_axial_operators_keep_same_panel_pairs_and_are_relative_on_every_axis() -> None:
+    torch.manual_seed(5)
+    enc = relpos.create("opro-axial", num_heads=H, head_dim=D, panels=3).double()
+    base = relpos.create("rope-axial", num_heads=H, head_dim=D).double()
+    with torch.no_grad():
+        enc.phases.normal_()
+    assert enc.phases.shape == (3, H, sum(base.sections))
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, H, 6, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, H, 6, D, generator=gen, dtype=torch.float64)
+    pos = torch.stack(torch.meshgrid(torch.arange(2), torch.arange(3), indexing="ij"), -1)
+    pos = pos.reshape(1, 6, 2)  # a 2 x 3 patch grid
+    panel = _panels([0, 0, 0, 1, 1, 1], [2, 0, 2, 0, 2, 0])
+    inputs = {"panel": panel}
+    got = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos, inputs=inputs)
+    frozen = relpos.scores(q, k, base, q_pos=pos, k_pos=pos)
+    same = (panel[:, :, None] == panel[:, None, :])[:, None].expand_as(got)
+    torch.testing.assert_close(got[same], frozen[same], rtol=1e-10, atol=1e-10)
+    assert (got[~same] - frozen[~same]).abs().max() > 1e-2
+    shift = torch.tensor([7, -2])
+    moved = relpos.scores(q, k, enc, q_pos=pos + shift, k_pos=pos + shift, inputs=inputs)
+    torch.testing.assert_close(moved, got, rtol=1e-6, atol=1e-6)  # float32 base angles
+    pos3 = torch.cat([pos, torch.zeros(1, 6, 1, dtype=pos.dtype)], -1)
+    three = relpos.create("opro-axial", num_heads=H, head_dim=12, dims=3, panels=3)
+    assert three.phases.shape == (3, H, 6) and three.dims == 3
+    x = torch.randn(1, H, 6, 12)
+    assert relpos.scores(x, x, three, q_pos=pos3, k_pos=pos3, inputs=inputs).shape == (2, H, 6, 6)

@@ -15,13 +15,14 @@ Reconstruction (the assumptions):
   and k (values untouched), so ``logit_ij = q^T R_i^T O_{p(i)}^T O_{p(j)} R_j k``: same panel
   ``O^T O = I`` gives the frozen logit exactly (same-panel invariance), any orthogonal ``O``
   keeps norms (isometry);
-* ``O_p`` is taken in the **commuting form**: a rotation of each of RoPE's channel pairs by a
-  learned phase ``phi[p, h, c]`` (per panel, head and pair). Among orthogonal maps these are
-  the ones that commute with every RoPE rotation (distinct frequencies), and only they keep
-  the cross-panel logits relative in position: ``logit_ij = q^T R(theta (n - m) + phi[p(j)] -
-  phi[p(i)]) k`` (a general ``SO(d)`` operator after RoPE would make cross-panel pairs depend
-  on absolute positions). So the method is RoPE with angle ``theta_c pos + phi[p, h, c]``,
-  and it runs on every backend, fused SDPA included;
+* ``O_p`` is taken in the **commuting form**: a rotation of each of the frozen encoding's
+  channel pairs by a learned phase ``phi[p, h, c]`` (per panel, head and pair). Among
+  orthogonal maps these are the ones that commute with every RoPE rotation (distinct
+  frequencies), and only they keep the cross-panel logits relative in position:
+  ``logit_ij = q^T R(theta (n - m) + phi[p(j)] - phi[p(i)]) k`` (a general ``SO(d)`` operator
+  after RoPE would make cross-panel pairs depend on absolute positions). So the method is the
+  frozen rotation followed by a per-panel phase on the same pairs, and it runs on every
+  backend, fused SDPA included;
 * ``phi = 0`` at initialisation (``O = I``): step 0 equals the frozen model. RoPE has no
   parameters, so "frozen" holds by construction; only ``phases`` learn.
 
@@ -42,7 +43,14 @@ Reference (spec, one pair, theta = 0.7, q = (1, .5), k = (.3, -1.2), m = 5, n = 
 builds one from the required ``panel`` input) apply the frozen RoPE alone (``O = I``), as the
 camera encodings apply no camera block without theirs.
 
-Shapes: ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``; ``phases (panels, H | 1, r/2)``.
+Two frozen encodings ("across positional-encoding regimes"): ``opro`` over RoPE (1-D) and
+``opro-axial`` over axial N-D RoPE (``rope-axial``: 2-D image patches, ``dims=3`` for the
+(index, row, column) ids of FLUX-style DiTs). ``PanelOperators`` is the shared part (a mixin
+before the frozen class: it rotates with the base, then applies the phases to the same
+pairs).
+
+Shapes: ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``; ``phases (panels, H | 1, P)`` for the
+base's ``P`` rotated pairs.
 """
 
 from __future__ import annotations
@@ -53,13 +61,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...functional import rope_angles
 from ...registry import register
 from ..options import Bool, Int
 from .headwise import group_mean
+from .nd import RoPEAxial
 from .rope import RoPE, refuse_length_dependent, rotate_pairs, scaling_option
 
-__all__ = ["PanelOperatorRoPE", "PanelState"]
+__all__ = ["PanelOperators", "PanelOperatorRoPE", "PanelOperatorAxialRoPE", "PanelState"]
 
 
 @dataclass
@@ -71,25 +79,14 @@ class PanelState:
     key: Tensor
 
 
-@register("opro")
-class PanelOperatorRoPE(RoPE):
-    """OPRO (Lee et al. 2026, arXiv 2603.27637; Authority C, see the module): a frozen RoPE
-    followed by a learned per-panel rotation of each channel pair.
+class PanelOperators:
+    """OPRO's panel operators on top of a frozen rotary encoding (mixin, listed before it).
 
-    ``rotate(x_t) = O_{p(t)} R(pos_t) x_t`` with ``O_p`` the pair rotations by ``phi[p, h, c]``:
-    channel pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
-
-    Args:
-        panels: number of panels (ids ``0 .. panels - 1`` in ``inputs["panel"]``).
-        per_head: one operator per head (else one shared by the heads).
-        base, layout, partial_rotary_factor, scaling, max_position_embeddings: the frozen
-            RoPE's options (``RoPE``); length-dependent scalings are refused (their cache is
-            re-rotated, which needs every cached key's panel).
-
-    Parameter ``phases (panels, H | 1, r/2)``, zero at init (``O = I``).
+    ``rotate(x_t) = O_{p(t)} R(pos_t) x_t``: the base rotates, then channel pair ``c`` of head
+    ``h`` turns by ``phi[p(t), h, c]`` on the base's own pairing (``layout``). Subclasses call
+    ``_init_panels(panels, per_head, pairs)`` after the base's constructor.
     """
 
-    paper = "Lee et al. 2026 (OPRO)"
     required_inputs = {"panel": "(B, Lk) int64 panel id of each key token"}
     optional_inputs = {"query_panel": "(B, Lq) int64 panel id of each query token"}
     options = {
@@ -101,18 +98,14 @@ class PanelOperatorRoPE(RoPE):
         ),
     }
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_dim: int,
-        *,
-        panels: int = 2,
-        per_head: bool = True,
-        **rope_options: Any,
-    ) -> None:
-        super().__init__(num_heads, head_dim, **rope_options)
+    num_heads: int
+    layout: str
+    name: str
+    phases: nn.Parameter
+
+    def _init_panels(self, panels: int, per_head: bool, pairs: int) -> None:
         self.panels, self.per_head = panels, per_head
-        shape = (panels, num_heads if per_head else 1, self.rotary_dim // 2)
+        shape = (panels, self.num_heads if per_head else 1, pairs)
         self.phases = nn.Parameter(torch.zeros(shape))
 
     @classmethod
@@ -172,53 +165,40 @@ class PanelOperatorRoPE(RoPE):
 
     # ------------------------------------------------------------------ rotation
     def head_phases(self, kv_heads: int) -> Tensor:
-        """The phases of a call whose keys have ``kv_heads`` heads: ``(panels, H' , r/2)``
-        with one operator per key head (GQA groups averaged), repeated over each group for
-        the queries by ``_rotate_panel``."""
-        if not self.per_head:
+        """The phases of a call whose keys have ``kv_heads`` heads: ``(panels, H', P)`` with
+        one operator per key head (GQA groups averaged); the queries repeat them per group."""
+        if not self.per_head or kv_heads == self.phases.shape[1]:
             return self.phases
         return group_mean(self.phases.transpose(0, 1), kv_heads).transpose(0, 1)
 
-    def _rotate_panel(
-        self, x: Tensor, pos: Tensor, panel: Tensor, phases: Tensor, seq_len: int | None
-    ) -> Tensor:
-        """``x (B, Hx, L, D)`` rotated by ``theta pos + phi[panel]``: angles in float64."""
-        inv_freq, factor = self.call_frequencies(seq_len, pos.device)
-        angle = rope_angles(pos, inv_freq).to(torch.float64)[:, None]  # (B|1, 1, L, r/2)
-        phi = phases.to(torch.float64)[panel]  # (B|1, L, H', r/2)
+    def _panel_phase(self, x: Tensor, panel: Tensor, phases: Tensor) -> Tensor:
+        """``x (B, Hx, L, D)`` (already rotated by the base) turned by ``phi[panel]`` on the
+        base's pairs; cos / sin from float64 phases."""
+        phi = phases.to(torch.float64)[panel]  # (B|1, L, H', P)
         if phi.shape[2] not in (1, x.shape[1]):
             phi = phi.repeat_interleave(x.shape[1] // phi.shape[2], dim=2)
-        angle = angle + phi.permute(0, 2, 1, 3)
-        cos, sin = angle.cos().to(torch.float32), angle.sin().to(torch.float32)
-        if x.dtype == torch.float64:
-            cos, sin = angle.cos(), angle.sin()
-        if factor != 1.0:
-            cos, sin = cos * factor, sin * factor
-        return rotate_pairs(x, cos, sin, self.layout)
+        phi = phi.permute(0, 2, 1, 3)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return rotate_pairs(x, phi.cos().to(dtype), phi.sin().to(dtype), self.layout)
 
     def rotate_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, state: Any = None
     ) -> tuple[Tensor, Tensor]:
+        qr, kr = super().rotate_qk(q, k, q_pos, k_pos)  # type: ignore[misc]  # the frozen base
         if state is None:  # called directly, without the engine's state: O = I
-            return super().rotate_qk(q, k, q_pos, k_pos)
-        self._check_qk(q, k)
+            return qr, kr
         state = self._state(state)
-        phases = self.head_phases(k.shape[1])
-        return (
-            self._rotate_panel(q, q_pos, state.query, phases, None),
-            self._rotate_panel(k, k_pos, state.key, phases, None),
-        )
+        phases = self.head_phases(kr.shape[1])
+        return self._panel_phase(qr, state.query, phases), self._panel_phase(kr, state.key, phases)
 
     def rotate(self, x: Tensor, pos: Tensor, role: str, state: Any = None) -> Tensor:
         """One of q / k alone (``Hkv = H`` assumed for the operator); values pass."""
-        if role not in ("q", "k"):
-            return x
-        if state is None:  # called directly, without the engine's state: O = I
-            return super().rotate(x, pos, role)
-        self._check_head_dim(x, role)
+        out = super().rotate(x, pos, role)  # type: ignore[misc]
+        if role not in ("q", "k") or state is None:
+            return out
         state = self._state(state)
         panel = state.query if role == "q" else state.key
-        return self._rotate_panel(x, pos, panel, self.head_phases(x.shape[1]), None)
+        return self._panel_phase(out, panel, self.head_phases(out.shape[1]))
 
     def _state(self, state: Any) -> PanelState:
         if not isinstance(state, PanelState):
@@ -228,4 +208,59 @@ class PanelOperatorRoPE(RoPE):
         return state
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, panels={self.panels}, per_head={self.per_head}"
+        base = super().extra_repr()  # type: ignore[misc]
+        return f"{base}, panels={self.panels}, per_head={self.per_head}"
+
+
+@register("opro")
+class PanelOperatorRoPE(PanelOperators, RoPE):
+    """OPRO over a frozen 1-D RoPE (Lee et al. 2026, arXiv 2603.27637; Authority C, see the
+    module): pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
+
+    Args:
+        panels: number of panels (ids ``0 .. panels - 1`` in ``inputs["panel"]``).
+        per_head: one operator per head (else one shared by the heads).
+        base, layout, partial_rotary_factor, scaling, max_position_embeddings: the frozen
+            RoPE's options (``RoPE``); length-dependent scalings are refused (their cache is
+            re-rotated, which needs every cached key's panel).
+
+    Parameter ``phases (panels, H | 1, r/2)``, zero at init (``O = I``).
+    """
+
+    paper = "Lee et al. 2026 (OPRO)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        panels: int = 2,
+        per_head: bool = True,
+        **rope_options: Any,
+    ) -> None:
+        super().__init__(num_heads, head_dim, **rope_options)
+        self._init_panels(panels, per_head, self.rotary_dim // 2)
+
+
+@register("opro-axial")
+class PanelOperatorAxialRoPE(PanelOperators, RoPEAxial):
+    """OPRO over a frozen axial N-D RoPE (``rope-axial``; the DiT setting: panels of 2-D
+    patches, ``dims=3`` for (index, row, column) ids); see ``opro`` and the module.
+
+    Args: ``panels``, ``per_head`` as ``opro``; ``dims``, ``sections`` and the RoPE options
+    of ``rope-axial``. Parameter ``phases (panels, H | 1, sum(sections))``, zero at init.
+    """
+
+    paper = "Lee et al. 2026 (OPRO)"
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        panels: int = 2,
+        per_head: bool = True,
+        **axial_options: Any,
+    ) -> None:
+        super().__init__(num_heads, head_dim, **axial_options)
+        self._init_panels(panels, per_head, sum(self.sections))
