@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from ..attention import attention
 from ..attention.call import MaskMod
 from ..encodings.base import Encoding
-from ..encodings.contextual.tra import LAYER_INPUT
+from ..encodings.contextual.tra import LAYER_INPUT  # filled by this layer (TRA's gate)
 from ..registry import create
 from ..validation import check_int
 from .cache import LayerCache

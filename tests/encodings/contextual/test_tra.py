@@ -245,3 +245,13 @@ def test_options_are_checked_by_name():
         relpos.create("tra", num_heads=2, head_dim=4, temperature=0.0)
     with pytest.raises(ValueError, match="forget"):
         relpos.create("tra", num_heads=2, head_dim=4, forget="query")
+
+
+def test_the_task_models_run_tra_with_their_own_layer_input():
+    from relpos.lab.tasks.models import TaskEncoder, check_encoding_for_tasks
+
+    check_encoding_for_tasks("tra", "random", causal=False)  # the layer input is not "per-call"
+    torch.manual_seed(0)
+    model = TaskEncoder(2, 2, dim=16, depth=1, num_heads=2, encoding="tra", dropout=0.0)
+    out = model(torch.randint(0, 2, (3, 6)), 6)
+    assert out.shape == (3, 6, 2) and bool(torch.isfinite(out).all())

@@ -215,7 +215,7 @@ class ContrastiveSampler:
         total = self.max_position**self.data_dim
         if self.candidates + 1 > total - 1:
             raise ValueError(
-                f"candidates must be < {total - 2} (max_position ** data_dim - 2: distinct "
+                f"candidates must be at most {total - 2} (max_position ** data_dim - 2: distinct "
                 f"positions besides the pivot), got {candidates}"
             )
         self.batch_size = check_int(batch_size, "batch_size")
