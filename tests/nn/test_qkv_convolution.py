@@ -149,3 +149,21 @@ def test_options_are_checked_by_name_and_empty_calls_run() -> None:
     with pytest.raises(ValueError, match="tail"):
         layer.qkv_conv[0](torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4))
     assert relpos.create("rcmha", num_heads=2, head_dim=4).has_bias
+
+
+def test_segment_recurrence_trains_segment_by_segment_with_the_convolutions() -> None:
+    from relpos.nn import SegmentRecurrence
+
+    torch.manual_seed(4)
+    model = TransformerLM(30, dim=16, depth=1, num_heads=2, encoding="rcmha", qkv_conv=3)
+    rec = SegmentRecurrence(model, memory_length=4)
+    tokens = torch.randint(0, 30, (2, 12))
+    for segment in tokens.split(4, dim=1):  # the conv state is detached with the memory
+        rec.step(segment).sum().backward()
+    tails = rec.cache.layers[0].conv_tail
+    assert tails is not None and not any(t.requires_grad for t in tails)
+    with torch.no_grad():  # same forward as one call while the memory covers the conv
+        full = model(tokens)
+        rec.reset()
+        parts = rec.run(tokens, 4)
+    assert torch.allclose(parts[:, :4], full[:, :4], atol=1e-6)
