@@ -10,6 +10,7 @@ from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .qkv_convolution import CausalDepthwiseConv
 from .transformer import TransformerLM
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
+    "CausalDepthwiseConv",
 ]

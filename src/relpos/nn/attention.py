@@ -9,8 +9,11 @@ from torch import Tensor, nn
 from ..attention import attention
 from ..attention.call import MaskMod
 from ..encodings.base import Encoding
+from ..encodings.contextual.tra import LAYER_INPUT  # filled by this layer (TRA's gate)
 from ..registry import create
+from ..validation import check_int
 from .cache import LayerCache
+from .qkv_convolution import CausalDepthwiseConv
 
 
 def build_encoding(
@@ -34,11 +37,16 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads (divides ``num_heads``); default ``num_heads``.
         encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
         backend: passed to ``relpos.attention``.
+        qkv_conv: kernel size ``K`` of causal depth-wise convolutions over the tokens of the
+            projected q, k and v, one kernel per role shared by the heads (RCMHA, Sugiharto
+            et al. 2023: ``qkv_conv=3`` with ``encoding="rcmha"``; ``qkv_convolution.py``);
+            None: no convolution. A ``LayerCache`` keeps the last ``K - 1`` projections.
 
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
-    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes); an
+    encoding that reads ``inputs["layer_input"]`` (TRA's forget gate) gets this layer's ``x``;
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
     key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
@@ -53,6 +61,7 @@ class MultiHeadAttention(nn.Module):
         encoding_options: dict[str, Any] | None = None,
         backend: str = "auto",
         bias: bool = False,
+        qkv_conv: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -70,6 +79,12 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(dim, dim, bias=bias)
         self.kv_proj = nn.Linear(dim, 2 * num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.qkv_conv = None
+        if qkv_conv is not None:
+            qkv_conv = check_int(qkv_conv, "qkv_conv")
+            self.qkv_conv = nn.ModuleList(
+                CausalDepthwiseConv(self.head_dim, qkv_conv) for _ in range(3)
+            )
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         B, L, _ = x.shape
@@ -90,6 +105,11 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(self.q_proj(x), self.num_heads)
         k, v = self.kv_proj(x).chunk(2, dim=-1)
         k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        if self.qkv_conv is not None:
+            q, k, v = self._convolve(q, k, v, cache)
+        enc = self.encoding
+        if enc is not None and LAYER_INPUT in {**enc.required_inputs, **enc.optional_inputs}:
+            inputs = {**(inputs or {}), LAYER_INPUT: x}  # this layer's own input (TRA's gate)
         out = attention(
             q,
             k,
@@ -104,3 +124,22 @@ class MultiHeadAttention(nn.Module):
             cache=cache,
         )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
+
+    def _convolve(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The causal convolutions of q, k, v, continued from (and stored in) the cache."""
+        assert self.qkv_conv is not None
+        tails = cache.conv_tail if cache is not None and cache.length > 0 else None
+        if cache is not None and cache.length > 0 and tails is None:
+            raise ValueError(
+                "cache: the layer convolves q, k and v (qkv_conv) but the cache was filled "
+                "without their convolution state; decode with a cache this layer filled"
+            )
+        out = [
+            conv(x, None if tails is None else tails[n])
+            for n, (conv, x) in enumerate(zip(self.qkv_conv, (q, k, v), strict=True))
+        ]
+        if cache is not None:
+            cache.conv_tail = (out[0][1], out[1][1], out[2][1])
+        return out[0][0], out[1][0], out[2][0]

@@ -61,6 +61,8 @@ class TransformerLM(nn.Module):
             share their bias parameters across layers); False gives each layer its own.
         num_kv_heads: grouped-query attention.
         backend: attention backend ("auto" picks per call).
+        qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every
+            layer (``MultiHeadAttention(qkv_conv=)``; RCMHA: 3 with ``encoding="rcmha"``).
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -88,6 +90,7 @@ class TransformerLM(nn.Module):
         num_kv_heads: int | None = None,
         mlp_ratio: float = 4.0,
         backend: str = "auto",
+        qkv_conv: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -116,7 +119,12 @@ class TransformerLM(nn.Module):
             Block(
                 dim,
                 MultiHeadAttention(
-                    dim, num_heads, layer_encoding(i), num_kv_heads=num_kv_heads, backend=backend
+                    dim,
+                    num_heads,
+                    layer_encoding(i),
+                    num_kv_heads=num_kv_heads,
+                    backend=backend,
+                    qkv_conv=qkv_conv,
                 ),
                 mlp_ratio,
             )
