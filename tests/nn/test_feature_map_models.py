@@ -87,3 +87,20 @@ def test_language_model_with_a_feature_map_instance_gives_each_layer_its_own_cop
     assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0
     generated = model.generate(tokens, 3)
     assert generated.shape == (1, 9)
+
+
+def test_a_layer_with_qkv_convolutions_decodes_through_a_layer_cache():
+    """The convolution state lives in a LayerCache, so such a layer never gets a LinearState."""
+    torch.manual_seed(0)
+    model = TransformerLM(
+        50, dim=16, depth=1, num_heads=2, encoding="rope", feature_map="elu1", qkv_conv=3
+    ).double()
+    tokens = torch.randint(0, 50, (1, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache()
+        assert isinstance(cache.layers[0], LayerCache)
+        parts = [model(tokens[:, t : t + 1], cache=cache) for t in range(7)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match="qkv_conv"):
+        model.blocks[0].attn(torch.zeros(1, 1, 16, dtype=torch.float64), cache=LinearState())

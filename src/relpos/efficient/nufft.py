@@ -4,7 +4,9 @@ the two fused around a diagonal spectral multiplier (``nufft_convolve``).
 Method: "exponential of semicircle" (ES) spreading kernel of FINUFFT (Barnett, Magland,
 af Klinteberg, "A parallel non-uniform fast Fourier transform library based on an
 'exponential of semicircle' kernel", SIAM J. Sci. Comput. 2019), written here from the paper's
-formulas (no code taken). For a requested relative tolerance ``eps`` and upsampling 2:
+formulas (no code taken). For a requested relative tolerance ``eps`` and upsampling 2
+(1.25: ``w = ceil(ln(1/eps) / (pi sqrt(1 - 1/sigma)))``, ``beta = 0.97 pi (1 - 1/(2 sigma))
+w``; ``NUFFTGrid.cheapest`` picks the cheaper of the two for a call):
 
     kernel width  w = ceil(log10(1 / eps)) + 1 fine-grid points,  beta = 2.30 w,
     phi(z) = exp(beta (sqrt(1 - z^2) - 1)) on |z| <= 1,  psi(t) = phi(t / alpha),

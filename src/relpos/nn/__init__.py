@@ -2,12 +2,15 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .camera_adapter import CameraAdapter
 from .convolution import ConvolutionAttention
+from .dual_kernel import DualKernelAttention
 from .gateloop import GateLoop
 from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .qkv_convolution import CausalDepthwiseConv
 from .relflexformer import RelFlexformerAttention
 from .rola import RoLAAttention
 from .transformer import TransformerLM
@@ -26,7 +29,10 @@ __all__ = [
     "RelFlexformerAttention",
     "RoLAAttention",
     "ConvolutionAttention",
+    "DualKernelAttention",
+    "CameraAdapter",
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
+    "CausalDepthwiseConv",
 ]

@@ -26,6 +26,9 @@ class LayerCache:
     #: raw queries ``(B, H, L, D)``, kept only for encodings that read earlier tokens'
     #: queries (``Encoding.reads_past_queries``: LongHeads' chunk features)
     q: Tensor | None = None
+    #: the last ``K - 1`` projected (pre-convolution) queries, keys and values, kept by
+    #: ``MultiHeadAttention(qkv_conv=K)`` so decoding continues its causal convolutions
+    conv_tail: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def length(self) -> int:

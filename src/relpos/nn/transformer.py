@@ -77,6 +77,8 @@ class TransformerLM(nn.Module):
             ``relpos.efficient.FeatureMap``, one per layer); ``feature_map_options`` for a
             name. ``new_cache()`` then holds each layer's recurrent ``LinearState`` where the
             encoding allows (O(1) work per decoded token), a ``LayerCache`` otherwise.
+        qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every
+            layer (``MultiHeadAttention(qkv_conv=)``; RCMHA: 3 with ``encoding="rcmha"``).
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -106,6 +108,7 @@ class TransformerLM(nn.Module):
         backend: str = "auto",
         feature_map: str | FeatureMap | None = None,
         feature_map_options: dict[str, Any] | None = None,
+        qkv_conv: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -141,6 +144,7 @@ class TransformerLM(nn.Module):
                     backend=backend,
                     feature_map=_layer_feature_map(feature_map, i),
                     feature_map_options=feature_map_options,
+                    qkv_conv=qkv_conv,
                 ),
                 mlp_ratio,
             )
