@@ -129,9 +129,14 @@ def _cast(o: Tensor, d: Tensor, points: Tensor, radius: float) -> tuple[Tensor, 
     -> sphere index ``(S, T)`` (-1: none) and the ray parameter where the ray enters it
     (``inf`` for none). A ray hits a sphere when its centre lies within ``radius`` of the
     ray, in front of the origin; the first hit is the smallest entry parameter."""
-    rel = points[:, None, :, :] - o[:, :, None, :]  # (S, T, N, 3)
-    s = (rel * d[:, :, None, :]).sum(-1)
-    perp2 = (rel * rel).sum(-1) - s * s
+    # |X - o|^2 and (X - o) . d by matrix products: (S, T, N) without an (S, T, N, 3) array
+    s = d @ points.transpose(1, 2) - (o * d).sum(-1, keepdim=True)
+    rel2 = (
+        (points * points).sum(-1)[:, None, :]
+        - 2 * (o @ points.transpose(1, 2))
+        + (o * o).sum(-1, keepdim=True)
+    )
+    perp2 = rel2 - s * s
     inside = perp2 < radius * radius
     entry = s - (radius * radius - perp2).clamp_min(0).sqrt()
     entry = torch.where(inside & (entry > 0), entry, torch.full_like(s, math.inf))

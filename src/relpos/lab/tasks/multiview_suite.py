@@ -10,9 +10,11 @@ Profiles (``MULTIVIEW_PROFILES``; every size can be overridden with ``--dim --de
 * ``quick``: the relative camera encodings ``prope``, ``gta``, ``ucpe``, ``cape-6dof``
   against absolute Plücker rays (``rope-axial+plucker``, world frame, with 2-D RoPE as the
   spec's model (2)) and no positions (``nope``), 2 seeds; dim 64, depth 2, 2 heads (head 32),
-  batch 32, 2000 steps, AdamW 1e-3. Sized for about 45 minutes on one loaded core
-  (0.1-0.2 s per step measured on the shared machine; the spec's 4 x 96 model at batch 64
-  took 0.6-1.2 s per step there).
+  batch 32 scenes, 1000 steps, AdamW 1e-3; 1000 test scenes per condition. 12 models of
+  0.05-0.09 CPU-seconds per step (measured with ``time.process_time`` on the shared
+  machine): about 15 minutes of one core's CPU time, 45-60 minutes of wall time when that
+  core is shared with other jobs (load average 8-14 on 2 cores, where a step took 5-7 times
+  its CPU time). The spec's 4 x 96 model at batch 64 costs about 6 times more per step.
 * ``full``: the spec's model (dim 96, depth 4, 2 heads), batch 64, 3000 steps, 3 seeds, all
   seven of its models (``rope-axial`` only, Plücker world / first-camera / augmented, GTA,
   PRoPE) plus UCPE, CaPE-6DoF and NoPE.
@@ -101,8 +103,8 @@ class MultiviewProfile:
     mlp_ratio: float = 4.0
     checkpoint_every: int = 500
     scene: Mapping[str, Any] = field(default_factory=dict)
-    #: measured seconds per step on one loaded core (for the estimate)
-    seconds_per_step: float = 0.15
+    #: measured CPU seconds per training step on one core (for the estimate)
+    seconds_per_step: float = 0.07
 
     def settings(self) -> dict[str, Any]:
         """What a run's models depend on (``--resume`` compares it)."""
@@ -120,12 +122,12 @@ MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
         depth=2,
         num_heads=2,
         batch_size=32,
-        steps=2000,
+        steps=1000,
         lr=1e-3,
         warmup=100,
         eval_scenes=1000,
         seeds=2,
-        seconds_per_step=0.11,
+        seconds_per_step=0.07,
     ),
     "full": MultiviewProfile(
         name="full",
@@ -684,7 +686,7 @@ def _print_plan(plan: MultiviewPlan) -> None:
     )
     print(
         f"  {plan.workers} worker process(es); estimated ~{plan.estimate_seconds() / 60:.0f} "
-        f"min; out: {plan.out_dir}"
+        f"min of CPU time (more on a loaded machine); out: {plan.out_dir}"
     )
 
 
