@@ -21,6 +21,7 @@ CI half-width (``metrics.mean_ci``), min and max.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -182,7 +183,7 @@ def plot_run(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         if r["condition"] == "id":
             chance.append(float(r["appearance"]))
     fig, (left, right) = plt.subplots(
-        1, 2, figsize=(9.0, 3.6), gridspec_kw={"width_ratios": [1.2, 1.0]}
+        1, 2, figsize=(9.0, 4.0), gridspec_kw={"width_ratios": [1.2, 1.0]}
     )
     colors = plt.get_cmap("tab10")
     xs = [0.0, *SWEEP]
@@ -222,8 +223,11 @@ def plot_run(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     for ax in (left, right):
         ax.set_ylim(0.0, 1.02)
         ax.grid(True, alpha=0.25)
-    left.legend(fontsize=7, frameon=False, loc="lower left")
-    fig.tight_layout()
+    handles, labels = left.get_legend_handles_labels()
+    rows_of_legend = math.ceil(len(labels) / 5) if labels else 0
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, max(1, len(labels))),
+               fontsize=8, frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0.0, 0.06 * rows_of_legend + 0.02, 1.0, 1.0))
     save_figure(fig, path)
 
 

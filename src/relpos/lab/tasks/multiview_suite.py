@@ -152,7 +152,7 @@ MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
         eval_scenes=2000,
         seeds=3,
         checkpoint_every=1000,
-        seconds_per_step=0.9,
+        seconds_per_step=0.4,
     ),
 }
 
