@@ -15,9 +15,9 @@ Profiles (``MULTIVIEW_PROFILES``; every size can be overridden with ``--dim --de
   machine): about 15 minutes of one core's CPU time, 45-60 minutes of wall time when that
   core is shared with other jobs (load average 8-14 on 2 cores, where a step took 5-7 times
   its CPU time). The spec's 4 x 96 model at batch 64 costs about 6 times more per step.
-* ``full``: the spec's model (dim 96, depth 4, 2 heads), batch 64, 3000 steps, 3 seeds, all
-  seven of its models (``rope-axial`` only, Plücker world / first-camera / augmented, GTA,
-  PRoPE) plus UCPE, CaPE-6DoF and NoPE.
+* ``full``: the spec's model (dim 96, depth 4, 2 heads), batch 64, 3000 steps, 3 seeds, six of
+  its seven models (``rope-axial`` only, Plücker world / first-camera / augmented, GTA,
+  PRoPE; RayRoPE with known depth is left out) plus UCPE, CaPE-6DoF and NoPE.
 
 Training scenes are drawn on the fly from ``(seed, step)`` (``_scene_seed``) and the
 augmentation's rigid changes from the same pair, so ``--resume`` continues bit for bit;
