@@ -7,7 +7,10 @@ SDPA: every camera encoding is rotary-only). Cases, timed in turn in one process
 * ``prope``: PRoPE (Proj4 on half the head, 2-D RoPE on the rest);
 * ``gta``: GTA (se3 32 + so2 32 channels);
 * ``cape-6dof``: Proj4 on every channel, q and k only;
-* ``rayrope``: one attention per query camera (C groups), expected RoPE with depth doubt.
+* ``rayrope``: one attention per query camera (C groups), expected RoPE with depth doubt;
+* ``worldrope``: one attention per query camera, 2 Gaussian primitives per key projected
+  into each query camera (expected RoPE, patch footprint on);
+* ``flex4dhuman``: PRoPE camera section + (t, h, w, view) RoPE (t = 0, view = camera).
 
 Each case includes building the rotation state from the cameras (``prepare_rotary``).
 Usage: .venv/bin/python benchmarks/bench_camera.py [--quick] [--cameras 4]
@@ -70,10 +73,25 @@ def build(n_cams: int):
             relpos.create("rayrope", num_heads=H, head_dim=D, rays_per_patch=1, **grid_opts),
             {"k_viewmats": view_t, "k_Ks": K_t, "k_depth_logsigma": depth},
         ),
+        "worldrope": (
+            relpos.create("worldrope", num_heads=H, head_dim=D, **grid_opts),
+            {
+                "k_viewmats": view_t,
+                "k_Ks": K_t,
+                "k_depths": torch.tensor([2.0, 4.0]).expand(1, L, 2),
+                "k_depth_sigma": torch.full((1, L, 2), 0.3),
+            },
+        ),
+        "flex4dhuman": (
+            relpos.create("flex4dhuman", num_heads=H, head_dim=D, image_size=(IMAGE, IMAGE)),
+            {"k_viewmats": view_t, "k_Ks": K_t},
+        ),
     }
+    # (t, h, w, view) for the 4-axis encoding: one frame, the camera as the view index
+    thwv = torch.cat((torch.zeros_like(pos[..., :1]), pos.flip(-1), index[..., None]), -1)
     fns = {}
     for name, (enc, inputs) in specs.items():
-        p = pos if enc.dims == 2 else pos[..., 0]
+        p = {1: pos[..., 0], 2: pos, 4: thwv}[enc.dims]
 
         def run(enc=enc, inputs=inputs, p=p):
             with torch.no_grad():

@@ -47,11 +47,11 @@ QUICK_LENGTHS = [256, 512]
 ENCODINGS = {"cope": {"npos_max": 64}, "tra": {}}
 
 
-def step(enc, backend, q, k, v, g):
+def step(enc, backend, q, k, v, g, inputs=None):
     def run():
         for t in (q, k, v, *(enc.parameters() if enc is not None else ())):
             t.grad = None
-        out = relpos.attention(q, k, v, enc, causal=True, backend=backend)
+        out = relpos.attention(q, k, v, enc, causal=True, backend=backend, inputs=inputs)
         (out * g).sum().backward()
 
     return run
@@ -78,13 +78,15 @@ def main() -> None:
                 for p in enc.parameters():
                     if bool((p == 0).all()):
                         p.normal_(0.0, 0.1)
-            ref = relpos.attention(q, k, v, enc, causal=True, backend="eager")
-            out = relpos.attention(q, k, v, enc, causal=True, backend="chunked")
+            # TRA's forget gate reads the layer input (inputs["layer_input"])
+            inputs = enc.example_inputs(B, L, L, gen) or None
+            ref = relpos.attention(q, k, v, enc, causal=True, backend="eager", inputs=inputs)
+            out = relpos.attention(q, k, v, enc, causal=True, backend="chunked", inputs=inputs)
             err = float((out - ref).detach().abs().max())
             log(f"L={L} {name}: max |chunked - eager| = {err:.2e}")
             fns = {
-                "eager": step(enc, "eager", q, k, v, g),
-                "chunked": step(enc, "chunked", q, k, v, g),
+                "eager": step(enc, "eager", q, k, v, g, inputs),
+                "chunked": step(enc, "chunked", q, k, v, g, inputs),
                 "sdpa-plain": step(None, "sdpa", q, k, v, g),
             }
             timed = time_round_robin(fns, warmup=args.warmup, repeats=args.repeats)

@@ -9,9 +9,18 @@ flag's value is always ``str``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .validation import check_float, check_int, describe_float, describe_int
 
-__all__ = ["parse_int", "parse_float", "parse_int_list", "parse_names", "optional_int"]
+__all__ = [
+    "parse_int",
+    "parse_float",
+    "parse_int_list",
+    "parse_float_list",
+    "parse_names",
+    "optional_int",
+]
 
 
 def parse_int(text: str, flag: str, *, minimum: int | None = 1, maximum: int | None = None) -> int:
@@ -45,6 +54,36 @@ def parse_int_list(text: str, flag: str, *, minimum: int | None = 1) -> list[int
     if not str(text).strip() or any(not v for v in items):
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}")
     return [parse_int(v, flag, minimum=minimum) for v in items]
+
+
+def parse_float_list(
+    value: str | Sequence[float],
+    flag: str,
+    *,
+    expected: str = "comma-separated numbers",
+    **bounds: float,
+) -> list[float]:
+    """Comma-separated numbers (``"1,2,4"``) or a sequence of numbers, each finite and within
+    ``bounds`` (``check_float``'s ``minimum``, ``maximum``, ``above``, ``below``).
+
+    Empty items are skipped (``"1,,2"``), an empty result is refused. Every failure is one
+    ``ValueError`` "``flag`` must be ``expected``, got ..." naming the offending item, so a
+    flag can say what its numbers mean (``expected="positive numbers"``)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    numbers: list[float] = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if text == "":
+            continue
+        try:
+            number = float(text)
+            check_float(number, flag, **bounds)
+        except (TypeError, ValueError):
+            raise ValueError(f"{flag} must be {expected}, got {item!r}") from None
+        numbers.append(number)
+    if not numbers:
+        raise ValueError(f"{flag} is empty; give {expected}")
+    return numbers
 
 
 def parse_names(text: str, flag: str) -> list[str]:

@@ -8,7 +8,17 @@ import torch
 
 import relpos
 
-from .common import ENCODINGS, B, D, H, attention, lift_positions, make_encoding, scores
+from .common import (
+    ENCODINGS,
+    B,
+    D,
+    H,
+    attention,
+    lift_positions,
+    make_encoding,
+    rotate_qk,
+    scores,
+)
 
 L = 12
 CALLS = ["attention", "scores"]
@@ -185,10 +195,10 @@ def test_rotary_needs_even_head_dim(name):
     x = torch.randn(1, H, 4, D, generator=torch.Generator().manual_seed(0))
     pos = lift_positions(enc, torch.arange(4))
     pos = pos[None] if enc.dims == 1 else pos
-    qr, _ = enc.rotate_qk(x, x, pos, pos)
+    qr, _ = rotate_qk(enc, x, x, pos, pos)  # (with the example inputs' rotation state)
     if qr.shape[-1] != D:
         pytest.skip("appends channels to q and k (SeqPE): no rotation pairs")
-    if torch.equal(qr, enc.rotate_qk(2 * x, x, pos, pos)[0]):
+    if torch.equal(qr, rotate_qk(enc, 2 * x, x, pos, pos)[0]):
         pytest.skip("replaces q and k by position vectors (positional attention): no pairs")
     with pytest.raises(ValueError, match="head_dim"):
         relpos.create(name, num_heads=H, head_dim=D + 1)
@@ -221,7 +231,10 @@ def test_model_past_learned_table(name):
     enc = make_encoding(name)
     if enc.max_positions is None:
         pytest.skip("no learned position table")
-    model = relpos.nn.TransformerLM(50, dim=H * D, depth=1, num_heads=H, encoding=name)
+    options = type(enc).example_options()  # (the options that sized enc.max_positions)
+    model = relpos.nn.TransformerLM(
+        50, dim=H * D, depth=1, num_heads=H, encoding=name, encoding_options=options
+    )
     toks = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="max_positions"):
         pos = torch.arange(enc.max_positions - 2, enc.max_positions + 2)[None]

@@ -199,6 +199,36 @@ def test_cached_rotated_keys_do_not_depend_on_the_other_positions(name):
     torch.testing.assert_close(full[:, :, :n], prefix, rtol=1e-12, atol=1e-12)
 
 
+def test_mixes_tokens_matches_whether_a_rotation_reads_later_tokens(name):
+    """``mixes_tokens``: changing the last token's q and k changes the rotation of earlier
+    tokens (a graph transport); without the flag earlier tokens keep their rotation (so a
+    KV cache and single-query calls are exact)."""
+    enc = _enc(name)
+    if not enc.has_rotary or enc.piecewise:
+        pytest.skip("no rotation (or piecewise: rotated per piece)")
+    q, k, _ = _qkv()
+    pos = lift_positions(enc, in_table(enc, torch.arange(LK)))
+    pos = pos[None] if enc.dims == 1 else pos
+    q2, k2 = q.clone(), k.clone()
+    q2[:, :, -1] += 1.0
+    k2[:, :, -1] += 1.0
+    qa, ka = rotate_qk(enc, q, k, pos, pos)
+    qb, kb = rotate_qk(enc, q2, k2, pos, pos)
+    same = torch.equal(qa[:, :, :-1], qb[:, :, :-1]) and torch.equal(ka[:, :, :-1], kb[:, :, :-1])
+    assert same != enc.mixes_tokens, f"{name}: mixes_tokens={enc.mixes_tokens} but earlier " + (
+        "tokens keep their rotation" if same else "tokens' rotations change"
+    )
+
+
+def test_mixes_tokens_refuses_a_kv_cache_by_name(name):
+    enc = make_encoding(name)
+    if not enc.mixes_tokens:
+        pytest.skip("rotations read their own token (KV cache: test_kv_cache)")
+    q, k, v = _qkv(dtype=torch.float32)
+    with pytest.raises(ValueError, match="cache"):
+        attention(q, k, v, enc, cache=relpos.nn.LayerCache())
+
+
 def test_rotates_values_matches_whether_values_and_outputs_change(name):
     """``rotates_values``: ``rotate`` changes values ("v") and outputs ("o")."""
     enc = _enc(name)

@@ -119,7 +119,9 @@ def test_dead_rows_give_zero_output_and_zero_gradient(name, backend, case, monke
     assert (out[rows] == 0).all(), f"{what}: a row that sees no key is not 0"
     for g in grads:
         assert torch.isfinite(g).all(), f"{what}: gradient not finite (a padded batch poisons)"
-    assert (grads[0][rows] == 0).all(), f"{what}: dead query rows get a gradient"
+    if not enc.mixes_tokens:  # (a transport over the call's tokens carries a dead row's q
+        # into the live rows' rotated queries: its gradient is theirs, not the dead row's)
+        assert (grads[0][rows] == 0).all(), f"{what}: dead query rows get a gradient"
     # the dead rows contribute nothing: the same gradients with their output weights zeroed
     _, live_grads = _run(enc, prob, base, weight.masked_fill(rows, 0.0))
     scale = max(float(r.abs().max()) for r in live_grads if r.numel())  # some are ~0 exactly

@@ -502,6 +502,13 @@ def prepare_call(
             f"encoding {encoding.name!r} encodes the keys in each query's frame (query-grouped): "
             f"a KV cache of rotated or raw keys cannot serve it; call without cache"
         )
+    if cache is not None and encoding is not None and encoding.mixes_tokens:
+        raise ValueError(
+            f"encoding {encoding.name!r} rotates each token with the features of the other "
+            f"tokens of the call (mixes_tokens: a walk transport over a graph), so cached keys "
+            f"would change with every new token and a decoding step lacks the other queries; "
+            f"call without cache"
+        )
     rotated = False
     past_queries = None
     if cache is not None and encoding is not None and encoding.reads_past_queries:

@@ -2,8 +2,13 @@
 
 * kernelized / linear attention (the ``linear`` backend of ``relpos.attention``) and its
   building blocks: feature maps, the FFT Toeplitz RPE, RoPE on features, the recurrent state;
+* RoLA's low-rank branch (``rola``): RoPE outside a low-rank feature map, on a frequency
+  subset of a model's (N-D) rotary schedule;
 * data-controlled decayed recurrences (``recurrence``): GateLoop and LightNet, exact in
   recurrent, chunked and surrogate-attention form, O(1) decoding;
+* ``relflexformer``: linear attention with an integrable modulation of arbitrary m-D relative
+  positions (seed 3): exact sum, dense spectral quadrature, a torch NUFFT (``nufft``) and
+  random Fourier features, with the aliasing / truncation conditions checked per call;
 * ``fold``: biases folded into q/k channels for the fused kernels (exact for ALiBi, low rank
   with a measured weight error otherwise).
 
@@ -17,6 +22,7 @@ from typing import Any
 from .feature_maps import (
     EluPlusOne,
     FeatureMap,
+    LowRankFeatures,
     PositiveRandomFeatures,
     ReLUFeatures,
     create_feature_map,
@@ -25,7 +31,17 @@ from .gateloop import gateloop_scan
 from .kernelized import kernelized_attention, kernelized_reference, toeplitz_matvec
 from .lightnet import LightNetState, lightnet_keys, lightnet_scan, lrpe_theta, md_lrpe, tpe_scan
 from .linear_rope import rotate_features
+from .nufft import NUFFTGrid, nufft_convolve, nufft_type1, nufft_type2
 from .recurrence import decayed_recurrence
+from .relflexformer import (
+    CauchyModulation,
+    GaussianModulation,
+    Modulation,
+    plan_grid,
+    relflexformer_attention,
+    relflexformer_reference,
+)
+from .rola import rola_attention, rotary_schedule, select_frequencies
 from .state import LinearState
 
 __all__ = [
@@ -33,11 +49,15 @@ __all__ = [
     "PositiveRandomFeatures",
     "EluPlusOne",
     "ReLUFeatures",
+    "LowRankFeatures",
     "create_feature_map",
     "kernelized_attention",
     "kernelized_reference",
     "toeplitz_matvec",
     "rotate_features",
+    "rola_attention",
+    "rotary_schedule",
+    "select_frequencies",
     "LinearState",
     "FOLD_LOGIT_TOLERANCE",
     "LowRankFold",
@@ -51,6 +71,16 @@ __all__ = [
     "md_lrpe",
     "lrpe_theta",
     "tpe_scan",
+    "NUFFTGrid",
+    "nufft_type1",
+    "nufft_type2",
+    "nufft_convolve",
+    "Modulation",
+    "GaussianModulation",
+    "CauchyModulation",
+    "plan_grid",
+    "relflexformer_attention",
+    "relflexformer_reference",
 ]
 
 _FOLD_NAMES = ("FOLD_LOGIT_TOLERANCE", "LowRankFold", "folded_attention", "low_rank_fold")

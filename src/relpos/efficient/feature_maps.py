@@ -16,6 +16,8 @@ once and shared by every query (``relpos.efficient.kernelized``):
 * ``EluPlusOne`` — ``elu(x) + 1`` (Katharopoulos et al. 2020), ``m = d``, deterministic.
 * ``ReLUFeatures`` — ``relu(x)``, ``m = d``, deterministic (rows can have an all-zero
   denominator; the engine returns 0 there, as for a row that sees no key).
+* ``LowRankFeatures`` — ``elu(W x) + 1`` with a learnt ``W (r, d)``: low-rank features
+  (RoLA's branch).
 
 Stability (``docs/numerics.md`` spirit; efficient.md §1): the PRF exponent ``W x - |x|^2/2``
 overflows for large ``|x|``. Any per-query constant cancels in the ratio of kernelized
@@ -42,6 +44,7 @@ __all__ = [
     "PositiveRandomFeatures",
     "EluPlusOne",
     "ReLUFeatures",
+    "LowRankFeatures",
     "FEATURE_MAPS",
     "create_feature_map",
     "orthogonal_gaussian",
@@ -196,6 +199,31 @@ class PositiveRandomFeatures(FeatureMap):
             f"{super().extra_repr()}, normalize={self.normalize}, "
             f"orthogonal={self.orthogonal}, seed={self.seed}"
         )
+
+
+class LowRankFeatures(FeatureMap):
+    """``phi(x) = elu(W x) + 1`` with a learnt ``W (r, d)`` (init ``N(0, 1/d)``, from ``seed``
+    when given): a non-negative low-rank feature map (RoLA's branch, ``relpos.efficient.
+    rola``); ``num_features = r``. The logit scale is not used. An instance only (not in
+    ``FEATURE_MAPS``: a name would draw a new ``W`` per call)."""
+
+    name = "lowrank"
+
+    def __init__(self, head_dim: int, num_features: int, *, seed: int | None = None) -> None:
+        super().__init__(head_dim, num_features)
+        gen = (
+            None
+            if seed is None
+            else torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
+        )
+        w = torch.randn(num_features, head_dim, generator=gen) / math.sqrt(head_dim)
+        self.weight = nn.Parameter(w)
+
+    def forward(self, x: Tensor, role: str, scale: float) -> tuple[Tensor, Tensor | None]:
+        x = self._check(x, role)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        x = x.to(dtype) @ self.weight.to(dtype).T
+        return torch.nn.functional.elu(x) + 1.0, None
 
 
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {

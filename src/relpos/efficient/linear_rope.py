@@ -17,9 +17,9 @@ frequencies, so ``m`` must equal the encoding's ``head_dim`` (elu+1 / ReLU: ``m 
 features: ``num_features = head_dim``); the value rotation of encodings that rotate values
 (RoVE, role ``"v"``/``"o"``) is kept as in softmax attention.
 
-RoLA (seed 26) and RoPeSLR (seed 96) are not here: RoLA's sparse + low-rank video hybrid
-needs its (unstated) frequency subset of a 3-D schedule, and RoPeSLR is an absolute-PE
-baseline (efficient.md §4); both are listed as left in the issue.
+RoLA (seed 26) is ``relpos.efficient.rola``: the same order (features, then rotation) on a
+low-rank feature map with a frequency subset of the model's (N-D) schedule. RoPeSLR (seed 96)
+is an absolute-PE baseline (efficient.md §4), not built.
 """
 
 from __future__ import annotations

@@ -169,6 +169,10 @@ class Encoding(nn.Module):
         se3_invariant: logits and outputs are unchanged when every camera of the call is
             moved by one rigid transform of the world (camera encodings; the conformance
             module ``test_camera.py`` checks it).
+        mixes_tokens: the rotation of a token reads the features of the other tokens of
+            its side of the call, later ones included (AW-RoPE's walk transport over a
+            graph): not causal in the tokens, so a KV cache is refused by name and one call's
+            rows are not the rows of a larger call.
     """
 
     name: ClassVar[str] = ""
@@ -198,6 +202,9 @@ class Encoding(nn.Module):
     piecewise: bool = False
     rotates_values: bool = False
     se3_invariant: bool = False
+    #: ``rotate`` at a token reads the other tokens' features (AW-RoPE's graph transport):
+    #: no KV cache, and a sub-call is not a slice of the full call
+    mixes_tokens: bool = False
     #: the logit term at (i, j) reads the whole row of content logits through a suffix sum of
     #: gates over keys (``row_gates`` / ``row_bias``): CoPE's counted positions, TRA
     row_dependent: bool = False
@@ -242,6 +249,7 @@ class Encoding(nn.Module):
         "rotates_values",
         "se3_invariant",
         "row_dependent",
+        "mixes_tokens",
     )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -2,12 +2,17 @@
 
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
+from .camera_adapter import CameraAdapter
 from .convolution import ConvolutionAttention
+from .dual_kernel import DualKernelAttention
 from .gateloop import GateLoop
 from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .qkv_convolution import CausalDepthwiseConv
+from .relflexformer import RelFlexformerAttention
+from .rola import RoLAAttention
 from .transformer import TransformerLM
 
 __all__ = [
@@ -21,8 +26,13 @@ __all__ = [
     "GateLoop",
     "LightNetAttention",
     "MDTPE",
+    "RelFlexformerAttention",
+    "RoLAAttention",
     "ConvolutionAttention",
+    "DualKernelAttention",
+    "CameraAdapter",
     "DirectionMix",
     "LocationAttention",
     "reverse_align",
+    "CausalDepthwiseConv",
 ]

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from ..attention import attention
+from ..attention import attention, plan
 from ..attention.call import MaskMod
+from ..efficient.feature_maps import FeatureMap, create_feature_map
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
+from ..encodings.contextual.tra import LAYER_INPUT  # filled by this layer (TRA's gate)
 from ..registry import create
+from ..validation import check_int
 from .cache import LayerCache
+from .qkv_convolution import CausalDepthwiseConv
 
 
 def build_encoding(
@@ -34,11 +40,26 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads (divides ``num_heads``); default ``num_heads``.
         encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
         backend: passed to ``relpos.attention``.
+        feature_map: kernelized (linear) attention instead of softmax: ``"elu1"``,
+            ``"relu"``, ``"prf"`` or a ``relpos.efficient.FeatureMap`` for ``head_dim``
+            (``relpos.attention(..., feature_map=...)``, backend ``linear``). A name builds
+            one map owned by the layer (its random projection is in the ``state_dict``).
+        feature_map_options: constructor options of a feature map given by name
+            (``num_features``, ``seed``, ... for ``"prf"``).
+        qkv_conv: kernel size ``K`` of causal depth-wise convolutions over the tokens of the
+            projected q, k and v, one kernel per role shared by the heads (RCMHA, Sugiharto
+            et al. 2023: ``qkv_conv=3`` with ``encoding="rcmha"``; ``qkv_convolution.py``);
+            None: no convolution. A ``LayerCache`` keeps the last ``K - 1`` projections.
 
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
-    to the whole cache. ``inputs`` are the encoding's per-call tensors (graphs, boxes);
+    to the whole cache. With a ``feature_map`` the cache may also be a
+    ``relpos.efficient.LinearState`` (the recurrent sums: O(m Dv) per decoded token);
+    ``new_cache()`` gives the one that applies (``LinearState`` when the call has a
+    recurrent form: no bias or a geometric one, keys rotated the same in every call).
+    ``inputs`` are the encoding's per-call tensors (graphs, boxes); an
+    encoding that reads ``inputs["layer_input"]`` (TRA's forget gate) gets this layer's ``x``;
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
     key coordinates, so the same mask_mod serves prefill and cached decoding).
     """
@@ -53,6 +74,9 @@ class MultiHeadAttention(nn.Module):
         encoding_options: dict[str, Any] | None = None,
         backend: str = "auto",
         bias: bool = False,
+        feature_map: str | FeatureMap | None = None,
+        feature_map_options: dict[str, Any] | None = None,
+        qkv_conv: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -67,19 +91,51 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.backend = backend
         self.encoding = build_encoding(encoding, num_heads, self.head_dim, encoding_options or {})
+        self.feature_map: FeatureMap | None = None
+        if feature_map is not None:
+            self.feature_map = create_feature_map(
+                feature_map, self.head_dim, **(feature_map_options or {})
+            )
+        elif feature_map_options:
+            raise ValueError("feature_map_options are only used with a feature_map name")
         self.q_proj = nn.Linear(dim, dim, bias=bias)
         self.kv_proj = nn.Linear(dim, 2 * num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.qkv_conv = None
+        if qkv_conv is not None:
+            qkv_conv = check_int(qkv_conv, "qkv_conv")
+            self.qkv_conv = nn.ModuleList(
+                CausalDepthwiseConv(self.head_dim, qkv_conv) for _ in range(3)
+            )
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         B, L, _ = x.shape
         return x.view(B, L, heads, self.head_dim).transpose(1, 2)
 
+    def new_cache(self) -> LayerCache | LinearState:
+        """An empty cache for this layer: a ``LinearState`` when kernelized attention has a
+        recurrent form for the encoding (``relpos.attention.plan`` gives ``linear-scan`` or
+        ``linear-decay`` and the keys' rotation does not change from call to call), else a
+        ``LayerCache`` (softmax attention, or a kernelized call that recomputes over all
+        cached keys)."""
+        if self.feature_map is None or self.qkv_conv is not None:
+            return LayerCache()  # (the q/k/v convolution state lives in a LayerCache)
+        enc = self.encoding
+        if enc is not None and enc.has_rotary and not enc.cache_rotated_keys:
+            return LayerCache()
+        probe = torch.zeros(1, self.num_heads, 2, self.head_dim)
+        kv = probe[:, : self.num_kv_heads]
+        try:
+            _, path = plan(probe, kv, kv, enc, causal=True, feature_map=self.feature_map)
+        except ValueError:  # needs per-call inputs: decided on the first call instead
+            return LayerCache()
+        return LinearState() if path in ("linear-scan", "linear-decay") else LayerCache()
+
     def forward(
         self,
         x: Tensor,
         pos: Tensor | None = None,
-        cache: LayerCache | None = None,
+        cache: LayerCache | LinearState | None = None,
         causal: bool = True,
         inputs: dict[str, Tensor] | None = None,
         mask_mod: MaskMod | None = None,
@@ -90,6 +146,16 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(self.q_proj(x), self.num_heads)
         k, v = self.kv_proj(x).chunk(2, dim=-1)
         k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        if self.qkv_conv is not None:
+            if isinstance(cache, LinearState):
+                raise ValueError(
+                    "cache: a layer with qkv_conv keeps its convolution state in a LayerCache; "
+                    "use layer.new_cache() (a LinearState holds no convolution state)"
+                )
+            q, k, v = self._convolve(q, k, v, cache)
+        enc = self.encoding
+        if enc is not None and LAYER_INPUT in {**enc.required_inputs, **enc.optional_inputs}:
+            inputs = {**(inputs or {}), LAYER_INPUT: x}  # this layer's own input (TRA's gate)
         out = attention(
             q,
             k,
@@ -102,5 +168,25 @@ class MultiHeadAttention(nn.Module):
             inputs=inputs,
             mask_mod=mask_mod,
             cache=cache,
+            feature_map=self.feature_map,
         )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
+
+    def _convolve(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The causal convolutions of q, k, v, continued from (and stored in) the cache."""
+        assert self.qkv_conv is not None
+        tails = cache.conv_tail if cache is not None and cache.length > 0 else None
+        if cache is not None and cache.length > 0 and tails is None:
+            raise ValueError(
+                "cache: the layer convolves q, k and v (qkv_conv) but the cache was filled "
+                "without their convolution state; decode with a cache this layer filled"
+            )
+        out = [
+            conv(x, None if tails is None else tails[n])
+            for n, (conv, x) in enumerate(zip(self.qkv_conv, (q, k, v), strict=True))
+        ]
+        if cache is not None:
+            cache.conv_tail = (out[0][1], out[1][1], out[2][1])
+        return out[0][0], out[1][0], out[2][0]

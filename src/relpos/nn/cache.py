@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..efficient.state import LinearState
+
 
 @dataclass
 class LayerCache:
@@ -24,6 +26,9 @@ class LayerCache:
     #: raw queries ``(B, H, L, D)``, kept only for encodings that read earlier tokens'
     #: queries (``Encoding.reads_past_queries``: LongHeads' chunk features)
     q: Tensor | None = None
+    #: the last ``K - 1`` projected (pre-convolution) queries, keys and values, kept by
+    #: ``MultiHeadAttention(qkv_conv=K)`` so decoding continues its causal convolutions
+    conv_tail: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -53,14 +58,16 @@ class LayerCache:
 
 @dataclass
 class KVCache:
-    """One ``LayerCache`` per layer of a ``TransformerLM``.
+    """One cache per layer of a ``TransformerLM``: a ``LayerCache``, or for kernelized
+    attention with a recurrent form a ``relpos.efficient.LinearState``
+    (``MultiHeadAttention.new_cache``).
 
     ``position_state``: what an encoding that derives positions from token ids needs to
     continue them on the next call (BiPE: the next token's intra offset and segment index);
     None when nothing was derived.
     """
 
-    layers: list[LayerCache] = field(default_factory=list)
+    layers: list[LayerCache | LinearState] = field(default_factory=list)
     position_state: Tensor | None = None
 
     @classmethod

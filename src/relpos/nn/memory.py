@@ -104,3 +104,5 @@ def _keep_last(layer: LayerCache, keep: int) -> None:
     layer.k = layer.k[:, :, -keep:].detach().clone()  # (no view on the whole old cache)
     layer.v = layer.v[:, :, -keep:].detach().clone()
     layer.k_pos = layer.k_pos[:, -keep:]
+    if layer.conv_tail is not None:  # MultiHeadAttention(qkv_conv=K): its last K - 1 inputs
+        layer.conv_tail = tuple(t.detach() for t in layer.conv_tail)  # type: ignore[assignment]

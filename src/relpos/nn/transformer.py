@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -9,10 +10,20 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.call import MaskMod
+from ..efficient.feature_maps import FeatureMap
+from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from ..validation import check_int, check_token_ids
 from .attention import MultiHeadAttention, build_encoding
 from .cache import KVCache, LayerCache
+
+
+def _layer_feature_map(feature_map: str | FeatureMap | None, index: int) -> str | FeatureMap | None:
+    """Layer ``index``'s feature map: a name is built per layer; an instance is used by the
+    first layer and deep-copied for the others (no module shared by two layers unasked)."""
+    if isinstance(feature_map, FeatureMap) and index > 0:
+        return copy.deepcopy(feature_map)
+    return feature_map
 
 
 class MLP(nn.Module):
@@ -42,7 +53,7 @@ class Block(nn.Module):
         self,
         x: Tensor,
         pos: Tensor | None,
-        cache: LayerCache | None,
+        cache: LayerCache | LinearState | None,
         inputs: dict[str, Tensor] | None = None,
         mask_mod: MaskMod | None = None,
     ) -> Tensor:
@@ -61,6 +72,13 @@ class TransformerLM(nn.Module):
             share their bias parameters across layers); False gives each layer its own.
         num_kv_heads: grouped-query attention.
         backend: attention backend ("auto" picks per call).
+        feature_map: kernelized (linear) attention in every layer instead of softmax
+            (``MultiHeadAttention``: ``"elu1"``, ``"relu"``, ``"prf"`` or a
+            ``relpos.efficient.FeatureMap``, one per layer); ``feature_map_options`` for a
+            name. ``new_cache()`` then holds each layer's recurrent ``LinearState`` where the
+            encoding allows (O(1) work per decoded token), a ``LayerCache`` otherwise.
+        qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every
+            layer (``MultiHeadAttention(qkv_conv=)``; RCMHA: 3 with ``encoding="rcmha"``).
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -88,6 +106,9 @@ class TransformerLM(nn.Module):
         num_kv_heads: int | None = None,
         mlp_ratio: float = 4.0,
         backend: str = "auto",
+        feature_map: str | FeatureMap | None = None,
+        feature_map_options: dict[str, Any] | None = None,
+        qkv_conv: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -116,7 +137,14 @@ class TransformerLM(nn.Module):
             Block(
                 dim,
                 MultiHeadAttention(
-                    dim, num_heads, layer_encoding(i), num_kv_heads=num_kv_heads, backend=backend
+                    dim,
+                    num_heads,
+                    layer_encoding(i),
+                    num_kv_heads=num_kv_heads,
+                    backend=backend,
+                    feature_map=_layer_feature_map(feature_map, i),
+                    feature_map_options=feature_map_options,
+                    qkv_conv=qkv_conv,
                 ),
                 mlp_ratio,
             )
@@ -147,8 +175,9 @@ class TransformerLM(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache for incremental decoding."""
-        return KVCache.empty(self.depth)
+        """An empty cache for incremental decoding: one ``MultiHeadAttention.new_cache()``
+        per layer (``LayerCache``, or ``LinearState`` for recurrent kernelized attention)."""
+        return KVCache([block.attn.new_cache() for block in self.blocks])
 
     def forward(
         self,

@@ -69,7 +69,8 @@ class SeqPE(Encoding):
     ``max_digits 5``, ``embed_dim = num_heads * head_dim`` (the model width), ``encoder_heads =
     num_heads``, 2 layers, ``out_dim = embed_dim``, a final LayerNorm, temperature 1;
     ``d = head_dim``. The regularisers of the paper are
-    ``seqpe_encoder.contrastive_loss`` / ``distillation_loss`` (apply them to ``.encoder``).
+    ``seqpe_encoder.contrastive_loss`` / ``distillation_loss`` (apply them to ``.encoder``);
+    ``seqpe_sampler.ContrastiveSampler`` draws the contrastive candidates as the official code.
     """
 
     paper = "H. Li et al. 2025 (SeqPE)"

@@ -7,7 +7,8 @@ ghrua/seqpe ``SequentialPE``; spec remaining.md section 3, authority A).
 embeds the digits, appends a CLS vector and returns the CLS state's projection: one learned
 vector per position, for any position below ``10 ** max_digits`` and any number of axes.
 Also the two regularisers of the paper (``contrastive_loss``, ``distillation_loss``) and its
-training-time position shift (``RandomShift``).
+training-time position shift (``RandomShift``); the contrastive candidates are drawn by
+``seqpe_sampler.ContrastiveSampler``.
 """
 
 from __future__ import annotations
@@ -153,14 +154,23 @@ def contrastive_labels(pivots: Tensor, candidates: Tensor) -> Tensor:
     return torch.argmin(d2, dim=1)
 
 
-def contrastive_loss(encoder: nn.Module, pivots: Tensor, candidates: Tensor) -> Tensor:
+def contrastive_loss(
+    encoder: nn.Module, pivots: Tensor, candidates: Tensor, labels: Tensor | None = None
+) -> Tensor:
     """``L_ct``: cross-entropy of the logits ``<PE(p), PE(n_c)>`` over the ``C`` candidates of
-    each pivot, against the nearest candidate (``contrastive_labels``). ``pivots (N, m)``,
-    ``candidates (N, C, m)`` integer positions; a scalar."""
+    each pivot, against the nearest candidate (``contrastive_labels``; or ``labels (N,)`` as
+    given, e.g. by ``seqpe_sampler.ContrastiveSampler``). ``pivots (N, m)``, ``candidates
+    (N, C, m)`` integer positions; a scalar."""
     n, c, m = candidates.shape
+    if labels is None:
+        labels = contrastive_labels(pivots, candidates)
+    elif labels.shape != (n,):
+        raise ValueError(
+            f"labels must have shape ({n},) (one per pivot), got {tuple(labels.shape)}"
+        )
     pe = encoder(torch.cat([pivots, candidates.reshape(n * c, m)]))
     logits = torch.einsum("nd,ncd->nc", pe[:n], pe[n:].view(n, c, -1))
-    return F.cross_entropy(logits, contrastive_labels(pivots, candidates))
+    return F.cross_entropy(logits, labels)
 
 
 def distillation_loss(encoder: nn.Module, student: Tensor, teacher: Tensor) -> Tensor:

@@ -130,8 +130,9 @@ class StereoWorld(PRoPE):
     """StereoWorld's camera encoding (seed 93, spec §2.6, Authority A): PRoPE's ``Proj4(P)``
     on *all* head channels (no RoPE channels: tokens of one camera have no position) with the
     principal point zeroed, ``K~ = diag(fx/W, fy/H, 1)``. In StereoWorld it runs as a
-    zero-initialised branch parallel to the pretrained RoPE attention (a ``relpos.nn``
-    recipe: two attention calls, the branch's output projection zero-initialised); poses
+    zero-initialised branch parallel to the pretrained RoPE attention
+    (``relpos.nn.CameraAdapter(..., "stereoworld", qk_norm=True)``: own q/k/v, RMSNorm on q
+    and k, the output projection zero-initialised); poses
     relative to frame 0 (``relpos.cameras.anchor``), right eye ``c2w_R = c2w_L
     Trans(0.065 e_x)``. Needs ``head_dim % 4 == 0``."""
 

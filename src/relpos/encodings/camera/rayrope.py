@@ -57,6 +57,7 @@ from ...validation import check_finite_tensor
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
 from .frames import CameraFrames
+from .groups import query_camera_groups
 from .prope import lift
 
 __all__ = ["RayRoPE", "RayState", "expected_rotation", "rayrope_frequencies", "ray_offsets"]
@@ -259,14 +260,8 @@ class RayRoPE(CameraFrames):
         qn = normalize_K(q_K, self.image_size)  # type: ignore[arg-type]
         kn = normalize_K(k_K, self.image_size)  # type: ignore[arg-type]
         # the groups: distinct query cameras (extrinsics and intrinsics) of the call
-        key = torch.cat((q_view.flatten(-2), qn.flatten(-2)), -1).reshape(batch * Lq, 25)
-        cams, index = torch.unique(key, dim=0, return_inverse=True)
-        if cams.shape[0] > self.group_limit:
-            raise ValueError(
-                f"encoding 'rayrope' runs one attention per query camera: this call has "
-                f"{cams.shape[0]} distinct query cameras, above group_limit={self.group_limit}"
-            )
-        index = index.reshape(batch, Lq)
+        views, intrinsics, index = query_camera_groups(q_view, qn, self.group_limit, self.name)
+        assert intrinsics is not None
         bounds = []
         for depth in (q_depth, k_depth):
             logd, sigma = depth[..., 0], depth[..., 1]
@@ -274,9 +269,9 @@ class RayRoPE(CameraFrames):
             hi = torch.exp((logd + sigma).clamp(max=self.max_log_depth))
             bounds.append((lo, hi))
         groups = []
-        for g in range(cams.shape[0]):
-            w2c_c = cams[g, :16].reshape(1, 1, 4, 4)
-            P_c = lift(cams[g, 16:].reshape(1, 1, 3, 3)) @ w2c_c
+        for g in range(views.shape[0]):
+            w2c_c = views[g].reshape(1, 1, 4, 4)
+            P_c = lift(intrinsics[g].reshape(1, 1, 3, 3)) @ w2c_c
             coefs = []
             for (view, K, pos), (lo, hi) in zip(
                 ((q_view, qn, q_pos), (k_view, kn, k_pos)), bounds, strict=True

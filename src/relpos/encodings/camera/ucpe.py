@@ -15,8 +15,16 @@ identical cameras give identical per-pixel frames. UCM unprojection (standard fo
 ``m = ((u - cx)/fx, (v - cy)/fy)``, ``lambda = (xi + sqrt(1 + (1 - xi^2)|m|^2)) / (1 +
 |m|^2)``, ray ``(lambda m, lambda - xi)``; ``xi`` in [0, 1].
 
-UCPE's absolute orientation map ("absmap": pitch/roll of each ray added to the tokens) and
-its parallel-adapter block are not part of this encoding.
+UCPE's **Absolute Orientation Encoding** ("absmap", chengzhag/UCPE ``compute_up_lat_map``,
+read, not copied) is absolute, so it is a helper next to the encoding, like the Plücker
+rays: ``orientation_map`` gives per patch ``(up_x, up_y, lat)`` — the latitude of the ray
+``lat = atan2(-Y_w, sqrt(X_w^2 + Z_w^2))`` (``d_w = R_c2w d_cam`` unit, world y down, i.e.
+``world_up = (0, -1, 0)``) and the unit image direction ``up`` in which the ray moves when it
+is turned by ``delta = 0.1`` rad toward world-up (Rodrigues about ``normalize(d_w x up)``, the
+turned ray projected with the UCM lens): pitch and roll only, blind to yaw and position.
+``OrientationEmbedding`` is UCPE's ``cam_encoder``: ``Linear(3, dim)`` added to the tokens
+before q, k, v. UCPE's parallel-adapter block (own q/k/v, zero-init output, the
+orientation embedding on its input) is ``relpos.nn.CameraAdapter``.
 
 Shapes: ``pos (B|1, L, 2)`` = (x, y) patch indices on a ``grid=(Px, Py)`` grid of a
 ``image_size=(W, H)`` image (the ray of patch (x, y) passes through pixel ``((x + 0.5) W /
@@ -26,15 +34,26 @@ Px, (y + 0.5) H / Py)``); inputs ``k_viewmats (B, Lk, 4, 4)`` and ``k_Ks (B, Lk,
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import math
+from collections.abc import Sequence
 
-from ...cameras import invert_se3
+import torch
+from torch import Tensor, nn
+
+from ...cameras import check_intrinsics, check_viewmats, invert_se3, patch_centers
 from ...registry import register
+from ...validation import check_float, check_float_sequence, check_int
 from ..options import Float, FloatSequence, IntSequence, Refused
 from .prope import PRoPE
 
-__all__ = ["UCPE", "ucm_unproject", "world_to_ray"]
+__all__ = [
+    "UCPE",
+    "OrientationEmbedding",
+    "orientation_map",
+    "ucm_project",
+    "ucm_unproject",
+    "world_to_ray",
+]
 
 
 def ucm_unproject(pixels: Tensor, Ks: Tensor, xi: float = 0.0) -> Tensor:
@@ -46,6 +65,85 @@ def ucm_unproject(pixels: Tensor, Ks: Tensor, xi: float = 0.0) -> Tensor:
     lam = (xi + torch.sqrt(1 + (1 - xi * xi) * r2)) / (1 + r2)
     ray = torch.stack((lam * mx, lam * my, lam - xi), -1)
     return ray / ray.norm(dim=-1, keepdim=True)
+
+
+def ucm_project(points: Tensor, Ks: Tensor, xi: float = 0.0) -> Tensor:
+    """Pixels ``(..., 2)`` of camera-frame points ``(..., 3)`` under the unified camera model:
+    ``u = fx X / (Z + xi |X|) + cx``, ``v = fy Y / (Z + xi |X|) + cy`` (``xi = 0``: pinhole)."""
+    alpha = points[..., 2] + xi * points.norm(dim=-1)
+    u = Ks[..., 0, 0] * points[..., 0] / alpha + Ks[..., 0, 2]
+    v = Ks[..., 1, 1] * points[..., 1] / alpha + Ks[..., 1, 2]
+    return torch.stack((u, v), -1)
+
+
+def orientation_map(
+    viewmats: Tensor,
+    Ks: Tensor,
+    grid: Sequence[int],
+    image_size: Sequence[float],
+    *,
+    xi: float = 0.0,
+    delta: float = 0.1,
+    world_up: Sequence[float] = (0.0, -1.0, 0.0),
+) -> Tensor:
+    """UCPE's absolute orientation map (module docstring): ``(up_x, up_y, lat)`` of every
+    patch-centre ray, ``viewmats (..., C, 4, 4)`` world-to-camera, ``Ks (..., C, 3, 3)`` ->
+    ``(..., C * Px * Py, 3)``, camera-major, x fastest. ``world_up``: the world's up
+    direction (UCPE: y down, ``(0, -1, 0)``); rays parallel to it get ``up = (0, 0)``."""
+    view = check_viewmats(viewmats, "viewmats")
+    K = check_intrinsics(Ks, "Ks")
+    xi = check_float(xi, "xi", minimum=0.0, maximum=1.0)
+    delta = check_float(delta, "delta", above=0.0, below=math.pi / 2)
+    up = torch.tensor(check_float_sequence(world_up, "world_up", length=3), dtype=view.dtype)
+    if float(up.norm()) == 0:
+        raise ValueError("world_up must be a non-zero 3-vector")
+    up = (up / up.norm()).to(view.device)
+    pixels = patch_centers(grid, image_size, dtype=view.dtype).to(view.device)  # (N, 2)
+    Kc = K[..., None, :, :]
+    d_cam = ucm_unproject(pixels, Kc, xi)  # (..., C, N, 3)
+    R_c2w = view[..., None, :3, :3].transpose(-1, -2)
+    d_w = (R_c2w @ d_cam[..., None])[..., 0]
+    d_w = d_w / d_w.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    vertical = (d_w * up).sum(-1)
+    horizontal = (d_w - vertical[..., None] * up).norm(dim=-1)
+    lat = torch.atan2(vertical, horizontal)
+    axis = torch.linalg.cross(d_w, up.expand_as(d_w))
+    norm = axis.norm(dim=-1, keepdim=True)
+    axis = axis / norm.clamp_min(1e-12)
+    # Rodrigues with the axis orthogonal to the ray: d cos + (axis x d) sin
+    turned = d_w * math.cos(delta) + torch.linalg.cross(axis, d_w) * math.sin(delta)
+    moved = ucm_project((R_c2w.transpose(-1, -2) @ turned[..., None])[..., 0], Kc, xi)
+    step = moved - ucm_project(d_cam, Kc, xi)
+    step = torch.where(norm > 1e-9, step, torch.zeros_like(step))
+    step = step / step.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return torch.cat((step, lat[..., None]), -1).flatten(-3, -2)
+
+
+class OrientationEmbedding(nn.Module):
+    """UCPE's ``cam_encoder`` for the orientation map: ``Linear(3, dim)`` of ``(up_x, up_y,
+    lat)`` per token, added to the tokens before q, k and v. ``forward(orientation (B, L,
+    3)) -> (B, L, dim)``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = check_int(dim, "dim")
+        self.proj = nn.Linear(3, self.dim)
+
+    def forward(self, orientation: Tensor) -> Tensor:
+        if (
+            not isinstance(orientation, Tensor)
+            or orientation.dim() != 3
+            or orientation.shape[-1] != 3
+        ):
+            shape = (
+                tuple(orientation.shape)
+                if isinstance(orientation, Tensor)
+                else type(orientation).__name__
+            )
+            raise ValueError(
+                f"orientation must have shape (B, L, 3) = (up_x, up_y, lat), got {shape}"
+            )
+        return self.proj(orientation)
 
 
 def world_to_ray(viewmats: Tensor, d_cam: Tensor, eps: float = 1e-6) -> Tensor:

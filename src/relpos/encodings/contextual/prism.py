@@ -108,6 +108,15 @@ class PRISM(Encoding):
     Assumptions (no code or formula text found): kernels from a linear map of the keys, shifts
     ``0 .. max_shift`` only (forward), no correction step ``pi * l(x_t)``, query histograms
     from the query's own key, ``|delta|`` for keys after the query.
+
+    Sources tried (issue 15): the stored pages of arXiv 2506.00920 (v1, v2 HTML) and its
+    listings return the abstract and the first lines of the introduction only; no code
+    repository was found (the v1 note says code "will follow in v2"). A third-party summary
+    (sciencestack.ai) says the histogram "forms a position stream via sinusoidal embeddings",
+    reads the update as a non-stationary HMM / CRF and adds a "copy branch": if so, the paper
+    feeds an expected sinusoid into the residual stream rather than (or besides) the
+    attention bias used here. Unverified, so the correction step and that stream are not
+    built.
     """
 
     paper = "P. Lee 2025 (PRISM)"

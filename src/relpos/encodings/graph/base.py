@@ -26,7 +26,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from ...graphs import check_adjacency
+from ...graphs import check_adjacency, tree_relations
 from ..base import BiasContext, Encoding
 from ..options import Int
 
@@ -36,6 +36,7 @@ __all__ = [
     "GraphStructure",
     "check_structure",
     "example_forest",
+    "example_relations",
     "structure_or_adjacency",
 ]
 
@@ -122,6 +123,14 @@ def example_forest(batch: int, nodes: int, seed: int) -> tuple[Tensor, Tensor]:
     adj[b, child, parent[b, child]] = True
     adj[b, parent[b, child], child] = True
     return parent, adj
+
+
+@lru_cache(maxsize=4)
+def example_relations(batch: int) -> Tensor:
+    """``(up, down)`` tree relations ``(batch, N, N, 2)`` of ``example_forest`` (computed once
+    per batch size: the example inputs of ``tree`` and ``sipe``)."""
+    _, up, down = tree_relations(example_forest(batch, DEFAULT_MAX_NODES, 0)[0])
+    return torch.stack((up, down), dim=-1)
 
 
 class GraphEncoding(Encoding):

@@ -7,15 +7,13 @@ Inputs: ``parent (B, N)`` parent pointers or the precomputed ``relations (B, N, 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 from torch import Tensor, nn
 
 from ...graphs import tree_relations
 from ...registry import register
 from ..options import Int
-from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_forest
+from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_relations
 
 __all__ = ["TreeRelationBias"]
 
@@ -82,10 +80,4 @@ class TreeRelationBias(GraphEncoding):
 
     @classmethod
     def example_inputs(cls, batch, length_q, length_k, generator):
-        return {"relations": _example_relations(batch)}
-
-
-@lru_cache(maxsize=4)
-def _example_relations(batch: int) -> Tensor:
-    _, up, down = tree_relations(example_forest(batch, DEFAULT_MAX_NODES, 0)[0])
-    return torch.stack((up, down), dim=-1)
+        return {"relations": example_relations(batch)}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import registry
-from ...arguments import parse_names
+from ...arguments import parse_float_list, parse_names
 from ...optional import require
 from ...validation import check_choice, check_int
 from .. import report
@@ -85,25 +84,12 @@ def parse_encodings(value: str | Sequence[str]) -> list[str]:
 
 
 def parse_mults(value: str | Sequence[float]) -> list[float]:
-    """Evaluation multiples of the train length from ``"1,2,4"`` or a list (positive)."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    mults: list[float] = []
-    for item in items:
-        if isinstance(item, str):
-            item = item.strip()
-            if not item:
-                continue
-        try:
-            m = float(item)
-        except (TypeError, ValueError):
-            raise ValueError(f"--eval-mult must be positive numbers, got {item!r}") from None
-        if not math.isfinite(m) or m <= 0:
-            raise ValueError(f"--eval-mult must be positive numbers, got {item!r}")
-        if m not in mults:
-            mults.append(m)
-    if not mults:
-        raise ValueError("--eval-mult is empty (e.g. 1,2,4,8,16)")
-    return sorted(mults)
+    """Evaluation multiples of the train length from ``"1,2,4"`` or a list (positive), sorted
+    and without repeats."""
+    mults = parse_float_list(
+        value, "--eval-mult", expected="positive numbers (e.g. 1,2,4,8,16)", above=0
+    )
+    return sorted(set(mults))
 
 
 # ------------------------------------------------------------------------------ the plan

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...arguments import parse_float_list
 from ...optional import require
 from ...validation import check_int
 from ..passkey import MAX_NEW_TOKENS, landmark_prompt
@@ -63,24 +64,6 @@ def parse_methods(value: str | Sequence[str]) -> list[str]:
     return names
 
 
-def _numbers(value: str | Sequence[Any], flag: str, kind: type) -> list[Any]:
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            item = item.strip()
-            if not item:
-                continue
-        try:
-            number = kind(item)
-        except (TypeError, ValueError):
-            raise ValueError(f"{flag} must be comma-separated numbers, got {value!r}") from None
-        out.append(number)
-    if not out:
-        raise ValueError(f"{flag} is empty")
-    return out
-
-
 def parse_lengths(value: str | Sequence[int]) -> list[int]:
     """Prompt lengths in tokens (``"1024,2048"``; a ``k``/``K`` suffix means x1024), sorted."""
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -90,7 +73,7 @@ def parse_lengths(value: str | Sequence[int]) -> list[int]:
         if not text:
             continue
         mult = 1024 if text[-1] in "kK" else 1
-        number = _numbers(text[:-1] if mult > 1 else text, "--lengths", float)[0]
+        number = parse_float_list(text[:-1] if mult > 1 else text, "--lengths")[0]
         if number != int(number) and mult == 1:
             raise ValueError(f"--lengths must be whole numbers of tokens, got {text!r}")
         length = int(number * mult)
@@ -104,7 +87,7 @@ def parse_lengths(value: str | Sequence[int]) -> list[int]:
 
 def parse_depths(value: str | Sequence[float]) -> list[float]:
     """Key depths in [0, 1] (``"0.1,0.5,0.9"``)."""
-    depths = _numbers(value, "--depths", float)
+    depths = parse_float_list(value, "--depths")
     bad = [d for d in depths if not 0 <= d <= 1]
     if bad:
         raise ValueError(f"--depths must lie in [0, 1], got {bad[0]!r}")

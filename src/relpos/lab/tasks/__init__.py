@@ -9,7 +9,10 @@
 * ``metrics``: masked accuracy, exact match, the test-length score, mean ± CI over seeds;
 * ``profiles``, ``jobs``, ``plan``, ``run``, ``report``, ``command``: the command (one job
   per task x model x seed, trained in parallel processes, checkpointed, resumable);
-* ``references``: the published numbers set beside the cells.
+* ``references``: the published numbers set beside the cells;
+* ``correspondence``, ``multiview_suite``, ``multiview_report``: ``--suite multiview``, the
+  cross-view correspondence experiment of the camera spec §5 (relative camera encodings
+  against absolute Plücker rays under a rigid change of the test scenes).
 """
 
 from .chomsky import CHOMSKY_TASKS, ChomskyTask, TaskBatch, chomsky_task

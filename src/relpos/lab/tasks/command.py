@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``relpos tasks`` (numbers parsed by ``run_command``, so a bad value is
     one line naming the flag)."""
     add = parser.add_argument
-    add("--suite", required=True, help=f"one of {', '.join(SUITES)}")
+    add("--suite", required=True, help=f"one of {', '.join(SUITES)}, multiview")
     add("--tasks", help="comma-separated tasks of the suite (default: the profile's)")
     add(
         "--encodings",
@@ -41,7 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-len", help="longest training length (default: the profile's; SCAN keeps its split)"
     )
     add("--test-lengths", help="test lengths: A-B or comma-separated (default: the profile's)")
-    add("--eval-size", help="test sequences per length (default: the profile's)")
+    add(
+        "--eval-size",
+        help="test sequences per length (multiview: test scenes per condition; default: the "
+        "profile's)",
+    )
     add("--jobs", help="models trained in parallel processes (default: min(2, CPUs))")
     add("--out", help="run folder (default runs/tasks-SUITE-PROFILE)")
     add("--resume", action="store_true", help="continue the run in --out")
@@ -97,6 +101,10 @@ def _length_overrides(args: argparse.Namespace) -> dict[str, object]:
 def run_command(args: argparse.Namespace) -> int:
     """``relpos tasks``: every flag checked before anything is written; then train,
     evaluate, report."""
+    if args.suite == "multiview":
+        from .multiview_suite import run_multiview_command
+
+        return run_multiview_command(args)
     t0 = time.perf_counter()
     argv = getattr(args, "argv", None)
     command = "relpos " + (shlex.join(argv) if argv else f"tasks --suite {args.suite}")

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ... import registry
 from ...encodings.base import Encoding
-from ...nn.attention import MultiHeadAttention, build_encoding
+from ...nn.attention import LAYER_INPUT, MultiHeadAttention, build_encoding
 
 __all__ = ["POSITION_SCHEMES", "TaskEncoder", "takes_positions", "check_encoding_for_tasks"]
 
@@ -57,8 +57,10 @@ def check_encoding_for_tasks(name: str, scheme: str, *, causal: bool) -> None:
     enc = registry.create(name, num_heads=2, head_dim=8)
     if enc.dims != 1:
         raise ValueError(f"--encodings: {name!r} has {enc.dims} position axes; tasks are 1-D")
-    if enc.required_inputs or enc.needs_inputs:
-        inputs = ", ".join(enc.required_inputs or enc.optional_inputs)
+    # the layer input (TRA's forget gate) is filled by the relpos.nn layers themselves
+    needed = {n: f for n, f in enc.required_inputs.items() if n != LAYER_INPUT}
+    if needed or enc.needs_inputs:
+        inputs = ", ".join(needed or enc.optional_inputs)
         raise ValueError(
             f"--encodings: {name!r} needs per-call inputs ({inputs}), which sequence tasks "
             "do not have"

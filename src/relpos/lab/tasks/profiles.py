@@ -277,5 +277,5 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
 def get_task_profile(suite: str, name: str) -> TaskProfile:
     """The profile ``name`` of ``suite``; ``ValueError`` naming the known ones otherwise."""
     if suite not in PROFILES:
-        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {suite!r}")
+        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, multiview; got {suite!r}")
     return lookup_profile(PROFILES[suite], name)

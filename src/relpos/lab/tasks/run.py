@@ -21,7 +21,7 @@ from ..runtime import RaiseOnSignal
 from .jobs import Job, eval_lengths, run_job, worker
 from .plan import RUN_FILE, RUN_KIND, TaskPlan, plan_tasks
 
-__all__ = ["start_run", "run_plan", "run_tasks", "job_rows"]
+__all__ = ["start_run", "run_plan", "run_tasks", "job_rows", "run_parallel"]
 
 
 def start_run(plan: TaskPlan, meta: dict[str, Any]) -> None:
@@ -109,23 +109,28 @@ def run_plan(
         for index, job in enumerate(plan.jobs):
             done(index, run_job(job, resume=plan.resume, progress=progress, log=log))
     else:
-        _run_parallel(plan, done)
+        run_parallel(plan, done)
     rows = []
     for index, job in enumerate(plan.jobs):
         rows.extend(job_rows(job, results[index]))
     return rows
 
 
-def _run_parallel(plan: TaskPlan, done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Jobs in ``plan.workers`` spawned processes; on a signal every worker is asked to stop
-    (SIGTERM: it checkpoints after its step) and ``KeyboardInterrupt`` is raised."""
+def run_parallel(
+    plan: Any,
+    done: Callable[[int, dict[str, Any]], None],
+    job_worker: Callable[[dict[str, Any], bool], dict[str, Any]] = worker,
+) -> None:
+    """``plan.jobs`` in ``plan.workers`` spawned processes, each through ``job_worker(job
+    JSON, resume)`` (the multiview suite passes its own); on a signal every worker is asked
+    to stop (SIGTERM: it checkpoints after its step) and ``KeyboardInterrupt`` is raised."""
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=plan.workers, mp_context=context)
     pending: dict[Future, int] = {}
     try:
         with RaiseOnSignal():
             for index, job in enumerate(plan.jobs):
-                pending[pool.submit(worker, job.to_json(), plan.resume)] = index
+                pending[pool.submit(job_worker, job.to_json(), plan.resume)] = index
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
