@@ -1,0 +1,110 @@
+"""TransformerLM's weight initialisations (issue 13): "fan-in" (the default, as x-transformers)
+and "gpt2" (the model before), and what they leave alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import relpos
+from relpos.lab.train import TrainConfig, build_model, check_compatible
+from relpos.nn.transformer import INIT_SCHEMES
+
+DIM = 32
+
+
+def model(encoding: str = "alibi", seed: int = 0, **kwargs) -> relpos.nn.TransformerLM:
+    torch.manual_seed(seed)
+    return relpos.nn.TransformerLM(256, DIM, 2, 4, encoding, **kwargs)
+
+
+def test_default_is_fan_in_with_he_embedding_and_scaled_tied_head():
+    m = model()
+    assert m.init == "fan-in" and m.logit_scale == pytest.approx(DIM**-0.5)
+    # He normal on the token embedding: std sqrt(2 / dim) (fan-in = dim for an Embedding)
+    assert m.embed.weight.std().item() == pytest.approx(math.sqrt(2 / DIM), rel=0.05)
+    # nn.Linear's own fan-in init: uniform in +-1/sqrt(fan_in), biases too (not zeroed)
+    for lin in (m.blocks[0].attn.q_proj, m.blocks[1].mlp.fc_in, m.blocks[1].mlp.fc_out):
+        bound = lin.in_features**-0.5
+        assert lin.weight.abs().max().item() <= bound
+        assert lin.weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.1)
+    assert m.blocks[0].mlp.fc_in.bias.abs().max().item() > 0
+
+
+def test_fan_in_logits_are_the_tied_head_times_dim_to_the_minus_half():
+    m = model("alibi").eval()
+    tokens = torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        logits = m(tokens)
+        m.logit_scale = 1.0
+        unscaled = m(tokens)
+    torch.testing.assert_close(logits, unscaled * DIM**-0.5)
+
+
+def test_gpt2_init_is_the_model_before_issue_13():
+    m = model(init="gpt2")
+    assert m.logit_scale == 1.0
+    assert m.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    q = m.blocks[0].attn.q_proj.weight
+    assert q.std().item() == pytest.approx(0.02, rel=0.1)
+    out = m.blocks[0].attn.out_proj.weight
+    assert out.std().item() == pytest.approx(0.02 / math.sqrt(2 * 2), rel=0.1)
+    assert torch.count_nonzero(m.blocks[0].mlp.fc_in.bias) == 0
+
+
+@pytest.mark.parametrize("encoding", ["fire", "t5", "learned"])
+def test_state_dict_keys_do_not_depend_on_init_and_encodings_init_the_same(encoding):
+    """Checkpoints of either init load into the other; an encoding's own layers get the
+    same init under both (FIRE keeps its input layer, the rest is N(0, 0.02))."""
+    a, b = model(encoding, init="gpt2"), model(encoding)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    b.load_state_dict(a.state_dict())
+    enc = model(encoding).blocks[0].attn.encoding or model(encoding).input_encoding
+    for sub in enc.modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding)) and id(sub) not in {
+            id(m) for m in enc.modules_keeping_init()
+        }:
+            assert sub.weight.std().item() == pytest.approx(0.02, rel=0.3)
+    if encoding == "fire":  # its scalar-input layer keeps PyTorch's init (weights in [-1, 1])
+        assert enc.mlp_in.weight.abs().max().item() > 0.1
+
+
+def test_unknown_init_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"init must be one of fan-in, gpt2, got 'xavier'"):
+        model(init="xavier")
+    with pytest.raises(ValueError, match="init must be one of"):
+        TrainConfig(encoding="alibi", init="xavier")
+    assert INIT_SCHEMES == ("fan-in", "gpt2")
+
+
+def test_lab_configs_saved_before_init_existed_rebuild_the_gpt2_model():
+    saved = TrainConfig(encoding="alibi", dim=DIM, depth=2).to_json()
+    del saved["init"]  # a state.json written before issue 13
+    old = TrainConfig.from_json(saved)
+    assert old.init == "gpt2"
+    assert build_model(old, 256).logit_scale == 1.0
+    assert TrainConfig(encoding="alibi").init == "fan-in"
+
+
+def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
+    class Corpus:
+        vocab_size, tokenizer, name = 256, "bytes", "x"
+
+        def fingerprint(self) -> str:
+            return "f"
+
+    config = TrainConfig(encoding="alibi")
+    saved = config.to_json()
+    del saved["init"]
+    state = {
+        "config": saved,
+        "vocab_size": 256,
+        "corpus": {"tokenizer": "bytes", "fingerprint": "f"},
+    }
+    with pytest.raises(ValueError, match=r"init \('gpt2' in the checkpoint, 'fan-in' now\)"):
+        check_compatible(config, Corpus(), state, "run")
+    gpt2 = TrainConfig(encoding="alibi", init="gpt2")
+    assert check_compatible(gpt2, Corpus(), state, "run") is None
