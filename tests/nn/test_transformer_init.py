@@ -1,5 +1,5 @@
-"""TransformerLM's weight initialisations (issue 13): "fan-in" (the default, as x-transformers)
-and "gpt2" (the model before), and what they leave alone."""
+"""TransformerLM's weight initialisations (issue 13): "gpt2" (the default) and "fan-in"
+(x-transformers' defaults), and what they leave alone."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def model(encoding: str = "alibi", seed: int = 0, **kwargs) -> relpos.nn.Transfo
     return relpos.nn.TransformerLM(256, DIM, 2, 4, encoding, **kwargs)
 
 
-def test_default_is_fan_in_with_he_embedding_and_scaled_tied_head():
-    m = model()
+def test_fan_in_is_he_embedding_pytorch_linears_and_a_scaled_tied_head():
+    m = model(init="fan-in")
     assert m.init == "fan-in" and m.logit_scale == pytest.approx(DIM**-0.5)
     # He normal on the token embedding: std sqrt(2 / dim) (fan-in = dim for an Embedding)
     assert m.embed.weight.std().item() == pytest.approx(math.sqrt(2 / DIM), rel=0.05)
@@ -35,7 +35,7 @@ def test_default_is_fan_in_with_he_embedding_and_scaled_tied_head():
 
 
 def test_fan_in_logits_are_the_tied_head_times_dim_to_the_minus_half():
-    m = model("alibi").eval()
+    m = model("alibi", init="fan-in").eval()
     tokens = torch.randint(0, 256, (2, 7))
     with torch.no_grad():
         logits = m(tokens)
@@ -44,9 +44,9 @@ def test_fan_in_logits_are_the_tied_head_times_dim_to_the_minus_half():
     torch.testing.assert_close(logits, unscaled * DIM**-0.5)
 
 
-def test_gpt2_init_is_the_model_before_issue_13():
-    m = model(init="gpt2")
-    assert m.logit_scale == 1.0
+def test_default_gpt2_init_is_the_model_before_issue_13():
+    m = model()
+    assert m.init == "gpt2" and m.logit_scale == 1.0
     assert m.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
     q = m.blocks[0].attn.q_proj.weight
     assert q.std().item() == pytest.approx(0.02, rel=0.1)
@@ -59,10 +59,11 @@ def test_gpt2_init_is_the_model_before_issue_13():
 def test_state_dict_keys_do_not_depend_on_init_and_encodings_init_the_same(encoding):
     """Checkpoints of either init load into the other; an encoding's own layers get the
     same init under both (FIRE keeps its input layer, the rest is N(0, 0.02))."""
-    a, b = model(encoding, init="gpt2"), model(encoding)
+    a, b = model(encoding), model(encoding, init="fan-in")
     assert a.state_dict().keys() == b.state_dict().keys()
     b.load_state_dict(a.state_dict())
-    enc = model(encoding).blocks[0].attn.encoding or model(encoding).input_encoding
+    fan_in = model(encoding, init="fan-in")
+    enc = fan_in.blocks[0].attn.encoding or fan_in.input_encoding
     for sub in enc.modules():
         if isinstance(sub, (nn.Linear, nn.Embedding)) and id(sub) not in {
             id(m) for m in enc.modules_keeping_init()
@@ -73,20 +74,19 @@ def test_state_dict_keys_do_not_depend_on_init_and_encodings_init_the_same(encod
 
 
 def test_unknown_init_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"init must be one of fan-in, gpt2, got 'xavier'"):
+    with pytest.raises(ValueError, match=r"init must be one of gpt2, fan-in, got 'xavier'"):
         model(init="xavier")
     with pytest.raises(ValueError, match="init must be one of"):
         TrainConfig(encoding="alibi", init="xavier")
-    assert INIT_SCHEMES == ("fan-in", "gpt2")
+    assert INIT_SCHEMES == ("gpt2", "fan-in")
 
 
-def test_lab_configs_saved_before_init_existed_rebuild_the_gpt2_model():
-    saved = TrainConfig(encoding="alibi", dim=DIM, depth=2).to_json()
+def test_lab_configs_record_init_and_those_saved_before_it_rebuild_the_gpt2_model():
+    saved = TrainConfig(encoding="alibi", dim=DIM, depth=2, init="fan-in").to_json()
+    assert build_model(TrainConfig.from_json(saved), 256).init == "fan-in"
     del saved["init"]  # a state.json written before issue 13
     old = TrainConfig.from_json(saved)
-    assert old.init == "gpt2"
-    assert build_model(old, 256).logit_scale == 1.0
-    assert TrainConfig(encoding="alibi").init == "fan-in"
+    assert old.init == "gpt2" and build_model(old, 256).logit_scale == 1.0
 
 
 def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
@@ -96,9 +96,9 @@ def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
         def fingerprint(self) -> str:
             return "f"
 
-    config = TrainConfig(encoding="alibi")
-    saved = config.to_json()
-    del saved["init"]
+    config = TrainConfig(encoding="alibi", init="fan-in")
+    saved = TrainConfig(encoding="alibi").to_json()
+    del saved["init"]  # written before issue 13: a gpt2 model
     state = {
         "config": saved,
         "vocab_size": 256,
@@ -106,5 +106,4 @@ def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
     }
     with pytest.raises(ValueError, match=r"init \('gpt2' in the checkpoint, 'fan-in' now\)"):
         check_compatible(config, Corpus(), state, "run")
-    gpt2 = TrainConfig(encoding="alibi", init="gpt2")
-    assert check_compatible(gpt2, Corpus(), state, "run") is None
+    assert check_compatible(TrainConfig(encoding="alibi"), Corpus(), state, "run") is None

@@ -66,7 +66,7 @@ class TrainConfig:
     ``grad_clip``: max global gradient norm (0: no clipping). ``device``: "auto" (CUDA when
     available, else CPU), "cpu", "cuda" or "cuda:N". ``init``: ``TransformerLM``'s weight
     initialisation (``relpos.nn.transformer.INIT_SCHEMES``); a saved config without it is from
-    before it existed and means ``"gpt2"`` (``LEGACY_DEFAULTS``).
+    before it existed and means ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
     """
 
     encoding: str
@@ -86,7 +86,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     backend: str = "auto"
     device: str = "auto"
-    init: str = "fan-in"
+    init: str = "gpt2"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:

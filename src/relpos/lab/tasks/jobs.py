@@ -249,9 +249,6 @@ def build_model(job: Job, data: _Data) -> nn.Module:
         job.encoding,
         encoding_options=options,
         mlp_ratio=job.mlp_ratio,
-        # the init the task protocol was measured with (README, docs/tasks.md); jobs and their
-        # checkpoints do not record it, so it stays fixed here
-        init="gpt2",
     )
 
 
