@@ -19,8 +19,10 @@ Models (``--models``):
 * ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with its defaults
   (``alibi_pos_bias`` / ``rotary_pos_emb`` over the whole head), ``use_abs_pos_emb=False``,
   ``tie_embedding=True``.
-* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is.
-* ``relpos[k=v,...]``: the same with one or more changes, for the ablation (``KNOBS``).
+* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is (GPT-2 init).
+* ``relpos[k=v,...]``: the same with one or more changes, for the ablation (``KNOBS``);
+  ``relpos[init=fan-in]`` is x-transformers' init (``TransformerLM(init="fan-in")``).
+  Reports label every relpos row with its ``init``.
 
 Every case (model, encoding, seed, optimizer, steps) is one child process (``--jobs`` at a
 time, ``--threads`` each) that writes ``OUT/cases/KEY.json`` atomically; cases already there
@@ -274,19 +276,21 @@ def eval_tag(lengths: list[int], eval_bytes: int) -> str:
 
 # ------------------------------------------------------------------------------ report
 def normalise(result: dict) -> dict:
-    """Results written before ``TransformerLM`` took ``init`` (no "init" key) were trained with
-    GPT-2's init, the only one then: their relpos models are labelled ``relpos[init=gpt2,...]``
-    so they never pass for the new default."""
-    if "init" not in result and result["model"].startswith("relpos"):
-        result["init"] = "gpt2"
-        base, knobs = parse_model(result["model"])
-        inner = ",".join(["init=gpt2", *(f"{k}={v}" for k, v in knobs.items())])
-        result["model"] = f"{base}[{inner}]"
+    """Label every relpos result with the init it was trained with: results written before
+    ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then; a spec
+    without ``init=`` used the default of its day."""
+    if not result["model"].startswith("relpos"):
+        return result
+    result.setdefault("init", "gpt2")
+    base, knobs = parse_model(result["model"])
+    if "init" not in knobs:
+        knobs = {"init": result["init"], **knobs}
+        result["model"] = f"{base}[{','.join(f'{k}={v}' for k, v in knobs.items())}]"
     return result
 
 
 def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for one value)."""
+    """Mean and the half-width of its 95% t-interval (nan for one value)."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, float("nan")
