@@ -102,6 +102,10 @@ def load_bytes() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
 def parse_model(spec: str) -> tuple[str, dict[str, str]]:
     """``"relpos[emb=kaiming,linear=torch]"`` -> ("relpos", {"emb": "kaiming", ...})."""
     if "[" not in spec:
+        if spec not in ("relpos", "x-transformers"):
+            raise ValueError(
+                f"--models: unknown model {spec!r} (relpos, relpos[...], x-transformers)"
+            )
         return spec, {}
     base, rest = spec.split("[", 1)
     if not rest.endswith("]"):
