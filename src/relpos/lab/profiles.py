@@ -7,7 +7,10 @@
   absolute positions; hours on 2 CPU cores.
 * ``xtransformers``: the peer configuration recorded in docs/benchmarks.md (x-transformers
   2.31: dim 128, depth 4, 4 heads, L = 128, batch 32, 1000 steps, AdamW 1e-3, weight decay
-  0.01, 50 warm-up steps, cosine to 1e-4, clip 1.0), ALiBi and RoPE.
+  0.01, 50 warm-up steps, cosine to 1e-4, clip 1.0), ALiBi and RoPE. It trains and scores on
+  the lab's split (a seeded shuffle by play) with the lab's optimizer (betas 0.9/0.95, no decay
+  on norms, biases and encodings), not on the peer's last three plays with plain AdamW: for a
+  like-for-like comparison with x-transformers use ``benchmarks/bench_lm_quality.py``.
 
 Estimated times come from throughputs measured on a quiet 2-core CPU (torch 2.13): the
 ``*_tokens_per_second`` fields below. ``--steps`` overrides a profile's step count.

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 import relpos
 from relpos.encodings.base import Encoding
 from relpos.nn import TransformerLM
+from relpos.nn.transformer import INIT_SCHEMES
 from relpos.validation import check_float, check_int
 
 from . import checkpoint as ckpt
@@ -50,7 +51,9 @@ LOG_EVERY = 10  # steps between progress updates (and loss read-backs / cross-ra
 FINAL_LOSS_WINDOW = 10  # final_loss is the mean training loss of the last steps
 BETAS = (0.9, 0.95)
 # config keys a checkpoint must share with the config that resumes it
-MODEL_KEYS = ("encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len")
+MODEL_KEYS = ("encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init")
+#: what a saved config without a key meant (written before the key existed)
+LEGACY_DEFAULTS = {"init": "gpt2"}
 # keys that do not change the numbers (no warning when they differ on resume)
 NEUTRAL_KEYS = ("checkpoint_every", "backend", "device")
 
@@ -61,7 +64,9 @@ class TrainConfig:
 
     ``checkpoint_every``: steps between checkpoints (0: only at the end and on a signal).
     ``grad_clip``: max global gradient norm (0: no clipping). ``device``: "auto" (CUDA when
-    available, else CPU), "cpu", "cuda" or "cuda:N".
+    available, else CPU), "cpu", "cuda" or "cuda:N". ``init``: ``TransformerLM``'s weight
+    initialisation (``relpos.nn.transformer.INIT_SCHEMES``); a saved config without it is from
+    before it existed and means ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
     """
 
     encoding: str
@@ -81,6 +86,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     backend: str = "auto"
     device: str = "auto"
+    init: str = "gpt2"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:
@@ -99,6 +105,8 @@ class TrainConfig:
         check_float(self.grad_clip, "grad_clip (0 disables it)", minimum=0.0)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
+        if self.init not in INIT_SCHEMES:
+            raise ValueError(f"init must be one of {', '.join(INIT_SCHEMES)}, got {self.init!r}")
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (what ``state.json`` records)."""
@@ -108,7 +116,7 @@ class TrainConfig:
     def from_json(cls, data: dict[str, Any]) -> TrainConfig:
         """A config from ``to_json`` output; unknown keys (from newer versions) are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{**LEGACY_DEFAULTS, **{k: v for k, v in data.items() if k in names}})
 
 
 @dataclass
@@ -153,6 +161,7 @@ def build_model(config: TrainConfig, vocab_size: int) -> TransformerLM:
         encoding=config.encoding,
         encoding_options=config.encoding_options,
         backend=config.backend,
+        init=config.init,
     )
 
 
@@ -189,7 +198,7 @@ def check_compatible(
     and ``corpus`` in ways that make it unusable (``MODEL_KEYS``, vocab_size, tokenizer, the
     training tokens). Returns the note about other changed settings (lr, steps, ...), None
     when there are none (``train`` warns with it, or hands it to ``on_change``)."""
-    saved = state["config"]
+    saved = {**LEGACY_DEFAULTS, **state["config"]}
     new = config.to_json()
     differ = [k for k in MODEL_KEYS if saved.get(k) != new[k]]
     saved_corpus = state.get("corpus", {})

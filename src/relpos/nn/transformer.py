@@ -61,6 +61,10 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+#: weight initialisations of ``TransformerLM`` (its ``init`` argument)
+INIT_SCHEMES = ("gpt2", "fan-in")
+
+
 class TransformerLM(nn.Module):
     """Decoder-only LM (pre-norm, GELU MLP, tied input/output embeddings).
 
@@ -79,6 +83,23 @@ class TransformerLM(nn.Module):
             encoding allows (O(1) work per decoded token), a ``LayerCache`` otherwise.
         qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every
             layer (``MultiHeadAttention(qkv_conv=)``; RCMHA: 3 with ``encoding="rcmha"``).
+        init: how the model's own layers start (``INIT_SCHEMES``):
+
+            * ``"gpt2"`` (default): GPT-2's init (weights ``N(0, 0.02)``, zero biases,
+              residual output projections ``N(0, 0.02 / sqrt(2 depth))``), logits
+              ``norm(x) @ E^T``.
+            * ``"fan-in"``: x-transformers' defaults: PyTorch's fan-in init of every linear
+              layer (weights and biases uniform in ``+-1/sqrt(fan_in)``), the token embedding
+              ``N(0, 2 / dim)`` (He), and the tied head scaled, ``logits = norm(x) @ E^T *
+              dim ** -0.5``. At x-transformers' configuration (dim 128, depth 4, batch 32,
+              lr 1e-3) it trains markedly slower than ``"gpt2"`` over the first 300 steps,
+              as x-transformers itself does (docs/benchmarks.md, "Model quality vs
+              x-transformers"); it is here to set the two side by side.
+
+            Either way an encoding's own modules get what they always got: ``N(0, 0.02)``
+            for its linear and embedding layers unless it keeps its own init
+            (``Encoding.keeps_own_init`` / ``own_init_modules``). The state dict keys do
+            not depend on ``init``.
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -109,8 +130,11 @@ class TransformerLM(nn.Module):
         feature_map: str | FeatureMap | None = None,
         feature_map_options: dict[str, Any] | None = None,
         qkv_conv: int | None = None,
+        init: str = "gpt2",
     ) -> None:
         super().__init__()
+        if init not in INIT_SCHEMES:
+            raise ValueError(f"init must be one of {', '.join(INIT_SCHEMES)}, got {init!r}")
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.vocab_size, self.dim, self.depth = vocab_size, dim, depth
@@ -151,28 +175,38 @@ class TransformerLM(nn.Module):
             for i in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
-        self._own_init = {
-            id(sub)
-            for enc in self.modules()
-            if isinstance(enc, Encoding)
-            for sub in enc.modules_keeping_init()
-        }
-        self.apply(self._init_weights)
-        del self._own_init
-        for name, p in self.named_parameters():
-            if name.endswith("out_proj.weight") or name.endswith("fc_out.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+        self.init = init
+        #: multiplies the tied head's logits (``init="fan-in"``: ``dim ** -0.5``)
+        self.logit_scale = dim**-0.5 if init == "fan-in" else 1.0
+        self._initialise(depth)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        """GPT-2 init (normal 0.02, zero biases) of every linear and embedding layer, except
-        those an encoding keeps as it initialised them (``Encoding.keeps_own_init`` /
-        ``own_init_modules``)."""
-        if id(module) in self._own_init:
-            return
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+    def _initialise(self, depth: int) -> None:
+        """The ``init`` scheme on the model's own layers; GPT-2's ``N(0, 0.02)`` (zero biases)
+        on the linear and embedding layers of encodings, except those an encoding keeps as
+        it initialised them (``Encoding.keeps_own_init`` / ``own_init_modules``)."""
+        own_init, in_encoding = set(), set()
+        for enc in self.modules():
+            if isinstance(enc, Encoding):
+                own_init.update(id(sub) for sub in enc.modules_keeping_init())
+                in_encoding.update(id(sub) for sub in enc.modules())
+
+        def initialise(module: nn.Module) -> None:
+            if id(module) in own_init or not isinstance(module, (nn.Linear, nn.Embedding)):
+                return
+            if self.init == "gpt2" or id(module) in in_encoding:
+                nn.init.normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif module is self.embed:
+                nn.init.kaiming_normal_(module.weight)  # N(0, 2 / dim): fan-in = dim
+            # the model's own linear layers keep the fan-in init nn.Linear gave them
+
+        # ``apply`` visits a shared encoding once per layer: the same random draws as before
+        self.apply(initialise)
+        if self.init == "gpt2":
+            for name, p in self.named_parameters():
+                if name.endswith("out_proj.weight") or name.endswith("fc_out.weight"):
+                    nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding: one ``MultiHeadAttention.new_cache()``
@@ -201,7 +235,10 @@ class TransformerLM(nn.Module):
         for index, block in enumerate(self.blocks):
             layer_cache = cache.layers[index] if cache is not None else None
             x = block(x, attn_pos, layer_cache, inputs, mask_mod)
-        return self.norm(x) @ self.embed.weight.t()
+        x = self.norm(x)
+        if self.logit_scale != 1.0:
+            x = x * self.logit_scale  # (B, L, dim): fewer products than scaling the logits
+        return x @ self.embed.weight.t()
 
     def _positions(
         self, tokens: Tensor, pos: Tensor | tuple[Tensor, Tensor] | None, cache: KVCache | None
