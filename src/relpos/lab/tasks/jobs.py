@@ -335,12 +335,65 @@ def _tokens(batch: Any) -> int:
     return batch.tokens.numel()
 
 
+def train_steps(
+    job: Any,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    *,
+    step: int,
+    elapsed: float,
+    losses: list[float],
+    folder: Path,
+    save: Callable[[int, float], None],
+    batch_loss: Callable[[int], tuple[Tensor, int]],
+    lr_at: Callable[[int], float],
+    progress: bool,
+) -> tuple[int, float]:
+    """The training loop of every ``relpos tasks`` job, from ``step`` to ``job.steps``.
+
+    Per step: the learning rate ``lr_at(step)``, ``batch_loss(step) -> (loss, units)`` (the
+    data must be a function of the step, or of checkpointed RNG state, for a bit-exact
+    resume), backward, clipping at ``job.grad_clip``, the optimiser step; ``losses`` grows
+    in place. ``save(step, seconds)`` checkpoints every ``job.checkpoint_every`` steps, at the
+    end, and on SIGINT/SIGTERM, which then raises ``TrainingInterrupted``. The progress bar
+    shows units (tokens) per second. Returns ``(step, training seconds)``, model in eval
+    mode."""
+    from ..train import TrainingInterrupted
+
+    model.train()
+    t0, units, first = time.perf_counter(), 0, step
+    with SignalStop() as stop, Progress(progress, job.model, job.steps, step) as bar:
+        while step < job.steps:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            loss, n = batch_loss(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if job.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+            step += 1
+            units += n
+            seconds = elapsed + time.perf_counter() - t0
+            if stop.signum is not None:
+                save(step, seconds)
+                raise TrainingInterrupted(step, str(folder), stop.signum)
+            if job.checkpoint_every and step % job.checkpoint_every == 0 and step < job.steps:
+                save(step, seconds)
+            if step % 10 == 0 or step == job.steps:
+                bar.update(step, losses[-1], units / max(1e-9, time.perf_counter() - t0))
+    seconds = elapsed + time.perf_counter() - t0
+    if step > first or not ckpt.has_checkpoint(folder):
+        save(step, seconds)
+    model.eval()
+    return step, seconds
+
+
 def train_job(
     job: Job, data: _Data, folder: Path, *, resume: bool, progress: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Train (or resume) the job's model; returns it (eval mode) and its training record."""
-    from ..train import TrainingInterrupted
-
     model = build_model(job, data)
     opt = make_optimizer(job, model)
     gen = torch.Generator().manual_seed(job.seed)
@@ -371,35 +424,24 @@ def train_job(
             },
         )
 
-    model.train()
-    t0, tokens, first = time.perf_counter(), 0, step
-    with SignalStop() as stop, Progress(progress, job.model, job.steps, step) as bar:
-        while step < job.steps:
-            batch = data.train_batch(step)
-            for group in opt.param_groups:
-                group["lr"] = learning_rate(job, step)
-            pos = positions(job, data, batch, train=True, generator=gen)
-            loss = loss_of(forward(model, batch, pos), batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if job.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            tokens += _tokens(batch)
-            seconds = elapsed + time.perf_counter() - t0
-            if stop.signum is not None:
-                save(step, seconds)
-                raise TrainingInterrupted(step, str(folder), stop.signum)
-            if job.checkpoint_every and step % job.checkpoint_every == 0 and step < job.steps:
-                save(step, seconds)
-            if step % 10 == 0 or step == job.steps:
-                bar.update(step, losses[-1], tokens / max(1e-9, time.perf_counter() - t0))
-    seconds = elapsed + time.perf_counter() - t0
-    if step > first or not ckpt.has_checkpoint(folder):
-        save(step, seconds)
-    model.eval()
+    def batch_loss(at: int) -> tuple[Tensor, int]:
+        batch = data.train_batch(at)
+        pos = positions(job, data, batch, train=True, generator=gen)
+        return loss_of(forward(model, batch, pos), batch), _tokens(batch)
+
+    step, seconds = train_steps(
+        job,
+        model,
+        opt,
+        step=step,
+        elapsed=elapsed,
+        losses=losses,
+        folder=folder,
+        save=save,
+        batch_loss=batch_loss,
+        lr_at=lambda at: learning_rate(job, at),
+        progress=progress,
+    )
     tail = losses[-10:]
     return model, {
         "steps": step,

@@ -31,6 +31,7 @@ from ...optional import installed
 from ..report import _write_text, save_figure, write_csv, write_json_file
 from .correspondence import CONDITIONS, SWEEP
 from .metrics import mean_ci
+from .report import run_section
 
 __all__ = ["summarize", "write_report", "print_table", "markdown_summary", "plot_run", "checks"]
 
@@ -255,9 +256,6 @@ def write_markdown(
     plots: Sequence[str],
 ) -> None:
     first = rows[0] if rows else {}
-    machine = meta.get("machine", {})
-    load = machine.get("load_average")
-    wall = meta.get("wall_seconds")
     scenes = meta.get("settings", {}).get("eval_scenes", "?")
     chance = [s["appearance"] for s in summary if s["appearance"] is not None]
     chance_text = f"{sum(chance) / len(chance):.3f}" if chance else "-"
@@ -288,21 +286,7 @@ def write_markdown(
         "",
         HOW_TO_READ.format(scenes=scenes, chance=chance_text).rstrip("\n"),
         "",
-        "## Run",
-        "",
-        (f"Wall time {wall:.0f} s" if isinstance(wall, (int, float)) else "Wall time -")
-        + f" on {machine.get('cpu_count', '?')} CPUs"
-        + (f" (load average {load[0]:.2f} at the start)" if load else "")
-        + (
-            f", {meta.get('workers')} worker processes of one thread each"
-            if isinstance(meta.get("workers"), int) and meta["workers"] > 1
-            else f", one process ({machine.get('torch_threads', '?')} torch threads)"
-        )
-        + "; relpos "
-        f"{meta.get('versions', {}).get('relpos', '?')}, torch "
-        f"{meta.get('versions', {}).get('torch', '?')}. Raw numbers: `results.csv`, "
-        "`results.json`.",
-        "",
+        *run_section(meta),
     ]
     _write_text(path, "\n".join(lines))
 

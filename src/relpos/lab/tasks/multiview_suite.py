@@ -51,7 +51,7 @@ from .. import checkpoint as ckpt
 from .. import multiview
 from .. import report as lab_report
 from ..profiles import lookup_profile, seeds_flag, training_overrides
-from ..runtime import Progress, SignalStop, exit_code
+from ..runtime import exit_code
 from .correspondence import (
     CONDITIONS,
     CorrespondenceModel,
@@ -62,7 +62,8 @@ from .correspondence import (
     pointer_loss,
     view_batch,
 )
-from .plan import RUN_FILE, RUN_KIND
+from .jobs import train_steps
+from .plan import RUN_FILE, RUN_KIND, check_resume_settings, checkpoint_step
 
 __all__ = [
     "MultiviewProfile",
@@ -274,8 +275,6 @@ def train_multiview_job(
     job: MultiviewJob, folder: Path, *, resume: bool, progress: bool
 ) -> tuple[CorrespondenceModel, dict[str, Any]]:
     """Train (or continue) one model; returns it in eval mode and its training record."""
-    from ..train import TrainingInterrupted
-
     model = build_model(job)
     opt = make_optimizer(job, model)
     step, losses, elapsed = 0, [], 0.0
@@ -304,36 +303,25 @@ def train_multiview_job(
             },
         )
 
-    model.train()
-    t0, first = time.perf_counter(), step
-    with SignalStop() as stop, Progress(progress, job.model, job.steps, step) as bar:
-        while step < job.steps:
-            scene = train_scenes(job, step)
-            batch = view_batch(
-                scene, model.encoding, job.plucker, grid=_grid(job), image=_image(job)
-            )
-            for group in opt.param_groups:
-                group["lr"] = learning_rate(job, step)
-            loss = pointer_loss(model(batch), batch.label)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if job.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            seconds = elapsed + time.perf_counter() - t0
-            if stop.signum is not None:
-                save(step, seconds)
-                raise TrainingInterrupted(step, str(folder), stop.signum)
-            if job.checkpoint_every and step % job.checkpoint_every == 0 and step < job.steps:
-                save(step, seconds)
-            if step % 10 == 0 or step == job.steps:
-                bar.update(step, losses[-1], step / max(1e-9, time.perf_counter() - t0))
-    seconds = elapsed + time.perf_counter() - t0
-    if step > first or not ckpt.has_checkpoint(folder):
-        save(step, seconds)
-    model.eval()
+    def batch_loss(at: int) -> tuple[torch.Tensor, int]:
+        batch = view_batch(
+            train_scenes(job, at), model.encoding, job.plucker, grid=_grid(job), image=_image(job)
+        )
+        return pointer_loss(model(batch), batch.label), 1
+
+    step, seconds = train_steps(
+        job,
+        model,
+        opt,
+        step=step,
+        elapsed=elapsed,
+        losses=losses,
+        folder=folder,
+        save=save,
+        batch_loss=batch_loss,
+        lr_at=lambda at: learning_rate(job, at),
+        progress=progress,
+    )
     tail = losses[-50:]
     return model, {
         "steps": step,
@@ -546,37 +534,9 @@ def plan_multiview(
 def _check_resume(plan: MultiviewPlan) -> None:
     """Refuse ``--resume`` into a run with other settings or a corrupt checkpoint, before
     anything is written."""
-    from ..extrapolate.plan import read_run_file
-
-    settings = read_run_file(plan.out_dir).get("settings", {})
-    diffs = [
-        f"{k} {settings[k]!r} -> {v!r}"
-        for k, v in plan.settings().items()
-        if k in settings and settings[k] != v
-    ]
-    if diffs:
-        raise ValueError(
-            f"--resume: {plan.out_dir} holds a run with other settings ({'; '.join(diffs)}); "
-            "use --force to start over or another --out"
-        )
+    check_resume_settings(plan.out_dir, plan.settings())
     for job in plan.jobs:
-        folder = Path(job.folder)
-        if not ckpt.has_checkpoint(folder):
-            continue
-        state = ckpt.verify_checkpoint(folder)
-        saved = dict(state["config"])
-        saved.pop("folder", None)
-        saved.pop("checkpoint_every", None)
-        if json.loads(json.dumps(saved)) != job.key():
-            raise ValueError(
-                f"--resume: the checkpoint in {folder} was trained with another config; use "
-                "--force to start over"
-            )
-        if state["step"] > job.steps:
-            raise ValueError(
-                f"--resume: the checkpoint in {folder} is at step {state['step']}, past "
-                f"--steps {job.steps}"
-            )
+        checkpoint_step(job)
 
 
 # ------------------------------------------------------------------------------ run

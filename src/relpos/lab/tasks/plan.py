@@ -255,43 +255,59 @@ def plan_tasks(
     return plan
 
 
-def _check_resume(plan: TaskPlan) -> None:
-    """Refuse ``--resume`` into a run with other settings, or with a corrupt checkpoint,
-    before anything is written."""
+def check_resume_settings(out_dir: str | Path, settings: dict[str, Any]) -> None:
+    """Refuse ``--resume`` into a run folder whose recorded settings differ from
+    ``settings`` (each difference named), before anything is written."""
     from ..extrapolate.plan import read_run_file
 
-    old = read_run_file(plan.out_dir)
-    settings = old.get("settings", {})
+    recorded = read_run_file(out_dir).get("settings", {})
     diffs = [
-        f"{k} {settings[k]!r} -> {v!r}"
-        for k, v in plan.settings().items()
-        if k in settings and settings[k] != v
+        f"{k} {recorded[k]!r} -> {v!r}"
+        for k, v in settings.items()
+        if k in recorded and recorded[k] != v
     ]
     if diffs:
         raise ValueError(
-            f"--resume: {plan.out_dir} holds a run with other settings ({'; '.join(diffs)}); "
+            f"--resume: {out_dir} holds a run with other settings ({'; '.join(diffs)}); "
             "use --force to start over or another --out"
         )
+
+
+def checkpoint_step(job: Any) -> int | None:
+    """The step of ``job``'s checkpoint (None when it has none), after checking that it
+    loads, was trained with ``job.key()`` and is not past ``job.steps``; a corrupt or
+    mismatched checkpoint is a ``ValueError`` naming its folder. ``job`` is a tasks ``Job``
+    or a multiview job (``folder``, ``steps``, ``key()``)."""
+    folder = Path(job.folder)
+    if not ckpt.has_checkpoint(folder):
+        return None
+    state = ckpt.verify_checkpoint(folder)
+    saved = dict(state["config"])
+    saved.pop("folder", None)
+    saved.pop("checkpoint_every", None)
+    if json.loads(json.dumps(saved)) != job.key():
+        raise ValueError(
+            f"--resume: the checkpoint in {folder} was trained with another config; use "
+            "--force to start over"
+        )
+    if state["step"] > job.steps:
+        raise ValueError(
+            f"--resume: the checkpoint in {folder} is at step {state['step']}, past "
+            f"--steps {job.steps}"
+        )
+    return int(state["step"])
+
+
+def _check_resume(plan: TaskPlan) -> None:
+    """Refuse ``--resume`` into a run with other settings, or with a corrupt checkpoint,
+    before anything is written."""
+    check_resume_settings(plan.out_dir, plan.settings())
     from .jobs import load_result
 
     plan.done_steps = [0] * len(plan.jobs)
     for index, job in enumerate(plan.jobs):
-        folder = Path(job.folder)
-        if not ckpt.has_checkpoint(folder):
+        step = checkpoint_step(job)
+        if step is None:
             continue
-        state = ckpt.verify_checkpoint(folder)
-        saved = dict(state["config"])
-        saved.pop("folder", None)
-        saved.pop("checkpoint_every", None)
-        if json.loads(json.dumps(saved)) != job.key():
-            raise ValueError(
-                f"--resume: the checkpoint in {folder} was trained with another config; use "
-                "--force to start over"
-            )
-        if state["step"] > job.steps:
-            raise ValueError(
-                f"--resume: the checkpoint in {folder} is at step {state['step']}, past "
-                f"--steps {job.steps}"
-            )
-        done = load_result(folder, job) is not None
-        plan.done_steps[index] = job.steps if done else int(state["step"])
+        done = load_result(Path(job.folder), job) is not None
+        plan.done_steps[index] = job.steps if done else step

@@ -229,6 +229,31 @@ intervals overlap are not told apart by this test set, whatever the seeds say).
 """
 
 
+def run_section(meta: dict[str, Any]) -> list[str]:
+    """The report's "## Run" lines: wall time, CPUs and load, workers, versions."""
+    machine = meta.get("machine", {})
+    load = machine.get("load_average")
+    wall = meta.get("wall_seconds")
+    workers = meta.get("workers")
+    return [
+        "## Run",
+        "",
+        (f"Wall time {wall:.0f} s" if isinstance(wall, (int, float)) else "Wall time -")
+        + f" on {machine.get('cpu_count', '?')} CPUs"
+        + (f" (load average {load[0]:.2f} at the start)" if load else "")
+        + (
+            f", {workers} worker processes of one thread each"
+            if isinstance(workers, int) and workers > 1
+            else f", one process ({machine.get('torch_threads', '?')} torch threads)"
+        )
+        + "; relpos "
+        f"{meta.get('versions', {}).get('relpos', '?')}, torch "
+        f"{meta.get('versions', {}).get('torch', '?')}. Raw numbers: `results.csv`, "
+        "`results.json`.",
+        "",
+    ]
+
+
 def write_markdown(
     path: Path,
     rows: Sequence[dict[str, Any]],
@@ -240,9 +265,6 @@ def write_markdown(
     suite = first.get("suite", meta.get("suite", "?"))
     test = sorted({int(r["length"]) for r in rows if _is_test(r)})
     test_text = f"{test[0]}-{test[-1]}" if test else "-"
-    machine = meta.get("machine", {})
-    load = machine.get("load_average")
-    wall = meta.get("wall_seconds")
     lines = [
         f"# relpos tasks: the {suite} suite",
         "",
@@ -271,21 +293,7 @@ def write_markdown(
             ref_note=REFERENCE_NOTES.get(suite, "-"),
         ).rstrip("\n"),
         "",
-        "## Run",
-        "",
-        (f"Wall time {wall:.0f} s" if isinstance(wall, (int, float)) else "Wall time -")
-        + f" on {machine.get('cpu_count', '?')} CPUs"
-        + (f" (load average {load[0]:.2f} at the start)" if load else "")
-        + (
-            f", {meta.get('workers')} worker processes of one thread each"
-            if isinstance(meta.get("workers"), int) and meta["workers"] > 1
-            else f", one process ({machine.get('torch_threads', '?')} torch threads)"
-        )
-        + "; relpos "
-        f"{meta.get('versions', {}).get('relpos', '?')}, torch "
-        f"{meta.get('versions', {}).get('torch', '?')}. Raw numbers: `results.csv`, "
-        "`results.json`.",
-        "",
+        *run_section(meta),
     ]
     _write_text(path, "\n".join(lines))
 
