@@ -12,10 +12,12 @@ budget, one tile at L = 300). FlexAttention runs forward only (no CPU backward i
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from relpos.attention import chunked, supported_backends
+from relpos.attention import chunked, piecewise, supported_backends
 from relpos.attention.call import prepare_call
 
 from .common import (
@@ -78,12 +80,15 @@ def compare(enc, out, grads, ref_out, ref_grads, what: str) -> None:
 
 
 # "chunked-small": the chunked backend with its block sizes shrunk (monkeypatched), so that
-# every long case runs many query blocks on both paths whatever the production sizes are.
+# every long case runs many query blocks on both paths whatever the production sizes are. The
+# fast suite runs the long cases at half their lengths (``half_length``) with blocks of 32
+# rows: the same number of blocks (4-5) on the same paths at a quarter of the cost; the
+# full lengths run at production block sizes in the slow suite.
 SMALL_BLOCKS = {
-    "FORWARD_BLOCK": 64,  # Toeplitz path
-    "BACKWARD_BLOCK": 64,
-    "TILE_BLOCK": 64,  # tile path (rows per tile) ...
-    "TILE_ELEMENTS": 64 * 300,  # ... or rows x keys per tile (64 rows at Lk = 300)
+    "FORWARD_BLOCK": 32,  # Toeplitz path
+    "BACKWARD_BLOCK": 32,
+    "TILE_BLOCK": 32,  # tile path (rows per tile) ...
+    "TILE_ELEMENTS": 32 * 150,  # ... or rows x keys per tile (32 rows at Lk = 150)
 }
 
 
@@ -94,6 +99,9 @@ def shrink_chunked_blocks(monkeypatch) -> list[int]:
     assert found, "relpos.attention.chunked renamed its block sizes: update SMALL_BLOCKS"
     for attr in found:
         monkeypatch.setattr(chunked, attr, SMALL_BLOCKS[attr])
+    # the piecewise-RoPE kernel (DCA, Self-Extend, LM-Infinite) sizes its own query blocks
+    assert hasattr(piecewise, "PIECEWISE_MIN_ROWS"), "update shrink_chunked_blocks"
+    monkeypatch.setattr(piecewise, "PIECEWISE_MIN_ROWS", SMALL_BLOCKS["FORWARD_BLOCK"])
     rows: list[int] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -128,18 +136,26 @@ def check_backends_match_eager(name, case, causal, backends, monkeypatch) -> Non
 
 
 def is_long(case: Case) -> bool:
-    """More queries than a shrunk block: ``chunked-small`` runs many query blocks."""
-    return case.lq > SMALL_BLOCKS["FORWARD_BLOCK"]
+    """A case above 256 queries (more than one production query block)."""
+    return case.lq > 256
+
+
+def half_length(case: Case) -> Case:
+    """The fast suite's version of a long case: half the query and key lengths (still
+    several shrunk blocks), everything else the same."""
+    return dataclasses.replace(case, lq=case.lq // 2, lk=case.lk // 2)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_backends_match_eager(name, case, causal, monkeypatch):
-    """Short cases: sdpa and chunked (one block). Long cases: chunked with shrunk blocks, so
-    every path runs many query blocks; the production block sizes on long cases run in the
-    slow suite (below)."""
-    backends = ["chunked-small"] if is_long(case) else ["sdpa", "chunked"]
-    check_backends_match_eager(name, case, causal, backends, monkeypatch)
+    """Short cases: sdpa and chunked (one block). Long cases: chunked with shrunk blocks at
+    half length, so every path runs many query blocks; the full lengths at production block
+    sizes run in the slow suite (below)."""
+    if is_long(case):
+        check_backends_match_eager(name, half_length(case), causal, ["chunked-small"], monkeypatch)
+    else:
+        check_backends_match_eager(name, case, causal, ["sdpa", "chunked"], monkeypatch)
 
 
 @pytest.mark.slow
