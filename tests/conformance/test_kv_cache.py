@@ -58,7 +58,7 @@ def decode(model, toks: torch.Tensor, prefill: int, step: int) -> torch.Tensor:
         (5, 7, {}),  # several queries per call: bottom-right causal alignment with a cache
         (9, 3, {"num_kv_heads": 2, "share_encoding": False}),
         (9, 3, {"backend": "chunked"}),
-        (9, 4, {"backend": "eager"}),
+        pytest.param(9, 4, {"backend": "eager"}, marks=pytest.mark.slow),  # (fast-suite time)
     ],
     ids=["tok-by-tok", "prefill13", "chunks7", "gqa-unshared", "chunked", "eager-chunks4"],
 )

@@ -78,13 +78,16 @@ def _run(enc, prob: dict, backend: str, weight: torch.Tensor):
 CASES = ["left-pad", "masked-rows", "lq>lk", "long-lq>lk"]
 BACKENDS = ["eager", "sdpa", "chunked", "chunked-small", "auto"]
 # the long case is for the chunked query blocks: production sizes (a whole dead block) in
-# the fast suite; shrunk blocks (19 of them) and auto (which picks chunked) in the slow one
+# the fast suite; shrunk blocks (19 of them) in the slow one. `auto` runs a backend the other
+# combos test (its choice is tested in tests/attention/test_auto_backend.py): slow suite.
 COMBOS = [
     pytest.param(
         backend,
         case,
         id=f"{backend}-{case}",
-        marks=[pytest.mark.slow] if case == "long-lq>lk" and backend != "chunked" else [],
+        marks=[pytest.mark.slow]
+        if backend == "auto" or (case == "long-lq>lk" and backend != "chunked")
+        else [],
     )
     for case in CASES
     for backend in BACKENDS

@@ -119,6 +119,7 @@ def test_every_layer_shares_one_rope_with_the_files_base_and_layout(smollm2):
 
 
 @needs_model
+@pytest.mark.slow  # the transformers GGUF oracle / full real-model forwards
 def test_tokenizer_ids_equal_transformers_gguf_tokenizer(smollm2, hf):
     _, tokenizer, _ = smollm2
     _, hf_tok = hf
@@ -129,6 +130,7 @@ def test_tokenizer_ids_equal_transformers_gguf_tokenizer(smollm2, hf):
 
 
 @needs_model
+@pytest.mark.slow  # the transformers GGUF oracle / full real-model forwards
 def test_logits_match_transformers_loading_the_same_file(smollm2, hf):
     model, tokenizer, _ = smollm2
     hf_model, _ = hf
@@ -156,6 +158,7 @@ def hf_rotary(hf_model, scaling: dict, max_position_embeddings: int | None = Non
 
 
 @needs_model
+@pytest.mark.slow  # loads transformers' GGUF model (half a minute)
 @pytest.mark.parametrize("method", ["pi", "yarn", "dynamic-ntk"])
 def test_context_extension_methods_match_transformers_rope_scaling(smollm2, hf, method):
     """The longctx methods applied to the loaded model equal HF's ``rope_parameters`` on the
@@ -186,6 +189,7 @@ def test_context_extension_methods_match_transformers_rope_scaling(smollm2, hf, 
 
 
 @needs_model
+@pytest.mark.slow  # the transformers GGUF oracle / full real-model forwards
 def test_half_layout_with_unpermuted_rows_gives_the_same_logits(smollm2):
     model, tokenizer, _ = smollm2
     half, _, config = load_gguf(GGUF_PATH, layout="half")
