@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one xdist worker per core: one intra-op thread each, so the workers do
+    # not oversubscribe the cores (two threads per worker on 2 cores cost the suite time)
+    torch.set_num_threads(1)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 

@@ -244,7 +244,10 @@ def test_kv_cache_decoding_equals_the_full_forward(smollm2):
         for t in range(32, 40):
             steps.append(model(x[:, t : t + 1], cache=cache))
     assert cache.length == 40
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+    # fp32 rounding through 30 layers, summed in another order by the cached calls (and by
+    # the thread count): tolerance relative to the largest logit
+    scale = float(full.abs().max())
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5 * scale)
 
 
 @needs_model
