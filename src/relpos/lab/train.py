@@ -51,9 +51,11 @@ LOG_EVERY = 10  # steps between progress updates (and loss read-backs / cross-ra
 FINAL_LOSS_WINDOW = 10  # final_loss is the mean training loss of the last steps
 BETAS = (0.9, 0.95)
 # config keys a checkpoint must share with the config that resumes it
-MODEL_KEYS = ("encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init")
+MODEL_KEYS = (
+    "encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init", "qkv_conv",
+)  # fmt: skip
 #: what a saved config without a key meant (written before the key existed)
-LEGACY_DEFAULTS = {"init": "gpt2"}
+LEGACY_DEFAULTS = {"init": "gpt2", "qkv_conv": None}
 # keys that do not change the numbers (no warning when they differ on resume)
 NEUTRAL_KEYS = ("checkpoint_every", "backend", "device")
 
@@ -67,6 +69,8 @@ class TrainConfig:
     available, else CPU), "cpu", "cuda" or "cuda:N". ``init``: ``TransformerLM``'s weight
     initialisation (``relpos.nn.transformer.INIT_SCHEMES``); a saved config without it is from
     before it existed and means ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
+    ``qkv_conv``: kernel size of RCMHA's causal depth-wise q/k/v convolutions in every layer
+    (``TransformerLM(qkv_conv=)``), None for none (also what a config without the key means).
     """
 
     encoding: str
@@ -87,6 +91,7 @@ class TrainConfig:
     backend: str = "auto"
     device: str = "auto"
     init: str = "gpt2"
+    qkv_conv: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:
@@ -107,6 +112,8 @@ class TrainConfig:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {', '.join(INIT_SCHEMES)}, got {self.init!r}")
+        if self.qkv_conv is not None:
+            check_int(self.qkv_conv, "qkv_conv (a kernel size, or None)")
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (what ``state.json`` records)."""
@@ -162,6 +169,7 @@ def build_model(config: TrainConfig, vocab_size: int) -> TransformerLM:
         encoding_options=config.encoding_options,
         backend=config.backend,
         init=config.init,
+        qkv_conv=config.qkv_conv,
     )
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...arguments import parse_int
+from ...arguments import optional_int, parse_int
 from ...io import check_output_dir
 from ...optional import missing_plot_note
 from .. import report
@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "configuration of docs/benchmarks.md)",
     )
     add_training_arguments(parser)  # --dim --depth --heads --batch --lr --steps --seeds
+    add(
+        "--qkv-conv",
+        help="kernel size K of causal depth-wise q/k/v convolutions in every layer (RCMHA, "
+        "Sugiharto et al. 2023: 3 with --encodings rcmha; default: none)",
+    )
     add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
     add("--tokenizer", default="bytes", help="bytes (default) or bpe")
     add("--bpe-vocab-size", default="2048", help="vocabulary of --tokenizer bpe (> 256)")
@@ -60,7 +65,9 @@ def _print_plan(plan: EvalPlan) -> None:
     )
     print(
         f"  model: TransformerLM dim {profile.dim}, depth {profile.depth}, "
-        f"{profile.num_heads} heads; {plan.steps} steps x batch {profile.batch_size} x "
+        f"{profile.num_heads} heads"
+        + ("" if profile.qkv_conv is None else f", q/k/v convolutions K={profile.qkv_conv}")
+        + f"; {plan.steps} steps x batch {profile.batch_size} x "
         f"L={plan.train_len} on {corpus.name} ({corpus.tokenizer}, "
         f"{corpus.train.numel():,} train tokens)"
     )
@@ -116,6 +123,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     overrides = training_overrides(args)
     steps = overrides.pop("steps", None)
+    qkv_conv = optional_int(getattr(args, "qkv_conv", None), "--qkv-conv")
+    if qkv_conv is not None:
+        overrides["qkv_conv"] = qkv_conv
     profile = dataclasses.replace(profile, **overrides)
     if profile.dim % profile.num_heads:
         raise ValueError(
