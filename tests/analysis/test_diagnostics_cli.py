@@ -150,23 +150,8 @@ def test_a_trained_extrapolate_checkpoint_is_a_model(capsys, tmp_path):
     assert written(tmp_path / "a", "influence")["profiles"][0]["label"] == "alibi (alibi)"
 
 
-def test_receptive_field_of_fresh_models_beside_their_trf(capsys, tmp_path):
-    code, out, err = run(
-        capsys, "analyze", "receptive-field", "--encodings", "alibi", "--lengths", "32",
-        "--model", "fresh:alibi,fresh:nope", "--erf-length", "24", "--texts", "1",
-        "--out", str(tmp_path),
-    )  # fmt: skip
-    assert code == 0, err
-    models = written(tmp_path, "receptive_field")["models"]
-    assert [m["label"] for m in models] == ["alibi (fresh, seed 0)", "nope (fresh, seed 0)"]
-    alibi, nope = models
-    assert len(alibi["trf"]) == 2 and len(alibi["trf"][0]) == 4  # quick profile: 2 x 4 heads
-    assert alibi["trf_max"] == max(max(row) for row in alibi["trf"])
-    assert nope["trf_min"] == nope["trf_max"] == 23  # uniform over 24 keys
-    assert "effective against theoretical" in " ".join(out.split())
-
-
-def test_a_run_folder_stands_for_its_checkpoints(capsys, tmp_path):
+def test_receptive_field_of_models_beside_their_trf(capsys, tmp_path):
+    # a relpos extrapolate run folder (its checkpoints, one per encoding) and a fresh model
     import torch
 
     from relpos.lab import checkpoint
@@ -181,19 +166,25 @@ def test_a_run_folder_stands_for_its_checkpoints(capsys, tmp_path):
         }  # fmt: skip
         checkpoint.save_checkpoint(tmp_path / "run" / name, build_model(config, 256), None, state)
     code, out, err = run(
-        capsys, "analyze", "receptive-field", "--encodings", "alibi", "--lengths", "16",
-        "--model", str(tmp_path / "run"), "--erf-length", "16", "--texts", "1",
+        capsys, "analyze", "receptive-field", "--encodings", "alibi", "--lengths", "32",
+        "--model", f"{tmp_path / 'run'},fresh:nope", "--erf-length", "24", "--texts", "1",
         "--out", str(tmp_path / "a"),
     )  # fmt: skip
     assert code == 0, err
     models = written(tmp_path / "a", "receptive_field")["models"]
-    assert [m["encoding"] for m in models] == ["alibi", "kerple-log"]
+    assert [m["encoding"] for m in models] == ["alibi", "kerple-log", "nope"]
+    alibi, _, nope = models
+    assert len(alibi["trf"]) == 1 and len(alibi["trf"][0]) == 2  # 1 layer x 2 heads
+    assert alibi["trf_max"] == max(alibi["trf"][0])
+    assert nope["label"] == "nope (fresh, seed 0)" and len(nope["trf"]) == 2  # quick: 2 layers
+    assert nope["trf_min"] == nope["trf_max"] == 23  # uniform over 24 keys
+    assert "effective against theoretical" in " ".join(out.split())
 
 
 def test_positional_heads_before_and_after_scalings(capsys, tmp_path):
     code, out, err = run(
         capsys, "analyze", "positional-heads", "--model", "random-tiny", "--length", "16",
-        "--scalings", "pi,yarn", "--factor", "4", "--top", "3", "--out", str(tmp_path),
+        "--scalings", "pi,yarn", "--factor", "4", "--top", "2", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
     data = written(tmp_path, "positional_heads")
