@@ -123,3 +123,18 @@ def test_models_without_a_cached_rotary_encoding_are_refused():
     tiny, _ = random_tiny_model()
     with pytest.raises(ValueError, match="reference_phases must lie"):
         phase_retrieval(tiny, ENCODE, "tiny", stride=4, reference_phases=[4], prompts=1)
+
+
+def test_every_phase_of_a_depth_sees_the_same_keys(monkeypatch):
+    import relpos.analysis.kv_pooling as kv
+
+    seen = []
+
+    def recording(encode, **kwargs):
+        seen.append((kwargs["depth"], kwargs["phase"], kwargs["seed"]))
+        return needle_prompts(encode, **kwargs)
+
+    monkeypatch.setattr(kv, "needle_prompts", recording)
+    model, _ = random_tiny_model()
+    phase_retrieval(model, ENCODE, "tiny", stride=2, depths=[0.2, 0.8], prompts=1, context=320)
+    assert seen == [(0.2, 0, 0), (0.2, 1, 0), (0.8, 0, 1000), (0.8, 1, 1000)]

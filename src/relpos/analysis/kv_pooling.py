@@ -10,7 +10,11 @@ change it):
 
 * prompt: the Landmark passkey prompt of ``relpos.lab.passkey`` at a fixed token length:
   ``task description | filler | information line | filler | question``; the key is a random
-  5-digit integer (the same number of tokens in every prompt, so a batch needs no padding);
+  5-digit integer (the same number of tokens in every prompt, so a batch needs no padding).
+  Paired design: every phase of a depth sees the same keys (``random.Random(seed + 1000 x
+  depth index)``) and the same filler, so a difference between phases is not a difference
+  between key samples (a pooled cache that loses the key leaves the model at its prior for
+  the first digit, whose hit rate then only reflects which keys were drawn);
 * the *needle* is the information line; its first token sits at phase ``φ`` by placing it
   ``a ≡ φ (mod s)`` tokens into the filler, nearest to ``depth x filler``;
 * compression: the context (everything before the question) is prefilled uncompressed, as
@@ -360,7 +364,7 @@ def phase_retrieval(
         for phase in range(stride):
             cell = needle_prompts(
                 encode, context=context, stride=stride, depth=depth, phase=phase,
-                prompts=prompts, seed=seed + 1000 * di + phase,
+                prompts=prompts, seed=seed + 1000 * di,
             )  # fmt: skip
             offset = cell.offset
             for a in range(0, prompts, batch):
