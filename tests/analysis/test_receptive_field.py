@@ -87,6 +87,8 @@ def test_a_models_erf_sits_beside_the_trf_of_its_own_encoding():
     assert (field.trf_max, field.trf_min) == (max(flat), min(flat))
     assert field.length == 32 and field.texts == 2 and 0 <= field.erf < 32
     assert field.encoding == "kerple-log" and field.note == ""
+    assert 0 <= field.half <= field.ninety <= field.erf
+    assert field.mass[field.half] >= 0.5 and (field.half == 0 or field.mass[field.half - 1] < 0.5)
 
 
 def test_absolute_and_rotary_models_get_a_uniform_trf_or_none():

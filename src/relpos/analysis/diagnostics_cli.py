@@ -104,12 +104,21 @@ def _receptive_field(args: argparse.Namespace) -> int:
         cli._print_table(
             f"effective against theoretical receptive field (eps {epsilon:g}, N = "
             f"{erf_length}, {texts} texts)",
-            ["model", "encoding", "ERF", "TRF (widest head)", "TRF heads", "ERF / TRF"],
+            [
+                "model",
+                "encoding",
+                "ERF",
+                "50% / 90%",
+                "TRF (widest head)",
+                "TRF heads",
+                "ERF / TRF",
+            ],  # fmt: skip
             [
                 [
                     f.label,
                     f.encoding,
                     str(f.erf),
+                    f"{f.half} / {f.ninety}",
                     "-" if f.trf_max is None else str(f.trf_max),
                     "-" if f.trf_min is None else f"{f.trf_min}..{f.trf_max}",
                     "-" if not f.trf_max else _f(f.erf / f.trf_max, 3),
@@ -117,7 +126,8 @@ def _receptive_field(args: argparse.Namespace) -> int:
                 for f in fields
             ],  # fmt: skip
             caption="ERF: smallest window holding 1 - eps of the last token's gradient mass "
-            "w.r.t. the input embeddings; TRF: of the model's own (trained) encoding at N",
+            "w.r.t. the input embeddings (50% / 90%: of half / 90% of it); TRF: of the "
+            "model's own (trained) encoding at N",
         )
         for f in fields:
             if f.note:

@@ -174,7 +174,8 @@ class ModelField:
 
     ``trf``: ``[layer][head]`` (None when the encoding has no distance-only bias: ``note``
     says why); ``trf_max`` / ``trf_min``: the widest and narrowest head over all layers (the
-    model's TRF is ``trf_max``)."""
+    model's TRF is ``trf_max``); ``half`` / ``ninety``: the windows holding 50% / 90% of the
+    gradient mass."""
 
     label: str
     encoding: str
@@ -187,6 +188,9 @@ class ModelField:
     trf_max: int | None
     trf_min: int | None
     note: str = ""
+    #: windows holding 50% and 90% of the gradient mass (where the ERF at eps saturates)
+    half: int = 0
+    ninety: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +229,8 @@ def model_receptive_field(
         trf_max=max(flat) if flat else None,
         trf_min=min(flat) if flat else None,
         note=note,
+        half=int(receptive_field(torch.tensor(mass), 0.5)),
+        ninety=int(receptive_field(torch.tensor(mass), 0.1)),
     )
 
 
