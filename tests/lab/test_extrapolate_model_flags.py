@@ -1,6 +1,7 @@
 """``relpos extrapolate --qkv-conv K`` (RCMHA's causal depth-wise q/k/v convolutions in every
-layer): the flag is parsed by ``relpos.arguments``, recorded in the run's settings and each
-checkpoint's config, built into the model, and a resume with another K is refused."""
+layer) and ``--qk-norm rms`` (TRA's q/k RMS normalisation): each flag is parsed with the
+flag's name in its errors, recorded in the run's settings and each checkpoint's config, built
+into the model, and a resume with another value is refused."""
 
 from __future__ import annotations
 
@@ -44,13 +45,32 @@ def test_a_checkpoint_with_another_kernel_is_incompatible():
                      "run/rcmha")  # fmt: skip
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "three"])
-def test_a_bad_kernel_is_one_line_naming_the_flag(capsys, tmp_path, value):
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--qkv-conv", "0"), ("--qkv-conv", "-3"), ("--qkv-conv", "three"), ("--qk-norm", "layer")],
+)
+def test_a_bad_value_is_one_line_naming_the_flag(capsys, tmp_path, flag, value):
     out = tmp_path / "run"
-    code = main(["extrapolate", *TINY, "--qkv-conv", value, "--out", str(out)])
+    code = main(["extrapolate", *TINY, flag, value, "--out", str(out)])
     _, err = capsys.readouterr()
-    assert code == 2 and "--qkv-conv must be" in err and err.count("\n") == 1
+    assert code == 2 and f"{flag} must be" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_qk_norm_is_recorded_and_built_and_a_change_is_incompatible():
+    config = TrainConfig(encoding="tra", dim=16, depth=1, num_heads=2, qk_norm="rms")
+    assert config.to_json()["qk_norm"] == "rms"
+    assert build_model(config, 256).blocks[0].attn.qk_norm == "rms"
+    legacy = {k: v for k, v in config.to_json().items() if k != "qk_norm"}
+    assert TrainConfig.from_json(legacy).qk_norm is None
+    corpus = SimpleNamespace(vocab_size=256, tokenizer="bytes", fingerprint=lambda: "f")
+    state = {"config": config.to_json(), "vocab_size": 256,
+             "corpus": {"tokenizer": "bytes", "fingerprint": "f"}}  # fmt: skip
+    with pytest.raises(ValueError, match=r"qk_norm \('rms' in the checkpoint, None now\)"):
+        check_compatible(TrainConfig(encoding="tra", dim=16, depth=1, num_heads=2), corpus,
+                         state, "run/tra")  # fmt: skip
+    with pytest.raises(ValueError, match="qk_norm"):
+        TrainConfig(encoding="tra", qk_norm="layer")
 
 
 @pytest.mark.slow  # two tiny training runs (seconds)
@@ -66,3 +86,7 @@ def test_a_run_records_the_kernel_and_resume_checks_it(capsys, tmp_path):
     _, err = capsys.readouterr()
     assert code == 2 and "qkv_conv 3 -> 2" in err
     assert main(["extrapolate", *TINY, "--qkv-conv", "3", "--out", str(copy), "--resume"]) == 0
+    code = main(["extrapolate", *TINY, "--qkv-conv", "3", "--qk-norm", "rms", "--out", str(copy),
+                 "--resume"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and "qk_norm None -> 'rms'" in err
