@@ -184,12 +184,12 @@ def test_receptive_field_of_models_beside_their_trf(capsys, tmp_path):
 def test_positional_heads_before_and_after_scalings(capsys, tmp_path):
     code, out, err = run(
         capsys, "analyze", "positional-heads", "--model", "random-tiny", "--length", "16",
-        "--scalings", "pi,yarn", "--factor", "4", "--top", "2", "--out", str(tmp_path),
+        "--scalings", "yarn", "--factor", "4", "--top", "2", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
     data = written(tmp_path, "positional_heads")
     labels = [r["label"] for r in data["results"]]
-    assert labels == ["random-tiny", "random-tiny pi x4", "random-tiny yarn x4"]
+    assert labels == ["random-tiny", "random-tiny yarn x4"]  # the reference is always scored
     assert [c["label"] for c in data["changes"]] == labels[1:]
     assert all(c["mean_abs_delta"] > 0 for c in data["changes"])
     assert "under RoPE" in out
@@ -198,14 +198,14 @@ def test_positional_heads_before_and_after_scalings(capsys, tmp_path):
 def test_kv_phase_on_a_model_sweeps_phase_depth_and_pooling(capsys, tmp_path):
     code, out, err = run(
         capsys, "analyze", "kv-phase", "--model", "random-tiny", "--strides", "2",
-        "--reference-phase", "0,1", "--depths", "0.3", "--prompts", "1",
+        "--reference-phase", "1", "--depths", "0.3", "--prompts", "1",
         "--context", "320", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
     data = written(tmp_path, "kv_phase", ("kv_phase_retrieval.png",))
     (r,) = data["retrieval"]
     assert r["stride"] == 2 and r["depths"] == [0.3] and r["prompts"] == 1
-    assert list(r["pools"]) == ["none", "before φr=0", "before φr=1", "after"]
+    assert list(r["pools"]) == ["none", "before φr=1", "after"]
     assert "needle retrieval through a pooled KV cache" in out
 
 
