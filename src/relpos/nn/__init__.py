@@ -13,6 +13,7 @@ from .memory import SegmentRecurrence
 from .qkv_convolution import CausalDepthwiseConv
 from .relflexformer import RelFlexformerAttention
 from .rola import RoLAAttention
+from .syntax_embedding import SyntaxEmbedding
 from .transformer import TransformerLM
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "LocationAttention",
     "reverse_align",
     "CausalDepthwiseConv",
+    "SyntaxEmbedding",
 ]
