@@ -19,8 +19,7 @@ import pytest
 import torch
 
 import relpos
-from relpos.attention import disentangled
-from relpos.attention import plan
+from relpos.attention import disentangled, plan
 from relpos.attention.call import prepare_call
 from relpos.attention.disentangled import _regions, disentangled_fold_pays
 from relpos.encodings.contextual.deberta import deberta_relative_index, table_saturation
@@ -175,6 +174,8 @@ def test_auto_takes_fold_deberta_where_it_folds_enough_pairs():
         short, short, short, enc, q_pos=None, k_pos=None, causal=False, mask=None, scale=None
     )
     assert not disentangled_fold_pays(call)
+    wide = torch.zeros(6, H, 600, D)  # above the dense-bias size: the band alone beats tiles
+    assert plan(wide, wide, wide, enc) == ("fold", "fold-deberta")
     mask = torch.ones(2048, 2048, dtype=torch.bool)
     assert plan(x, x, x, enc, mask=mask)[1] == "tile"  # a user mask: the tile path
 

@@ -12,8 +12,9 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   for the two-sided forms; multi-pass folds on CPU only), at any size;
 * DeBERTa (``attention/disentangled.py``: outside a band around the diagonal its bias is a
   query term plus a key term, folded into two q/k channels; the band gathers its tables), no
-  user mask, positions one batch-shared integer range, on CPU, when the folded regions hold at
-  least ``FOLD_SHARE`` (1/4) of the pairs -> ``fold`` (path ``fold-deberta``);
+  user mask, positions one batch-shared integer range, on CPU, above the dense-bias size or
+  when the folded regions hold at least ``FOLD_SHARE`` (1/4) of the pairs -> ``fold`` (path
+  ``fold-deberta``);
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -55,9 +56,9 @@ from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
+from .disentangled import FOLD_SHARE, disentangled_fold_pays, folds_disentangled
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
-from .disentangled import disentangled_fold_pays, folds_disentangled
 from .fold import (
     FOLD_LOGIT_TOLERANCE,
     exact_fold_attention,
@@ -108,8 +109,11 @@ def _folds_exactly(call: AttentionCall) -> bool:
         # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
         # with the small bias materialised than with a copy of the whole key cache
         return False
-    if folds_disentangled(call.encoding):  # DeBERTa: enough pairs outside the band
-        return disentangled_fold_pays(call)
+    if folds_disentangled(call.encoding):
+        # DeBERTa: above the dense size always (its band beats the tile path), below it when
+        # enough pairs lie outside the band
+        large = call.q.shape[0] * call.q.shape[1] * Lq * Lk > DENSE_BIAS_LIMIT
+        return disentangled_fold_pays(call, 0.0 if large else FOLD_SHARE)
     if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
         return False
     return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"

@@ -33,8 +33,11 @@ table, its LayerNorm and projections). Extra memory: ``C``, ``P`` and their grad
 (``(B, H, L, R)`` each) and ``O(T S)`` per block, never ``L x L``.
 
 Applies (``disentangled_refusal``) to DeBERTa calls without a user mask whose positions are one
-batch-shared integer range; ``auto`` takes it on CPU when the folded regions hold at least
-``FOLD_SHARE`` of the pairs (``disentangled_fold_pays``).
+batch-shared integer range, with or without log buckets (plain clipping saturates too);
+``auto`` takes it on CPU above the dense-bias size (even the band alone, with no folded pair,
+beats the chunked tile path: no recomputing checkpoint, the fused forward; docs/benchmarks.md)
+and below it when the folded regions hold at least ``FOLD_SHARE`` of the pairs
+(``disentangled_fold_pays``).
 """
 
 from __future__ import annotations
@@ -156,9 +159,9 @@ def _regions(call: AttentionCall, rows: int | None = None) -> _Regions:
     return _Regions(lo, hi, c0, call.causal_offset, call.causal, Lq, Lk, max(1, rows))
 
 
-def disentangled_fold_pays(call: AttentionCall) -> bool:
+def disentangled_fold_pays(call: AttentionCall, min_share: float = FOLD_SHARE) -> bool:
     """``auto`` takes ``fold-deberta``: it applies, runs on CPU (the fused kernel with its
-    log-sum-exp) and folds at least ``FOLD_SHARE`` of the visible pairs."""
+    log-sum-exp) and folds at least ``min_share`` of the visible pairs."""
     if disentangled_refusal(call) is not None or not use_flash(call.q):
         return False
     Lq, Lk = call.q.shape[2], call.k.shape[2]
@@ -166,7 +169,7 @@ def disentangled_fold_pays(call: AttentionCall) -> bool:
         return False
     regions = _regions(call)
     visible = sum((e - s) * c for s, e, _, _, c in regions.blocks())
-    return regions.folded_pairs() >= FOLD_SHARE * max(visible, 1)
+    return regions.folded_pairs() >= min_share * max(visible, 1)
 
 
 # ------------------------------------------------------------------------------ columns

@@ -314,7 +314,7 @@ class DeBERTa(TableEncoding):
     @classmethod
     def example_options(cls) -> dict:
         # 8 log buckets over 16 positions: the suite's lengths (12 .. 300) reach the log
-        # buckets and the saturated rows (|d| >= 14), so every backend, the fold's outer
+        # buckets and the saturated rows (|d| >= 10), so every backend, the fold's outer
         # regions included, is compared on all three kinds of rows
         return {"position_buckets": 8, "max_relative_positions": 16}
 
