@@ -67,7 +67,7 @@ BUCKETS, MAX_REL = 256, 512
 LENGTHS = [1024, 2048, 4096]
 QUICK_LENGTHS = [256, 512]
 IMPLS = ["naive", "relpos", "chunked"]
-CHECK_L = 512
+CHECK_L = 1024  # auto takes fold-deberta here (above the dense-bias size)
 NAIVE_LL_TENSORS = 12  # rough count of live fp32 (B*H, L, L) tensors in the naive step
 
 
