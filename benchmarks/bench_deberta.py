@@ -26,7 +26,7 @@ in fresh child processes and the ratio naive / relpos. The naive step is skipped
 where its estimated peak (``NAIVE_LL_TENSORS`` fp32 (B*H, L, L) tensors) exceeds 80 % of the
 available memory. Before timing, outputs and gradients are compared once at L=CHECK_L.
 
-Usage: .venv/bin/python benchmarks/bench_deberta.py [--quick] [--lengths 1024 2048 4096]
+Usage: .venv/bin/python benchmarks/bench_deberta.py [--quick] [--lengths 1024 2048 4096] [--forward]
 """
 
 from __future__ import annotations
@@ -158,13 +158,21 @@ def auto_backend(L: int) -> str:
     return "/".join(plan(q.detach(), k.detach(), v.detach(), p.enc))
 
 
+#: ``--forward``: time inference (the forward under ``torch.no_grad()``) instead of a step
+FORWARD_ONLY = False
+
+
 def make_step(impl: str, p: Problem) -> Callable[[], None]:
     def step() -> None:
         p.zero_grad()
         out = forward(impl, p)
         (out * p.g).sum().backward()
 
-    return step
+    def infer() -> None:
+        with torch.no_grad():
+            forward(impl, p)
+
+    return infer if FORWARD_ONLY else step
 
 
 def gradient_check(L: int) -> list[dict]:
@@ -238,13 +246,17 @@ def report(args, info: dict, results: dict, mem: dict, checks: list, backends: d
         "share_att_key": True,
         "causal": False,
         "lengths": args.lengths,
-        "loss": "(out * g).sum(), g fixed random",
+        "loss": "none: forward only, torch.no_grad()"
+        if FORWARD_ONLY
+        else "(out * g).sum(), g fixed random",
         "warmup": args.warmup,
         "repeats": args.repeats,
     }
-    out = [header("DeBERTa attention training step: relpos vs transformers", info, settings)]
+    what = "inference (forward)" if FORWARD_ONLY else "training step"
+    out = [header(f"DeBERTa attention {what}: relpos vs transformers", info, settings)]
     out.append(
-        "\ns/step = median seconds per forward + backward (naive, relpos and chunked timed in "
+        "\ns/step = median seconds per forward + backward (forward only with --forward; "
+        "naive, relpos and chunked timed in "
         "turn, round robin); time ratio = relpos / naive; chunked = relpos with "
         "backend='chunked' (the previous auto choice); extra MB = steady-state extra peak "
         "resident memory of one step in a fresh child process (1 MB = 10^6 bytes); memory "
@@ -327,7 +339,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, NAME)
     parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--forward", action="store_true", help="time inference (forward under no_grad)"
+    )
     args = parser.parse_args()
+    global FORWARD_ONLY
+    FORWARD_ONLY = args.forward
     if args.lengths is None:
         args.lengths = QUICK_LENGTHS if args.quick else LENGTHS
     args.lengths = sorted(args.lengths)
@@ -349,7 +366,8 @@ def main() -> None:
     if not args.no_memory:
         for L in args.lengths:
             for impl in plan[L]:
-                m = measure_memory(__file__, impl, [*child_args(), "--lengths", str(L)])
+                extra = ["--forward"] if FORWARD_ONLY else []
+                m = measure_memory(__file__, impl, [*child_args(), *extra, "--lengths", str(L)])
                 mem[(impl, L)] = m
                 log(f"memory {impl} L={L}: {m}")
     results = {}
