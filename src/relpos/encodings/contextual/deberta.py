@@ -230,6 +230,11 @@ class DeBERTa(TableEncoding):
     Per call: the rows ``lo .. hi`` the call's distances reach (``R <= 2 span``), their
     projections ``K^r``, ``Q^r`` ``(H, R, D)`` and ``kr = k . Q^r (B, H, Lk, R)``; per query
     block ``qr = q . K^r (B, H, T, R_block)``; ``bias`` gathers both.
+
+    Far from the diagonal the row stops changing (``saturation``: ``|d| >= 506`` for 256
+    buckets over 512 positions), so the bias is a query term plus a key term there: the
+    ``fold`` backend (path ``fold-deberta``, ``relpos.attention.disentangled``) folds those
+    regions into two extra q/k channels and gathers only the band.
     """
 
     paper = "He et al. 2021 (DeBERTa)"
