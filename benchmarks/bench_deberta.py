@@ -15,15 +15,18 @@ every parameter.
   ``relpos.attention(q, k, v, enc)`` with a ``deberta`` encoding whose projections are *tied*
   to the module's (``tie_projections``, v3's shared keys) and whose table and LayerNorm are the
   ones the module is given: both sides train exactly the same parameters. ``auto`` picks
-  ``chunked`` on CPU above the dense limit (``flex`` on CUDA): per-call products
-  ``(B, H, L, R)`` with ``R <= 512`` rows, gathered per query tile.
+  ``fold`` (path ``fold-deberta``) on CPU when the pairs outside DeBERTa's band (``|i - j| >=
+  506`` here) are at least a quarter of the call: those run as two folded q/k channels on the
+  fused kernel, the band gathers the ``(B, H, L, R)`` products (``R <= 512``).
+* ``chunked``: the same with ``backend="chunked"`` (its ``tile`` path: the previous ``auto``
+  choice, every pair gathered, recomputing tiles under a checkpoint), for comparison.
 
 Reports seconds per step (median), the ratio relpos / naive, the extra peak memory of one step
 in fresh child processes and the ratio naive / relpos. The naive step is skipped at a length
 where its estimated peak (``NAIVE_LL_TENSORS`` fp32 (B*H, L, L) tensors) exceeds 80 % of the
 available memory. Before timing, outputs and gradients are compared once at L=CHECK_L.
 
-Usage: .venv/bin/python benchmarks/bench_deberta.py [--quick] [--lengths 1024 2048 4096]
+Usage: .venv/bin/python benchmarks/bench_deberta.py [--quick] [--lengths 1024 2048 4096] [--forward]
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ HIDDEN = H * D
 BUCKETS, MAX_REL = 256, 512
 LENGTHS = [1024, 2048, 4096]
 QUICK_LENGTHS = [256, 512]
-IMPLS = ["naive", "relpos"]
-CHECK_L = 512
+IMPLS = ["naive", "relpos", "chunked"]
+CHECK_L = 1024  # auto takes fold-deberta here (above the dense-bias size)
 NAIVE_LL_TENSORS = 12  # rough count of live fp32 (B*H, L, L) tensors in the naive step
 
 
@@ -141,17 +144,22 @@ def forward(impl: str, p: Problem) -> torch.Tensor:
         rel = p.enc.table_rows(0, 2 * BUCKETS - 1, p.x.device)  # LayerNorm(rel_embeddings)
         out, _ = p.hf(p.x, p.naive_mask(), rel_embeddings=rel)
         return out
-    if impl == "relpos":
+    if impl in ("relpos", "chunked"):
         q, k, v = relpos_qkv(p)
-        out = relpos.attention(q, k, v, p.enc)
+        out = relpos.attention(q, k, v, p.enc, backend="auto" if impl == "relpos" else impl)
         return out.transpose(1, 2).reshape(B, -1, HIDDEN)
     raise ValueError(f"unknown impl {impl!r}; impls: {IMPLS}")
 
 
 def auto_backend(L: int) -> str:
+    """``backend/path`` that ``auto`` takes for the relpos step at length L."""
     p = Problem(L)
     q, k, v = relpos_qkv(p)
-    return plan(q.detach(), k.detach(), v.detach(), p.enc)[0]
+    return "/".join(plan(q.detach(), k.detach(), v.detach(), p.enc))
+
+
+#: ``--forward``: time inference (the forward under ``torch.no_grad()``) instead of a step
+FORWARD_ONLY = False
 
 
 def make_step(impl: str, p: Problem) -> Callable[[], None]:
@@ -160,14 +168,18 @@ def make_step(impl: str, p: Problem) -> Callable[[], None]:
         out = forward(impl, p)
         (out * p.g).sum().backward()
 
-    return step
+    def infer() -> None:
+        with torch.no_grad():
+            forward(impl, p)
+
+    return infer if FORWARD_ONLY else step
 
 
 def gradient_check(L: int) -> list[dict]:
     """Max relative difference (max |relpos - naive| / max |naive|) of the output and of every
     gradient, from identical inputs and parameters."""
     grads, outs = {}, {}
-    for impl in IMPLS:
+    for impl in ("naive", "relpos"):
         p = Problem(L)
         out = forward(impl, p)
         (out * p.g).sum().backward()
@@ -188,7 +200,7 @@ def gradient_check(L: int) -> list[dict]:
         got = grads["relpos"][name]
         row = {"tensor": f"grad {name}", "max_abs": None, "rel": None}
         if ref is None or got is None:
-            row["missing"] = [i for i in IMPLS if grads[i][name] is None]
+            row["missing"] = [i for i in grads if grads[i][name] is None]
         else:
             row.update(max_abs=float(ref.abs().max()), rel=rel(got, ref))
         rows.append(row)
@@ -234,34 +246,50 @@ def report(args, info: dict, results: dict, mem: dict, checks: list, backends: d
         "share_att_key": True,
         "causal": False,
         "lengths": args.lengths,
-        "loss": "(out * g).sum(), g fixed random",
+        "loss": "none: forward only, torch.no_grad()"
+        if FORWARD_ONLY
+        else "(out * g).sum(), g fixed random",
         "warmup": args.warmup,
         "repeats": args.repeats,
     }
-    out = [header("DeBERTa attention training step: relpos vs transformers", info, settings)]
+    what = "inference (forward)" if FORWARD_ONLY else "training step"
+    out = [header(f"DeBERTa attention {what}: relpos vs transformers", info, settings)]
     out.append(
-        "\ns/step = median seconds per forward + backward (naive and relpos timed in turn); "
-        "time ratio = relpos / naive; extra MB = steady-state extra peak resident memory of one "
-        "step in a fresh child process (1 MB = 10^6 bytes); memory ratio = naive / relpos; "
-        "backend = what relpos' `auto` chose."
+        "\ns/step = median seconds per forward + backward (forward only with --forward; "
+        "naive, relpos and chunked timed in "
+        "turn, round robin); time ratio = relpos / naive; chunked = relpos with "
+        "backend='chunked' (the previous auto choice); extra MB = steady-state extra peak "
+        "resident memory of one step in a fresh child process (1 MB = 10^6 bytes); memory "
+        "ratio = naive / relpos; backend/path = what relpos' `auto` chose."
     )
     rows = []
     for L in args.lengths:
         r = results[L]
-        naive = r.get("naive")
+        naive, chunk = r.get("naive"), r.get("chunked")
         t_ratio = r["relpos"]["median_s"] / naive["median_s"] if naive else None
+        c_ratio = chunk["median_s"] / naive["median_s"] if naive and chunk else None
+        vs_chunk = r["relpos"]["median_s"] / chunk["median_s"] if chunk else None
         mn, mr = mem.get(("naive", L), {}), mem.get(("relpos", L), {})
-        en, er = mn.get("extra_mb"), mr.get("extra_mb")
+        mc = mem.get(("chunked", L), {})
+        en, er, ec = mn.get("extra_mb"), mr.get("extra_mb"), mc.get("extra_mb")
         m_ratio = en / er if en is not None and er else None
+
+        def mb(x, m):
+            return fmt(x, 1) if x is not None else m.get("error", "not measured")
+
         rows.append(
             [
                 L,
                 backends[L],
                 fmt(naive["median_s"], 3) if naive else r.get("naive_skipped", "skipped"),
                 fmt(r["relpos"]["median_s"], 3),
+                fmt(chunk["median_s"], 3) if chunk else "-",
                 fmt(t_ratio, 2),
-                fmt(en, 1) if en is not None else mn.get("error", "not measured"),
-                fmt(er, 1) if er is not None else mr.get("error", "not measured"),
+                fmt(c_ratio, 2),
+                fmt(vs_chunk, 2),
+                mb(en, mn),
+                mb(er, mr),
+                mb(ec, mc),
                 fmt(m_ratio, 1),
             ]
         )
@@ -270,12 +298,16 @@ def report(args, info: dict, results: dict, mem: dict, checks: list, backends: d
         markdown_table(
             [
                 "L",
-                "backend",
+                "relpos backend/path",
                 "naive s/step",
                 "relpos s/step",
+                "chunked s/step",
                 "time ratio",
+                "chunked / naive",
+                "relpos / chunked",
                 "naive extra MB",
                 "relpos extra MB",
+                "chunked extra MB",
                 "memory ratio",
             ],
             rows,
@@ -307,7 +339,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, NAME)
     parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--forward", action="store_true", help="time inference (forward under no_grad)"
+    )
     args = parser.parse_args()
+    global FORWARD_ONLY
+    FORWARD_ONLY = args.forward
     if args.lengths is None:
         args.lengths = QUICK_LENGTHS if args.quick else LENGTHS
     args.lengths = sorted(args.lengths)
@@ -321,7 +358,7 @@ def main() -> None:
     plan, backends = {}, {}
     for L in args.lengths:
         fits, need = naive_fits(L)
-        plan[L] = IMPLS if fits else ["relpos"]
+        plan[L] = IMPLS if fits else ["relpos", "chunked"]
         backends[L] = auto_backend(L)
         if not fits:
             log(f"L={L}: naive skipped (estimated {need / MB:.0f} MB > 80% of available)")
@@ -329,7 +366,8 @@ def main() -> None:
     if not args.no_memory:
         for L in args.lengths:
             for impl in plan[L]:
-                m = measure_memory(__file__, impl, [*child_args(), "--lengths", str(L)])
+                extra = ["--forward"] if FORWARD_ONLY else []
+                m = measure_memory(__file__, impl, [*child_args(), *extra, "--lengths", str(L)])
                 mem[(impl, L)] = m
                 log(f"memory {impl} L={L}: {m}")
     results = {}

@@ -27,6 +27,7 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import (  # noqa: E402
 )
 
 import relpos  # noqa: E402
+from relpos.attention import plan  # noqa: E402
 from relpos.encodings.contextual.deberta import (  # noqa: E402
     deberta_log_bucket,
     deberta_relative_index,
@@ -219,3 +220,48 @@ def test_default_buckets_differ_from_transformers_only_past_max_position() -> No
     diff = (got - want).abs().amax(-1)[0]  # per query
     assert diff[36:].max() < 1e-5  # queries 36..99 have no key at distance i - j <= -64
     assert diff[:36].min() > 1e-4
+
+
+FOLD_CASES = [
+    # (position_buckets, max_relative_positions, length, pos_att_type, share_att_key): lengths
+    # well past the saturation distance, so the folded outer regions hold most pairs
+    pytest.param(16, 64, 150, ["c2p", "p2c"], False, id="buckets16-L150"),
+    pytest.param(16, 64, 150, ["c2p", "p2c"], True, id="buckets16-L150-shared"),
+    pytest.param(-1, 24, 80, ["c2p", "p2c"], False, id="nobuckets-span24-L80"),
+    pytest.param(16, 64, 150, ["c2p"], False, id="buckets16-c2p-only"),
+    pytest.param(16, 64, 150, ["p2c"], True, id="buckets16-p2c-only-shared"),
+]
+
+
+@pytest.mark.parametrize("buckets,max_rel,length,pos_att_type,share", FOLD_CASES)
+def test_fold_deberta_equals_transformers(buckets, max_rel, length, pos_att_type, share) -> None:
+    """``backend="fold"`` (path ``fold-deberta``: the outer regions folded into q/k channels,
+    the band gathered) against the module over a full sequence (an all-ones mask, as the
+    encoder passes it without padding): the output and the gradients of the input, of the
+    relative table and (shared keys, tied projections) of the module's projections."""
+    hf, enc, norm = make_pair(buckets, max_rel, pos_att_type, share, clamp_buckets=False)
+    if share:
+        enc.tie_projections(
+            query_proj=hf.query_proj if "p2c" in pos_att_type else None,
+            key_proj=hf.key_proj if "c2p" in pos_att_type else None,
+        )
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, length, HIDDEN, generator=gen, requires_grad=True)
+    g = torch.randn(1, length, HIDDEN, generator=gen)
+    ones = torch.ones(1, 1, length, length, dtype=torch.bool)
+    lo, hi = enc.saturation()
+    assert length - 1 > 2 * max(hi, -lo)  # most pairs are folded
+    wrt = [x, enc.rel_embeddings]
+    if share:
+        wrt += [hf.query_proj.weight, hf.key_proj.weight, hf.value_proj.weight]
+
+    want, _ = hf(x, ones, rel_embeddings=norm(enc.rel_embeddings))
+    want_g = torch.autograd.grad((want * g).sum(), wrt)
+    q, k, v = (heads(getattr(hf, n)(x)) for n in ("query_proj", "key_proj", "value_proj"))
+    assert plan(q, k, v, enc, backend="fold") == ("fold", "fold-deberta")
+    got = relpos.attention(q, k, v, enc, backend="fold").transpose(1, 2).reshape(x.shape)
+    got_g = torch.autograd.grad((got * g).sum(), wrt)
+
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.detach().abs().max()))
+    for n, (a, e) in enumerate(zip(got_g, want_g, strict=True)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5 * float(e.abs().max()), msg=str(n))

@@ -12,6 +12,11 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   for the two-sided forms; multi-pass folds on CPU only), at any size; on CPU only when
   gradients flow into q, k or v (the fold wins a training step there and loses the forward
   alone to the Toeplitz tiles);
+* DeBERTa (``attention/disentangled.py``: outside a band around the diagonal its bias is a
+  query term plus a key term, folded into two q/k channels; the band gathers its tables), no
+  user mask, positions one batch-shared integer range, on CPU, above the dense-bias size or
+  when the folded regions hold at least ``FOLD_SHARE`` (1/4) of the pairs -> ``fold`` (path
+  ``fold-deberta``);
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -36,8 +41,8 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
 ``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
-``"fold-sdpa"``, ``"fold-passes"``; the linear backend's ``"linear-scan"``, ``"linear-sum"``,
-``"linear-decay"``, ``"linear-fft"``), without running it.
+``"fold-sdpa"``, ``"fold-passes"``, ``"fold-deberta"``; the linear backend's
+``"linear-scan"``, ``"linear-sum"``, ``"linear-decay"``, ``"linear-fft"``), without running it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
+from .disentangled import FOLD_SHARE, disentangled_fold_pays, folds_disentangled
 from .eager import eager_attention, logits
 from .flex import flex_attention_backend, flex_available
 from .fold import (
@@ -80,11 +86,14 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
 
 def supported_backends(encoding: Encoding | None) -> list[str]:
     """Backends that compute this encoding exactly (``sdpa`` materialises biases; ``fold``
-    takes biases that fold exactly into q/k channels, ``exact_fold_pieces``)."""
+    takes biases that fold exactly into q/k channels, ``exact_fold_pieces``, and DeBERTa's
+    outside its band, ``folds_disentangled``)."""
     if encoding is not None and encoding.needs_probabilities:
         return ["eager", "chunked"]
     out = ["eager", "sdpa", "chunked", "flex"]
-    if exact_fold_pieces(encoding) is not None and not encoding.has_rotary:
+    if (exact_fold_pieces(encoding) is not None and not encoding.has_rotary) or (
+        folds_disentangled(encoding)
+    ):
         out.append("fold")
     return out
 
@@ -104,6 +113,11 @@ def _folds_exactly(call: AttentionCall) -> bool:
         # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
         # with the small bias materialised than with a copy of the whole key cache
         return False
+    if folds_disentangled(call.encoding):
+        # DeBERTa: above the dense size always (its band beats the tile path), below it when
+        # enough pairs lie outside the band
+        large = call.q.shape[0] * call.q.shape[1] * Lq * Lk > DENSE_BIAS_LIMIT
+        return disentangled_fold_pays(call, 0.0 if large else FOLD_SHARE)
     if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
         return False
     if call.q.device.type == "cpu":
@@ -197,7 +211,8 @@ def _check_backend(backend: object, encoding: Encoding | None, feature_map: obje
         name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
         raise ValueError(
             f"backend 'fold' cannot run {name}: it folds biases that are piecewise linear in "
-            f"q_pos - k_pos (ALiBi) into q/k channels; for other biases use "
+            f"q_pos - k_pos (ALiBi) and DeBERTa's outside its band into q/k channels; for "
+            f"other biases use "
             f"relpos.efficient.folded_attention(..., rank=r) (a low-rank fold with its measured "
             f"weight error) or backend 'auto' or one of {supported_backends(encoding)}"
         )

@@ -36,6 +36,10 @@ from ..encodings.base import Encoding
 from ..encodings.bias.distance import DistanceBias, LinearPiece
 from .call import AttentionCall
 from .dense import empty_attention
+from .disentangled import disentangled_fold_attention, disentangled_refusal, folds_disentangled
+from .flash import kernel_backward as _kernel_backward
+from .flash import kernel_forward as _kernel_forward
+from .flash import merge_partials
 
 __all__ = [
     "FOLD_BLOCK_ROWS",
@@ -68,6 +72,8 @@ def exact_fold_pieces(encoding: Encoding | None) -> list[LinearPiece] | None:
 def fold_refusal(call: AttentionCall) -> str | None:
     """Why this call cannot run as an exact fold (a sentence naming what stops it), or None."""
     enc = call.encoding
+    if folds_disentangled(enc):
+        return disentangled_refusal(call)
     if exact_fold_pieces(enc) is None:
         name = "no encoding" if enc is None else f"encoding {enc.name!r}"
         return (
@@ -209,7 +215,10 @@ def _single_pass(passes: list[_Pass], call: AttentionCall) -> bool:
 
 def fold_path(call: AttentionCall) -> str:
     """``"fold-sdpa"`` (one SDPA call) or ``"fold-passes"`` (band passes merged by
-    log-sum-exp) for a call that folds exactly."""
+    log-sum-exp) for a call that folds exactly; ``"fold-deberta"`` for DeBERTa's band and
+    folded outer regions (``attention/disentangled.py``)."""
+    if folds_disentangled(call.encoding):
+        return "fold-deberta"
     pieces = exact_fold_pieces(call.encoding)
     delta = call.distance_delta()
     assert pieces is not None and delta is not None
@@ -230,6 +239,8 @@ def exact_fold_attention(call: AttentionCall) -> Tensor:
     reason = fold_refusal(call)
     if reason is not None:
         raise ValueError(reason)
+    if folds_disentangled(call.encoding):
+        return disentangled_fold_attention(call)
     if call.q.shape[2] == 0 or call.k.shape[2] == 0:
         return empty_attention(call)
     passes, k_t, v_t, Dv = _fold_passes(call)
@@ -298,85 +309,6 @@ class _Geometry:
         return ok
 
 
-def _use_flash(t: Tensor) -> bool:
-    return t.device.type == "cpu" and hasattr(
-        torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"
-    )
-
-
-def _group_rows(x: Tensor, g: int) -> Tensor:
-    """``(B, H, T, D)`` -> ``(B, H / g, g T, D)``: the query heads of a group as rows."""
-    B, H, T, D = x.shape
-    return x.reshape(B, H // g, g * T, D)
-
-
-def _kernel_forward(q, k, v, ok, scale, g):
-    """``(out (B, H, T, W), lse (B, H, T))`` of queries ``q (B, H, T, W)`` over ``k, v``;
-    ``ok (T, S)`` bool or None; rows that see no key get ``lse = -inf`` and ``out = 0``."""
-    B, H, T, _ = q.shape
-    qg = _group_rows(q, g)
-    mask = None
-    if ok is not None:
-        mask = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill(~ok, -math.inf)
-        mask = mask.repeat(g, 1)
-    if _use_flash(q):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            qg, k, v, attn_mask=mask, scale=scale
-        )
-    else:
-        acc = torch.promote_types(q.dtype, torch.float32)
-        s = torch.matmul(qg.to(acc), k.to(acc).transpose(-1, -2)) * scale
-        if mask is not None:
-            s = s + mask.to(acc)
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - lse.masked_fill(lse == -math.inf, 0.0)[..., None])
-        out = torch.matmul(p, v.to(acc)).to(q.dtype)
-    out, lse = out.reshape(B, H, T, -1), lse.reshape(B, H, T)
-    if ok is not None:
-        dead = ~ok.any(-1)
-        lse = lse.masked_fill(dead, -math.inf)
-        out = out.masked_fill(dead[:, None], 0.0)
-    return out, lse
-
-
-def _kernel_backward(dout, q, k, v, out, lse, ok, scale, g):
-    """Gradients of one kernel call whose rows are normalised by ``lse`` (the merged
-    log-sum-exp in this call's frame; ``+inf`` for rows that see nothing at all)."""
-    B, H, T, W = q.shape
-    qg, dg, og = _group_rows(q, g), _group_rows(dout, g), _group_rows(out, g)
-    lg = lse.reshape(B, H // g, g * T)
-    mask = None
-    if ok is not None:
-        mask = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill(~ok, -math.inf)
-        mask = mask.repeat(g, 1)
-    if _use_flash(q):
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dg,
-            qg,
-            k,
-            v,
-            og,
-            lg.to(torch.float64 if q.dtype == torch.float64 else torch.float32),
-            0.0,
-            False,
-            attn_mask=mask,
-            scale=scale,
-        )
-    else:
-        acc = torch.promote_types(q.dtype, torch.float32)
-        qa, ka, va, da, oa = (t.to(acc) for t in (qg, k, v, dg, og))
-        s = torch.matmul(qa, ka.transpose(-1, -2)) * scale
-        if mask is not None:
-            s = s + mask.to(acc)
-        p = torch.exp(s - lg.to(acc)[..., None])
-        dv = torch.matmul(p.transpose(-1, -2), da)
-        dp = torch.matmul(da, va.transpose(-1, -2))
-        ds = p * (dp - (da * oa).sum(-1, keepdim=True))
-        dq = torch.matmul(ds, ka) * scale
-        dk = torch.matmul(ds.transpose(-1, -2), qa) * scale
-    return dq.reshape(B, H, T, W), dk, dv
-
-
 class _FoldedBands(torch.autograd.Function):
     """Passes over bands of ``j - i``, merged by log-sum-exp with per-pass row terms.
 
@@ -407,11 +339,8 @@ class _FoldedBands(torch.autograd.Function):
                 :, :, s:e
             ] + torch.exp(l - safe)[..., None] * o.to(acc)
             l_pass[p][..., s:e] = new
-        total = torch.logsumexp(torch.stack(l_pass), dim=0)
-        safe = total.masked_fill(total == -math.inf, 0.0)
-        weights = [torch.exp(lp - safe) for lp in l_pass]  # W_p: the pass's share of each row
-        for w, op in zip(weights, o_pass, strict=True):
-            out += w[..., None] * op
+        # W_p: the pass's share of each row
+        out, total, weights = merge_partials(o_pass, l_pass)
         out = out.to(v.dtype)
         ctx.geometry = geometry
         ctx.save_for_backward(k, v, out, total, *qs, *corrs, *o_pass, *weights)

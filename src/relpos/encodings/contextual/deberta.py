@@ -24,7 +24,13 @@ from ..options import Bool, Custom, Float, Int
 from .table import DistanceRows, TableData, TableEncoding, TableRead, scaled_sum
 from .transformer_xl import DROPOUT
 
-__all__ = ["DeBERTa", "DeBERTaData", "deberta_log_bucket", "deberta_relative_index"]
+__all__ = [
+    "DeBERTa",
+    "DeBERTaData",
+    "deberta_log_bucket",
+    "deberta_relative_index",
+    "table_saturation",
+]
 
 
 @cache
@@ -103,6 +109,52 @@ def deberta_relative_index(
     )
 
 
+def _first(holds, limit: int = 1 << 40) -> int:
+    """Smallest ``n >= 0`` with ``holds(n)``, for a predicate that stays true once true."""
+    if holds(0):
+        return 0
+    top = 1
+    while not holds(top):
+        top *= 2
+        if top > limit:
+            raise ValueError("the table rows never saturate")  # unreachable for DeBERTa
+    low = top // 2  # holds(top), not holds(low)
+    while top - low > 1:
+        mid = (low + top) // 2
+        low, top = (low, mid) if holds(mid) else (mid, top)
+    return top
+
+
+@cache
+def table_saturation(
+    position_buckets: int, max_relative_positions: int, clamp_buckets: bool
+) -> tuple[int, int]:
+    """Distances ``(lo, hi)`` (``lo <= 0 <= hi``) beyond which DeBERTa's table row no longer
+    changes: ``idx(d) = idx(hi)`` for every ``d >= hi`` and ``idx(d) = idx(lo)`` for every
+    ``d <= lo`` (``deberta_relative_index``), the smallest such ``|lo|``, ``hi``.
+
+    The row is non-decreasing in ``d`` and ends at the table's edges: rows ``0`` and
+    ``2 span - 1``, or with clamped log buckets those of ``d = -/+(max_relative_positions - 1)``
+    (row 1 on the negative side). Found by bisection on the bucket function itself (its float32
+    steps decide the exact point: with 256 buckets and 512 positions ``hi = 506``: bucket 255 is
+    reached below 511)."""
+    log_ratio = (
+        _log_ratio(max_relative_positions, position_buckets // 2) if position_buckets > 0 else 1.0
+    )
+
+    def row(d: int) -> int:
+        rp = torch.tensor([d], dtype=torch.int64)
+        return int(
+            _relative_index(rp, position_buckets, max_relative_positions, clamp_buckets, log_ratio)
+        )
+
+    span = position_buckets if position_buckets > 0 else max_relative_positions
+    top, bottom = 2 * span - 1, 0
+    if position_buckets > 0 and clamp_buckets:
+        top, bottom = row(max_relative_positions - 1), row(-(max_relative_positions - 1))
+    return -_first(lambda n: row(-n) <= bottom), _first(lambda n: row(n) >= top)
+
+
 # ---------------------------------------------------------------------------- DeBERTa
 _POS_TYPES = ("c2p", "p2c")
 
@@ -178,6 +230,11 @@ class DeBERTa(TableEncoding):
     Per call: the rows ``lo .. hi`` the call's distances reach (``R <= 2 span``), their
     projections ``K^r``, ``Q^r`` ``(H, R, D)`` and ``kr = k . Q^r (B, H, Lk, R)``; per query
     block ``qr = q . K^r (B, H, T, R_block)``; ``bias`` gathers both.
+
+    Far from the diagonal the row stops changing (``saturation``: ``|d| >= 506`` for 256
+    buckets over 512 positions), so the bias is a query term plus a key term there: the
+    ``fold`` backend (path ``fold-deberta``, ``relpos.attention.disentangled``) folds those
+    regions into two extra q/k channels and gathers only the band.
     """
 
     paper = "He et al. 2021 (DeBERTa)"
@@ -259,6 +316,13 @@ class DeBERTa(TableEncoding):
                 proj.bias.requires_grad_(False)  # q_i . b is constant along the softmax row
             setattr(self, attr, proj)
 
+    @classmethod
+    def example_options(cls) -> dict:
+        # 8 log buckets over 16 positions: the suite's lengths (12 .. 300) reach the log
+        # buckets and the saturated rows (|d| >= 10), so every backend, the fold's outer
+        # regions included, is compared on all three kinds of rows
+        return {"position_buckets": 8, "max_relative_positions": 16}
+
     def default_scale(self, head_dim: int) -> float:
         """``1 / sqrt(d * F)``, ``F = 1 + number of position terms`` (3 for c2p and p2c)."""
         return (head_dim * (1 + len(self.pos_att_type))) ** -0.5
@@ -297,6 +361,20 @@ class DeBERTa(TableEncoding):
             self.clamp_buckets,
             self._log_ratio,
         )
+
+    def saturation(self) -> tuple[int, int]:
+        """Distances ``(lo, hi)`` (``lo <= 0 <= hi``) outside which *both* position terms read
+        one table row each: for every pair with ``q_pos - k_pos >= hi`` the c2p row is
+        ``idx(hi)`` and the p2c row ``idx(hi)`` (``paper_p2c``: ``idx(-hi)``), and likewise
+        below ``lo``. There the bias is ``scale (q_i . K^r[r] + k_j . Q^r[r'])``, a query term
+        plus a key term, which the ``fold`` backend folds into two extra q/k channels
+        (``relpos.attention.disentangled``). ``table_saturation`` gives the row's own edges."""
+        lo, hi = table_saturation(
+            self.position_buckets, self.max_relative_positions, self.clamp_buckets
+        )
+        if self.both_signs:  # the p2c term reads idx(-d): it saturates at -lo and -hi
+            lo, hi = min(lo, -hi), max(hi, -lo)
+        return lo, hi
 
     def table_rows(self, lo: int, hi: int, device: torch.device) -> Tensor:
         """Rows ``lo .. hi`` of the (normalised) relative table: ``(R, hidden_size)``."""
