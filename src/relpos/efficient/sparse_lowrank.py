@@ -180,11 +180,13 @@ class BlockSelection:
         return self.mask[:, :, blk][:, :, :, blk]
 
 
-def _block_sums(x: Tensor, weight: Tensor, b: int, n: int) -> Tensor:
-    """``x (B, H, L, d)`` weighted by ``weight (B, 1, L, 1)`` and summed per block:
+def _block_sums(x: Tensor, weight: Tensor | None, b: int, n: int) -> Tensor:
+    """``x (B, H, L, d)`` weighted by ``weight (B, 1, L, 1)`` (None: 1) and summed per block:
     ``(B, H, n, d)``."""
     pad = n * b - x.shape[2]
-    y = F.pad(x * weight, (0, 0, 0, pad))
+    y = x if weight is None else x * weight
+    if pad:
+        y = F.pad(y, (0, 0, 0, pad))
     return y.unflatten(2, (n, b)).sum(3)
 
 
@@ -192,8 +194,8 @@ def _pooled_queries(q: Tensor, weight: Tensor, b: int, n: int, causal: bool) -> 
     """Mean query of each block ``(B, H, n, d)``; causal: the mean of the ``b`` queries that
     end at the block's first token (nothing after it)."""
     if not causal:
-        total = _block_sums(q, weight, b, n)
-        count = _block_sums(weight, torch.ones_like(weight), b, n)
+        total = _block_sums(q, None if bool(weight.all()) else weight, b, n)
+        count = _block_sums(weight, None, b, n)
         return total / count.clamp(min=1)
     cq = F.pad((q * weight).cumsum(2), (0, 0, 1, 0))  # cq[t] = sum_{u < t}
     cw = F.pad(weight.cumsum(2), (0, 0, 1, 0))
@@ -232,8 +234,8 @@ def select_blocks(
         dtype = _compute_dtype(q)
         valid = torch.ones(B, L, dtype=torch.bool, device=dev) if key_valid is None else key_valid
         w = valid.to(dtype)[:, None, :, None]
-        k_bar = _block_sums(k.detach().to(dtype), w, b, n)
-        k_cnt = _block_sums(w, torch.ones_like(w), b, n)[:, :, :, 0]  # (B, 1, n)
+        k_bar = _block_sums(k.detach().to(dtype), None if key_valid is None else w, b, n)
+        k_cnt = _block_sums(w, None, b, n)[:, :, :, 0]  # (B, 1, n)
         k_bar = k_bar / k_cnt[..., None].clamp(min=1)
         q_bar = _pooled_queries(q.detach().to(dtype), w, b, n, causal)
         scores = q_bar @ k_bar.transpose(-1, -2)  # (B, H, n, n)
@@ -298,40 +300,65 @@ def block_sparse_attention(
     N = n * b
     index = index.expand(B, H, n, K)
     keep = keep.expand(B, H, n, K)
-    qb = F.pad(q.to(work), (0, 0, 0, N - L)).unflatten(2, (n, b))  # (B, H, n, b, d)
-    kb = F.pad(k.to(work), (0, 0, 0, N - L)).reshape(B * H * n, b, d)
-    vb = F.pad(v.to(work), (0, 0, 0, N - L)).reshape(B * H * n, b, Dv)
-    valid = _token_valid(key_valid, B, L, N, q.device).view(-1, 1, n, b).expand(B, H, n, b)
-    valid = valid.reshape(B * H * n, b)
+
+    def blocks(t: Tensor) -> Tensor:
+        t = t.to(work)
+        return t if N == L else F.pad(t, (0, 0, 0, N - L))
+
+    qb = blocks(q).unflatten(2, (n, b))  # (B, H, n, b, d)
+    kb = blocks(k).reshape(B * H * n, b, d)
+    vb = blocks(v).reshape(B * H * n, b, Dv)
+    # every gathered key is attended unless a key is padding, a row keeps fewer blocks than
+    # K, or the call is causal: then the explicit masked softmax, else the fused kernel
+    every_key = key_valid is None and N == L and bool(keep.all()) and not selection.causal
+    valid = None
+    if not every_key:
+        valid = _token_valid(key_valid, B, L, N, q.device).view(-1, 1, n, b).expand(B, H, n, b)
+        valid = valid.reshape(B * H * n, b)
     flat = torch.arange(B * H, device=q.device).view(B, H, 1, 1) * n + index
     offs = torch.arange(b, device=q.device)
     step = max(1, CHUNK_ELEMENTS // max(1, B * H * b * K * b))
+    # without autograd the gathers reuse one buffer per chunk and the chunks write into the
+    # output (fresh large allocations cost page faults comparable to the copies themselves)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    bufs: tuple[Tensor, Tensor] | None = None
+    if not grad:
+        g0 = min(step, n)
+        bufs = (kb.new_empty(B * H * g0 * K, b, d), vb.new_empty(B * H * g0 * K, b, Dv))
+        out = q.new_empty(B, H, n, b, Dv, dtype=work)
     outs = []
     for s in range(0, n, step):
         e = min(n, s + step)
         g = e - s
         idx = flat[:, :, s:e].reshape(-1)
-        kg = kb.index_select(0, idx).view(B, H, g, K * b, d)
-        vg = vb.index_select(0, idx).view(B, H, g, K * b, Dv)
-        blk = index[:, :, s:e]  # (B, H, g, K)
-        kvalid = valid.index_select(0, idx).view(B, H, g, K, b) & keep[:, :, s:e, :, None]
-        allowed = kvalid.view(B, H, g, 1, K * b)
-        if selection.causal:
-            k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, K b)
-            q_tok = (torch.arange(s, e, device=q.device)[:, None] * b + offs)[..., None]
-            allowed = allowed & (k_tok[:, :, :, None, :] <= q_tok)
-        if not selection.causal and bool(allowed.all()):
-            # every gathered key is attended (bidirectional, K blocks per row, no padding):
-            # the fused kernel, no mask
-            outs.append(
-                F.scaled_dot_product_attention(
-                    qb[:, :, s:e].flatten(1, 2), kg.flatten(1, 2), vg.flatten(1, 2), scale=scale
-                ).unflatten(1, (H, g))
-            )
-            continue
-        logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, K b)
-        outs.append(_softmax_values(logits, allowed, vg))
-    return torch.cat(outs, 2).flatten(2, 3)[:, :, :L]
+        if bufs is None:
+            kg, vg = kb.index_select(0, idx), vb.index_select(0, idx)
+        else:
+            kg = torch.index_select(kb, 0, idx, out=bufs[0][: idx.numel()])
+            vg = torch.index_select(vb, 0, idx, out=bufs[1][: idx.numel()])
+        kg, vg = kg.view(B, H, g, K * b, d), vg.view(B, H, g, K * b, Dv)
+        if every_key:
+            part = F.scaled_dot_product_attention(
+                qb[:, :, s:e].flatten(1, 2), kg.flatten(1, 2), vg.flatten(1, 2), scale=scale
+            ).unflatten(1, (H, g))
+        else:
+            assert valid is not None
+            blk = index[:, :, s:e]  # (B, H, g, K)
+            kvalid = valid.index_select(0, idx).view(B, H, g, K, b) & keep[:, :, s:e, :, None]
+            allowed = kvalid.view(B, H, g, 1, K * b)
+            if selection.causal:
+                k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, K b)
+                q_tok = (torch.arange(s, e, device=q.device)[:, None] * b + offs)[..., None]
+                allowed = allowed & (k_tok[:, :, :, None, :] <= q_tok)
+            logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, K b)
+            part = _softmax_values(logits, allowed, vg)
+        if bufs is None:
+            outs.append(part)
+        else:
+            out[:, :, s:e] = part
+    if bufs is None:
+        out = torch.cat(outs, 2)
+    return out.flatten(2, 3)[:, :, :L]
 
 
 def complement_linear_attention(
@@ -358,11 +385,13 @@ def complement_linear_attention(
     kw = valid[:, None, :, None]
 
     def blocks(t: Tensor) -> Tensor:
-        return F.pad(t.to(work), (0, 0, 0, N - L)).unflatten(2, (n, b))
+        t = t.to(work)
+        return (t if N == L else F.pad(t, (0, 0, 0, N - L))).unflatten(2, (n, b))
 
-    vb = blocks(v) * kw.unflatten(2, (n, b))
-    akb = blocks(ak) * kw.unflatten(2, (n, b))
-    dkb = blocks(phi_k) * kw.unflatten(2, (n, b))
+    vb, akb, dkb = blocks(v), blocks(ak), blocks(phi_k)
+    if key_valid is not None:  # padded keys: zero features (block padding is zero already)
+        w = kw.unflatten(2, (n, b))
+        vb, akb, dkb = vb * w, akb * w, dkb * w
     aqb, dqb = blocks(aq), blocks(phi_q)
     S = akb.transpose(-1, -2) @ vb  # (B, H, n, r, Dv)
     Z = dkb.sum(3)  # (B, H, n, r)
@@ -377,7 +406,7 @@ def complement_linear_attention(
     Zc = comp @ Z  # (B, H, n, r)
     count = (comp @ cnt[..., None])[..., 0][..., None].expand(*comp.shape[:-1], b)
     num = aqb @ Sc  # (B, H, n, b, Dv)
-    den = (dqb * Zc[:, :, :, None, :]).sum(-1)  # (B, H, n, b)
+    den = (dqb @ Zc[..., None])[..., 0]  # (B, H, n, b)
     if selection.causal:
         open_diag = ~selection.mask.diagonal(dim1=-2, dim2=-1)  # (B|1, H|1, n)
         if bool(open_diag.any()):
