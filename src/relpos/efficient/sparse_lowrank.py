@@ -50,7 +50,9 @@ exactly the complement). The token order defines the blocks: 3-D grids flattened
 
 Cost (``method="blocked"``): the sparse branch gathers the kept key blocks per query block,
 O(L * K * b * (d + Dv)) time for ``K`` kept blocks, in chunks of query blocks (memory bounded
-by ``CHUNK_ELEMENTS`` scores); the low-rank branch forms per-block sums ``S_J = sum a'_j v_j^T``
+by ``CHUNK_ELEMENTS`` scores); when every gathered key is attended (bidirectional, each row
+keeping ``K`` whole blocks, no padding) a chunk is one fused SDPA call, otherwise (causal
+calls, padding, rows keeping fewer blocks) an explicit masked softmax; the low-rank branch forms per-block sums ``S_J = sum a'_j v_j^T``
 and ``Z_J = sum phi_k_j`` (O(L r Dv)), their complement per query block with one product by the
 0/1 complement mask (O((L/b)^2 r Dv), a small GEMM; summing the uncovered blocks directly
 instead of total minus covered avoids cancellation), and reads them per query (O(L r Dv));
