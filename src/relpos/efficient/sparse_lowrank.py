@@ -48,17 +48,18 @@ neighbourhood, the causal rules, and that both branches see the same keys (the l
 exactly the complement). The token order defines the blocks: 3-D grids flattened as
 ``relpos.positions_nd.grid_positions`` (time, height, width) give blocks of consecutive rows.
 
-Cost (``method="blocked"``): the sparse branch gathers the kept key blocks per query block,
+Cost (``method="blocked"``). The sparse branch gathers the kept key blocks per query block,
 O(L * K * b * (d + Dv)) time for ``K`` kept blocks, in chunks of query blocks (memory bounded
-by ``CHUNK_ELEMENTS`` scores); when every gathered key is attended (bidirectional, each row
-keeping ``K`` whole blocks, no padding) a chunk is one fused SDPA call, otherwise (causal
-calls, padding, rows keeping fewer blocks) an explicit masked softmax; the low-rank branch forms per-block sums ``S_J = sum a'_j v_j^T``
-and ``Z_J = sum phi_k_j`` (O(L r Dv)), their complement per query block with one product by the
-0/1 complement mask (O((L/b)^2 r Dv), a small GEMM; summing the uncovered blocks directly
-instead of total minus covered avoids cancellation), and reads them per query (O(L r Dv));
-causal calls add the in-block causal term for query blocks whose diagonal block is not
-covered (O(L b r)). ``method="dense"`` is the O(L^2) definition (explicit token masks and
-kernel sums), the tests' reference.
+by ``CHUNK_ELEMENTS`` scores). A chunk whose gathered keys are all attended (bidirectional,
+each row keeping ``K`` whole blocks, no padding) is one fused SDPA call; a masked chunk
+(causal, padding, rows keeping fewer blocks) one masked SDPA call, or an explicit masked
+softmax when it holds a row that sees no key. The low-rank branch forms per-block sums
+``S_J = sum a'_j v_j^T`` and ``Z_J = sum phi_k_j`` (O(L r Dv)), their complement per query
+block with one product by the 0/1 complement mask (O((L/b)^2 r Dv), a small GEMM; summing
+the uncovered blocks directly instead of total minus covered avoids cancellation), and reads
+them per query (O(L r Dv)); causal calls add the in-block causal term for query blocks whose
+diagonal block is not covered (O(L b r)). ``method="dense"`` is the O(L^2) definition
+(explicit token masks and kernel sums), the tests' reference.
 
 Shapes: ``q, k (B, H, L, d)``, ``v (B, H, L, Dv)`` (self-attention: one sequence), positions
 ``(L,)``, ``(L, m)``, ``(B|1, L)`` or ``(B|1, L, m)`` (default ``0..L-1`` on every axis),
@@ -352,8 +353,17 @@ def block_sparse_attention(
                 k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, K b)
                 q_tok = (torch.arange(s, e, device=q.device)[:, None] * b + offs)[..., None]
                 allowed = allowed & (k_tok[:, :, :, None, :] <= q_tok)
-            logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, K b)
-            part = _softmax_values(logits, allowed, vg)
+            if bool(allowed.any(-1).all()):  # every row sees a key: the fused kernel, masked
+                part = F.scaled_dot_product_attention(
+                    qb[:, :, s:e].flatten(1, 2),
+                    kg.flatten(1, 2),
+                    vg.flatten(1, 2),
+                    attn_mask=allowed.flatten(1, 2),
+                    scale=scale,
+                ).unflatten(1, (H, g))
+            else:  # rows without a key: 0 with zero gradients
+                logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, K b)
+                part = _softmax_values(logits, allowed, vg)
         if bufs is None:
             outs.append(part)
         else:
