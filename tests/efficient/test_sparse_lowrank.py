@@ -335,3 +335,19 @@ def test_the_fused_sparse_path_has_the_dense_gradients():
         grads.append([x.grad for x in xs])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_query_block_per_chunk_gives_the_same_result(causal, monkeypatch):
+    """Chunks of one query block (each gathering only its own rows' blocks, some none: a
+    causal row 0 without a local block keeps nothing) equal the dense definition."""
+    import relpos.efficient.sparse_lowrank as slr
+
+    monkeypatch.setattr(slr, "CHUNK_ELEMENTS", 1)
+    q, k, v, pos = _inputs(22, seed=13)
+    kw = dict(block_size=3, sparsity=0.6, local_radius=None, causal=causal)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out = _call(q, k, v, pos, "rola", **kw)
+            ref = _call(q, k, v, pos, "rola", "dense", **kw)
+        torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)

@@ -333,24 +333,34 @@ def block_sparse_attention(
     for s in range(0, n, step):
         e = min(n, s + step)
         g = e - s
-        idx = flat[:, :, s:e].reshape(-1)
+        # this chunk's rows keep at most kc blocks (causal rows keep more further down)
+        kc = K if every_key else int(keep[:, :, s:e].sum(-1).max())
+        if kc == 0:
+            part = q.new_zeros(B, H, g, b, Dv, dtype=work)
+            if bufs is None:
+                outs.append(part)
+            else:
+                out[:, :, s:e] = part
+            continue
+        idx = flat[:, :, s:e, :kc].reshape(-1)
         if bufs is None:
             kg, vg = kb.index_select(0, idx), vb.index_select(0, idx)
         else:
             kg = torch.index_select(kb, 0, idx, out=bufs[0][: idx.numel()])
             vg = torch.index_select(vb, 0, idx, out=bufs[1][: idx.numel()])
-        kg, vg = kg.view(B, H, g, K * b, d), vg.view(B, H, g, K * b, Dv)
+        kg, vg = kg.view(B, H, g, kc * b, d), vg.view(B, H, g, kc * b, Dv)
         if every_key:
             part = F.scaled_dot_product_attention(
                 qb[:, :, s:e].flatten(1, 2), kg.flatten(1, 2), vg.flatten(1, 2), scale=scale
             ).unflatten(1, (H, g))
         else:
             assert valid is not None
-            blk = index[:, :, s:e]  # (B, H, g, K)
-            kvalid = valid.index_select(0, idx).view(B, H, g, K, b) & keep[:, :, s:e, :, None]
-            allowed = kvalid.view(B, H, g, 1, K * b)
+            blk = index[:, :, s:e, :kc]  # (B, H, g, kc)
+            kvalid = valid.index_select(0, idx).view(B, H, g, kc, b)
+            kvalid = kvalid & keep[:, :, s:e, :kc, None]
+            allowed = kvalid.view(B, H, g, 1, kc * b)
             if selection.causal:
-                k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, K b)
+                k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, kc b)
                 q_tok = (torch.arange(s, e, device=q.device)[:, None] * b + offs)[..., None]
                 allowed = allowed & (k_tok[:, :, :, None, :] <= q_tok)
             if bool(allowed.any(-1).all()):  # every row sees a key: the fused kernel, masked
@@ -362,7 +372,7 @@ def block_sparse_attention(
                     scale=scale,
                 ).unflatten(1, (H, g))
             else:  # rows without a key: 0 with zero gradients
-                logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, K b)
+                logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, kc b)
                 part = _softmax_values(logits, allowed, vg)
         if bufs is None:
             outs.append(part)
