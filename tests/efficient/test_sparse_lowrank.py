@@ -212,13 +212,19 @@ def test_causal_outputs_read_no_later_token(lowrank):
         torch.testing.assert_close(moved[:, :, :t], out[:, :, :t], atol=1e-12, rtol=0)
 
 
-def test_gradients_match_the_dense_definition_and_pass_gradcheck():
+@pytest.mark.parametrize("lowrank", ["rola", "ropeslr"])
+def test_gradients_match_the_dense_definition_and_pass_gradcheck(lowrank):
     L = 7
     gen = torch.Generator().manual_seed(8)
     q, k = (torch.randn(1, 1, L, 4, generator=gen, dtype=torch.float64) for _ in range(2))
     v = torch.randn(1, 1, L, 2, generator=gen, dtype=torch.float64)
     enc = relpos.create("rope", num_heads=1, head_dim=4)
-    fmap = LowRankFeatures(4, 2, seed=0).double()
+    pe = None
+    if lowrank == "rola":
+        fmap = LowRankFeatures(4, 2, seed=0).double()
+    else:
+        fmap = HeadwiseLowRankFeatures(1, 4, 2, seed=0).double()
+        pe = GridPositionEmbedding(1, 4, (L,), std=0.5, seed=0).double()
     for causal in (False, True):
         # row 1 covers block 0 only (its diagonal block open: the in-block causal term)
         mask = torch.tensor([[1, 0, 0], [1, 0, 0], [0, 1, 1]], dtype=torch.bool)
@@ -228,7 +234,16 @@ def test_gradients_match_the_dense_definition_and_pass_gradcheck():
 
         def f(q, k, v, method="blocked", causal=causal, sel=sel):
             return sparse_lowrank_attention(
-                q, k, v, enc, fmap, causal=causal, selection=sel, method=method
+                q,
+                k,
+                v,
+                enc,
+                fmap,
+                causal=causal,
+                selection=sel,
+                method=method,
+                lowrank=lowrank,
+                position_embedding=pe,
             )
 
         inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
@@ -236,9 +251,12 @@ def test_gradients_match_the_dense_definition_and_pass_gradcheck():
         grads = []
         for method in ("blocked", "dense"):
             fmap.zero_grad()
+            params = [fmap.weight] + ([] if pe is None else list(pe.parameters()))
+            for p in params:
+                p.grad = None
             xs = tuple(t.clone().requires_grad_() for t in (q, k, v))
             f(*xs, method=method).square().sum().backward()
-            grads.append([x.grad for x in xs] + [fmap.weight.grad.clone()])
+            grads.append([x.grad for x in xs] + [p.grad.clone() for p in params])
         for a, b in zip(*grads, strict=True):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
