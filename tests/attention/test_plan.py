@@ -56,8 +56,7 @@ def test_auto_rule_is_a_capability_not_a_name():
     [
         ("rope", {}, 64, ("sdpa", "fused")),
         ("alibi", {}, 64, ("sdpa", "dense-bias")),  # the bias is smaller than the fold's copies
-        ("alibi", {}, 1100, ("fold", "fold-sdpa")),
-        ("alibi", {"bidirectional": True}, 1100, ("fold", "fold-sdpa")),  # causal: one line
+        ("alibi", {}, 1100, ("chunked", "toeplitz")),  # inference on CPU: Toeplitz tiles
         ("kerple-log", {}, 64, ("sdpa", "dense-bias")),
         ("kerple-log", {}, 1100, ("chunked", "toeplitz")),
         ("shaw", {}, 64, ("eager", "dense")),
@@ -72,6 +71,19 @@ def test_plan_names_the_path(name, options, length, expected):
     q, k, v = qkv(1, length)
     with torch.no_grad():
         assert plan(q, k, v, enc, causal=True) == expected
+
+
+@pytest.mark.parametrize("options", [{}, {"bidirectional": True}])
+def test_auto_folds_alibi_for_a_training_step_on_cpu(options):
+    """The fold wins a training step on CPU and loses the forward alone (docs/benchmarks.md):
+    ``auto`` folds when gradients flow into q, k or v, and keeps the Toeplitz tiles otherwise."""
+    enc = relpos.create("alibi", num_heads=H, head_dim=D, **options)
+    q, k, v = qkv(1, 1100, grad=True)
+    assert plan(q, k, v, enc, causal=True) == ("fold", "fold-sdpa")  # causal: one line
+    with torch.no_grad():
+        assert plan(q, k, v, enc, causal=True) == ("chunked", "toeplitz")
+    frozen = [t.detach() for t in (q, k, v)]
+    assert plan(*frozen, enc, causal=True) == ("chunked", "toeplitz")
 
 
 def test_plan_with_an_explicit_backend_and_a_mask():

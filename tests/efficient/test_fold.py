@@ -163,12 +163,12 @@ def test_auto_keeps_long_steep_folds_off_by_their_rounding_bound():
     """The folded logit carries the dropped row term: in fp32 its rounding grows like
     max slope * L / 2. auto folds while that is within FOLD_LOGIT_TOLERANCE (1e-4 nats)."""
     enc = relpos.create("alibi", num_heads=8, head_dim=2)  # steepest slope 1/2
-    short = torch.zeros(1, 8, 4096, 2)
-    long = torch.zeros(1, 8, 8192, 2)
-    with torch.no_grad():
-        assert plan(short, short, short, enc, causal=True)[0] == "fold"
-        assert plan(long, long, long, enc, causal=True) == ("chunked", "toeplitz")
-        assert plan(long.double(), long.double(), long.double(), enc, causal=True)[0] == "fold"
+    short = torch.zeros(1, 8, 4096, 2, requires_grad=True)  # a training step: auto folds
+    long = torch.zeros(1, 8, 8192, 2, requires_grad=True)
+    assert plan(short, short, short, enc, causal=True)[0] == "fold"
+    assert plan(long, long, long, enc, causal=True) == ("chunked", "toeplitz")
+    wide = long.detach().double().requires_grad_()
+    assert plan(wide, wide, wide, enc, causal=True)[0] == "fold"
 
 
 def test_low_rank_fold_reports_the_weight_error_that_the_bias_error_hides():

@@ -1,18 +1,22 @@
 """The diagnostic modes of ``relpos analyze`` (issue 15, spec remaining.md D1-D5):
 
-* ``receptive-field``: theoretical receptive field of bias encodings (seed 23), and the
-  effective one of a model (``--model``);
+* ``receptive-field``: theoretical receptive field of bias encodings (seed 23); with
+  ``--model`` (one or several, or a ``relpos extrapolate`` run folder) each model's effective
+  receptive field beside the TRF of its own encoding, and the TRF-against-ERF plot;
 * ``positional-heads``: dimension-level analysis of rotary attention (seed 113), on
-  encodings at initialisation or a model (``--model smollm2``);
+  encodings at initialisation or a model (``--model smollm2``), and with ``--scalings`` the
+  same model under PI / YaRN / NTK (the heat maps side by side, the top-k change);
 * ``influence``: position bias from masks and RPEs as a graph rollout (seed 37);
 * ``causal-mask``: the causal mask as positional information (seed 70's simulation, or a
   model's score maps on text);
-* ``kv-phase``: phase sensitivity of chunked KV compression (seed 82's sanity kernel).
+* ``kv-phase``: phase sensitivity of chunked KV compression (seed 82's sanity kernel), and
+  with ``--model`` needle retrieval through the model's pooled KV cache
+  (``kv_phase_retrieval.png``).
 
 Each checks every flag first (one ``relpos: error: ...`` line naming it), then computes,
 writes ``<mode>.json`` and ``<mode>.png`` into ``--out`` and prints a table. Input: encodings
 by registry name (``--encodings``) or ``--model`` (``smollm2``, ``random-tiny``, a ``.gguf``
-file, or a checkpoint folder of ``relpos extrapolate``).
+file, a checkpoint folder of ``relpos extrapolate``, or ``fresh:<encoding>``).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ def _f(value: float, digits: int = 4) -> str:
 
 
 def _receptive_field(args: argparse.Namespace) -> int:
-    from .receptive_field import effective_receptive_field, plot_receptive_field
+    from .model_capture import load_analysis_model, model_specs, text_tokens
+    from .receptive_field import model_receptive_field, plot_receptive_field
     from .receptive_field import theoretical_receptive_field as trf
 
     cli = _helpers()
@@ -62,6 +67,8 @@ def _receptive_field(args: argparse.Namespace) -> int:
     epsilon = parse_float(args.epsilon, "--epsilon", above=0.0, below=1.0)
     erf_length = parse_int(args.erf_length, "--erf-length", minimum=2)
     texts = parse_int(args.texts, "--texts")
+    seed = parse_int(args.seed, "--seed", minimum=0)
+    specs = model_specs(args.model) if args.model else []
     out = cli._out_dir(args.out)
     encodings = cli._encodings(args.encodings, num_heads, head_dim)
     results = []
@@ -70,18 +77,15 @@ def _receptive_field(args: argparse.Namespace) -> int:
             results.append(trf(enc, lengths, epsilon))
         except ValueError as err:
             raise ValueError(f"--encodings: {err}") from None
-    erf = None
-    if args.model:
-        from .model_capture import text_tokens
-
-        model, encode, label = _model(args)
+    fields = []
+    for spec in specs:
+        model, encode, label = load_analysis_model(spec, seed=seed, length=erf_length)
         tokens = text_tokens(encode, erf_length + 1, texts)
-        mass, window = effective_receptive_field(model, tokens, epsilon)
-        erf = {"model": label, "length": erf_length, "texts": texts, "mass": mass, "erf": window}
-    payload = {"results": [r.to_dict() for r in results], "erf": erf}
+        fields.append(model_receptive_field(model, tokens, label, epsilon))
+    payload = {"results": [r.to_dict() for r in results], "models": [f.to_dict() for f in fields]}
     cli._write(
         out, "receptive_field", args, payload,
-        lambda path: plot_receptive_field(results[0], path, None if erf is None else erf["mass"]),
+        lambda path: plot_receptive_field(results[0], path, fields),
     )  # fmt: skip
     rows = []
     for r in results:
@@ -96,17 +100,78 @@ def _receptive_field(args: argparse.Namespace) -> int:
         rows,
         caption="verdict: converges when the TRF moves < 1% from N to 2N",
     )
-    if erf is not None:
-        print(f"effective receptive field of {erf['model']}: {erf['erf']} tokens "
-              f"(N = {erf_length}, {texts} texts, eps {epsilon:g})")  # fmt: skip
+    if fields:
+        cli._print_table(
+            f"effective against theoretical receptive field (eps {epsilon:g}, N = "
+            f"{erf_length}, {texts} texts)",
+            [
+                "model",
+                "encoding",
+                "ERF",
+                "50% / 90%",
+                "TRF (widest head)",
+                "TRF heads",
+                "ERF / TRF",
+            ],  # fmt: skip
+            [
+                [
+                    f.label,
+                    f.encoding,
+                    str(f.erf),
+                    f"{f.half} / {f.ninety}",
+                    "-" if f.trf_max is None else str(f.trf_max),
+                    "-" if f.trf_min is None else f"{f.trf_min}..{f.trf_max}",
+                    "-" if not f.trf_max else _f(f.erf / f.trf_max, 3),
+                ]
+                for f in fields
+            ],  # fmt: skip
+            caption="ERF: smallest window holding 1 - eps of the last token's gradient mass "
+            "w.r.t. the input embeddings (50% / 90%: of half / 90% of it); TRF: of the "
+            "model's own (trained) encoding at N",
+        )
+        for f in fields:
+            if f.note:
+                print(f"{f.label}: no TRF ({f.note})")
     return 0
 
 
 # ------------------------------------------------------------------------------ D2
 
 
+def _scalings(value: str | None, factor_text: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """``--scalings`` as ``(name, rope_scaling record or None for the model as loaded)``: the
+    rotary methods of ``relpos longctx`` (``ROPE_SCALINGS``), at ``--factor``."""
+    from ..lab.longctx.methods import METHODS, ROPE_SCALINGS
+
+    if value is None:
+        return []
+    factor = parse_float(factor_text, "--factor", minimum=1.0)
+    names = parse_names(value, "--scalings")
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for name in names:
+        if name not in ROPE_SCALINGS:
+            raise ValueError(
+                f"--scalings must list names from {', '.join(ROPE_SCALINGS)}, got {name!r}"
+            )
+        if name == "baseline":
+            out.append((name, None))
+            continue
+        # the record is checked against the model (its trained length) when it is applied
+        scaling = {**METHODS[name].options["scaling"], "factor": factor}
+        out.append((f"{name} x{factor:g}", scaling))
+    if len({n for n, _ in out}) != len(out):
+        raise ValueError(f"--scalings lists a name twice: {value!r}")
+    return out
+
+
 def _positional_heads(args: argparse.Namespace) -> int:
-    from .positional_heads import HeadScores, encoding_head_scores, head_scores, plot_head_scores
+    from .positional_heads import (
+        encoding_head_scores,
+        model_head_scores,
+        plot_head_scores,
+        ranking_change,
+        scaled_head_scores,
+    )
 
     cli = _helpers()
     head_dim = parse_int(args.head_dim, "--head-dim", minimum=2)
@@ -115,22 +180,27 @@ def _positional_heads(args: argparse.Namespace) -> int:
     samples = parse_int(args.samples, "--samples")
     top = parse_int(args.top, "--top")
     seed = parse_int(args.seed, "--seed", minimum=0)
+    scalings = _scalings(args.scalings, args.factor)
+    if scalings and not args.model:
+        raise ValueError("--scalings needs --model (a Llama-family model: smollm2, ...)")
     out = cli._out_dir(args.out)
     results = []
+    changes = []
     if args.model:
-        from .model_capture import capture_attention, text_tokens
+        from .model_capture import text_tokens
 
         model, encode, label = _model(args)
-        captures = capture_attention(model, text_tokens(encode, length, 1))
-        rho, share = [], []
-        for cap in captures:
-            if cap.encoding is None or not cap.encoding.has_rotary:
-                raise ValueError(f"--model {args.model!r}: its attention is not rotary")
-            layout = getattr(cap.encoding, "layout", "half")
-            r, s = head_scores(cap.q[0], cap.k[0], cap.weights[0], layout=layout)
-            rho.append(r)
-            share.append(s)
-        results.append(HeadScores.of(label, rho, share, top))
+        tokens = text_tokens(encode, length, 1)
+        variants = scalings or [("baseline", None)]
+        if scalings and variants[0][1] is not None:
+            variants = [("baseline", None), *variants]  # the reference is always scored
+        for name, scaling in variants:
+            tag = label if scaling is None else f"{label} {name}"
+            if scaling is None:
+                results.append(model_head_scores(model, tokens, tag, top))
+            else:
+                results.append(scaled_head_scores(model, tokens, tag, scaling, top))
+        changes = [ranking_change(results[0], r) for r in results[1:]]
     else:
         for enc in cli._encodings(args.encodings, num_heads, head_dim):
             try:
@@ -139,9 +209,10 @@ def _positional_heads(args: argparse.Namespace) -> int:
                 )
             except ValueError as err:
                 raise ValueError(f"--encodings: {err}") from None
+    payload = {"results": [r.to_dict() for r in results], "changes": changes}
     cli._write(
-        out, "positional_heads", args, {"results": [r.to_dict() for r in results]},
-        lambda path: plot_head_scores(results, path),
+        out, "positional_heads", args, payload,
+        lambda path: plot_head_scores(results, path, reference=0 if changes else None),
     )  # fmt: skip
     rows = []
     for r in results:
@@ -155,6 +226,37 @@ def _positional_heads(args: argparse.Namespace) -> int:
         caption="rho: attention-weighted correlation of the dimension centroid with "
         "log(1 + distance); low-freq share: |g| on the upper half of the pairs beyond L/2",
     )
+    if changes:
+
+        def heads(items: list[list[int]]) -> str:
+            return " ".join(f"{a}.{b}" for a, b in items) or "-"
+
+        cli._print_table(
+            f"positional heads under RoPE scalings, against {results[0].label} (same prompt)",
+            [
+                "scaling",
+                f"top-{top} kept",
+                "entered",
+                "left",
+                "mean |d rho|",
+                "corr",
+                "largest change",
+            ],  # fmt: skip
+            [
+                [
+                    c["label"],
+                    str(len(c["kept"])),
+                    heads(c["entered"]),
+                    heads(c["left"]),
+                    _f(c["mean_abs_delta"], 3),
+                    _f(c["correlation"], 3),
+                    f"{c['largest_change'][0]}.{c['largest_change'][1]} "
+                    f"({c['largest_change'][2]:+.3f})",
+                ]
+                for c in changes
+            ],  # fmt: skip
+            caption="heads as layer.head; corr: Pearson correlation of the two rho maps",
+        )
     return 0
 
 
@@ -300,33 +402,60 @@ def _kv_phase(args: argparse.Namespace) -> int:
     phases = [parse_float(p.strip(), "--reference-phase") for p in args.reference_phase.split(",")]
     if args.pool not in ("before", "after"):
         raise ValueError(f"--pool must be before or after, got {args.pool!r}")
+    for s in strides:
+        for p in phases:
+            if not 0 <= p <= s - 1:
+                raise ValueError(
+                    f"--reference-phase must lie in [0, stride - 1] = [0, {s - 1}], got {p:g}"
+                )
+    depths = [parse_float(d.strip(), "--depths", minimum=0.0, maximum=1.0)
+              for d in args.depths.split(",")]  # fmt: skip
+    prompts = parse_int(args.prompts, "--prompts")
+    context = parse_int(args.context, "--context", minimum=16)
+    batch = parse_int(args.batch, "--batch")
+    seed = parse_int(args.seed, "--seed", minimum=0)
     out = cli._out_dir(args.out)
+    retrieval = []
     if args.model:
-        model, _, label = _model(args)
-        from ..nn.attention import MultiHeadAttention
+        from .kv_pooling import phase_retrieval
+        from .model_capture import attention_layers
 
-        layer = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
-        encodings = [layer.encoding]
-        if layer.encoding is None:
+        model, encode, label = _model(args)
+        encodings = [attention_layers(model)[0].encoding]
+        if encodings[0] is None:
             raise ValueError(f"--model {args.model!r} has no positional encoding")
+        for s in strides:
+            try:
+                retrieval.append(
+                    phase_retrieval(model, encode, label, stride=s, depths=depths,
+                                    reference_phases=phases, prompts=prompts, context=context,
+                                    batch=batch, seed=seed)
+                )  # fmt: skip
+            except ValueError as err:
+                raise ValueError(f"--model {args.model!r}: {err}") from None
     else:
         encodings = cli._encodings(args.encodings, num_heads, head_dim)
     results = []
     for enc in encodings:
         for s in strides:
             for p in phases:
-                if not 0 <= p <= s - 1:
-                    raise ValueError(
-                        f"--reference-phase must lie in [0, stride - 1] = [0, {s - 1}], got {p:g}"
-                    )
                 try:
                     results.append(phase_sensitivity(enc, s, p, pool=args.pool))
                 except ValueError as err:
                     raise ValueError(f"--encodings: {err}") from None
+    payload = {"results": [r.to_dict() for r in results],
+               "retrieval": [r.to_dict() for r in retrieval]}  # fmt: skip
     cli._write(
-        out, "kv_phase", args, {"results": [r.to_dict() for r in results]},
-        lambda path: plot_phase(results, path),
+        out, "kv_phase", args, payload, lambda path: plot_phase(results, path),
     )  # fmt: skip
+    if retrieval:
+        from ..optional import missing_plot_note
+        from .kv_pooling import plot_phase_retrieval
+
+        note = missing_plot_note("kv_phase_retrieval.png")
+        if note is None:
+            plot_phase_retrieval(retrieval, out / "kv_phase_retrieval.png")
+            print(f"wrote {out / 'kv_phase_retrieval.png'}")
     rows = []
     for r in results:
         mean = [sum(col) / len(col) for col in zip(*r.scores, strict=True)]
@@ -339,6 +468,33 @@ def _kv_phase(args: argparse.Namespace) -> int:
         caption="S: score of a matching query against the pooled key, relative to the "
         "uncompressed key",
     )
+    for r in retrieval:
+        table = []
+        for name, cell in r.pools.items():
+            for d, depth in enumerate(r.depths):
+                table.append([name, f"{depth:g}",
+                              " ".join(f"{a:.2f}" for a in cell["accuracy"][d]),
+                              " ".join(f"{a:.2f}" for a in cell["digit_accuracy"][d]),
+                              " ".join(f"{m:+.2f}" for m in cell["margin"][d]),
+                              f"{cell['phase_gap']:.2f} / {cell['digit_phase_gap']:.2f}"
+                              if d == 0 else ""])  # fmt: skip
+        cli._print_table(
+            f"needle retrieval through a pooled KV cache: {r.model}, stride {r.stride}, "
+            f"context {r.context} tokens (offset {r.offset}), {r.prompts} prompts per cell, "
+            f"{r.seconds:.0f} s",
+            [
+                "pooling",
+                "depth",
+                "key accuracy by phase 0..s-1",
+                "first digit",
+                "margin",
+                "phase gap key / digit",
+            ],  # fmt: skip
+            table,
+            caption="pooling: none = uncompressed cache; before = raw keys averaged, rotated "
+            "at window start + phi_r; after = rotated keys averaged. phase gap: max - min "
+            "accuracy over phases, mean over depths",
+        )
     return 0
 
 
@@ -372,9 +528,16 @@ def add_modes(mode: Any) -> None:
     shape_flags(p, "8", "64")
     p.add_argument("--lengths", default="512,1024,2048", help="context lengths N")
     p.add_argument("--epsilon", default="0.01", help="mass left outside the field (0.01)")
-    model_flag(p, "also the effective receptive field of a model")
+    p.add_argument(
+        "--model", default=None,
+        help="also the effective receptive field of models beside their encoding's TRF: a "
+        "comma-separated list of smollm2, random-tiny, .gguf files, relpos extrapolate "
+        "checkpoint folders or run folders (every checkpoint in it), fresh:<encoding> "
+        "(the quick profile's model, untrained)",
+    )  # fmt: skip
     p.add_argument("--erf-length", default="256", help="tokens of the ERF texts (256)")
     p.add_argument("--texts", default="4", help="texts averaged for the ERF (4)")
+    p.add_argument("--seed", default="0", help="seed of fresh: models (0)")
 
     p = mode("positional-heads", "positional heads of rotary attention (seed 113)")
     p.add_argument("--encodings", default="rope", help="rotary registry names (rope)")
@@ -384,6 +547,12 @@ def add_modes(mode: Any) -> None:
     p.add_argument("--top", default="5", help="positional heads listed (5)")
     p.add_argument("--seed", default="0", help="seed of the draws (0)")
     model_flag(p, "a model instead of --encodings")
+    p.add_argument(
+        "--scalings", default=None,
+        help="with --model: also score it with its RoPE under these relpos longctx scalings "
+        "(baseline, pi, ntk, dynamic-ntk, yarn), on the same prompt",
+    )  # fmt: skip
+    p.add_argument("--factor", default="2", help="factor of --scalings (2, as relpos longctx)")
 
     p = mode("influence", "position bias of masks and RPEs as a graph rollout (seed 37)")
     p.add_argument("--masks", default="causal,decay", help="mask graphs (causal,decay)")
@@ -419,4 +588,12 @@ def add_modes(mode: Any) -> None:
         "--reference-phase", default="0", help="phases of the pooled key, comma-separated"
     )
     p.add_argument("--pool", default="before", help="pool keys before or after RoPE (before)")
-    model_flag(p, "the encoding of a model's first attention layer")
+    model_flag(
+        p, "also needle retrieval through the model's pooled KV cache (both poolings and "
+        "none) against phase and depth, and the kernel of its encoding",
+    )  # fmt: skip
+    p.add_argument("--depths", default="0.25,0.5,0.75", help="needle depths with --model")
+    p.add_argument("--prompts", default="20", help="prompts per (depth, phase) cell (20)")
+    p.add_argument("--context", default="256", help="context tokens before the question (256)")
+    p.add_argument("--batch", default="8", help="prompts per forward with --model (8)")
+    p.add_argument("--seed", default="0", help="seed of the keys (0)")

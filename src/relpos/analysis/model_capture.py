@@ -2,11 +2,15 @@
 layer's rotated queries and keys, logits and weights on it.
 
 ``--model`` takes ``smollm2`` (the bundled GGUF), ``random-tiny`` (untrained, for smoke
-tests), a path to a Llama-family ``.gguf`` file, or a checkpoint folder written by
-``relpos extrapolate`` (``out/<encoding>/``, a ``TransformerLM`` over UTF-8 bytes).
+tests), a path to a Llama-family ``.gguf`` file, a checkpoint folder written by
+``relpos extrapolate`` (``out/<encoding>/``, a ``TransformerLM`` over UTF-8 bytes), or
+``fresh:<encoding>``: the model ``relpos extrapolate``'s quick profile trains (dim 128,
+depth 2, 4 heads, bytes), untrained, seeded. ``model_specs`` reads a comma-separated list and
+expands a ``relpos extrapolate`` run folder into its checkpoints (one model per encoding).
 
 ``capture_attention(model, tokens)`` runs the model once and, from a forward pre-hook on each
-``MultiHeadAttention``, recomputes that layer's projections exactly as its forward does, then
+``MultiHeadAttention``, recomputes that layer's projections exactly as its forward does
+(``MultiHeadAttention.project``: with its q/k/v convolutions and q/k normalisation), then
 rotates them with the layer's encoding (``rotate_qk``) and forms the logits with
 ``relpos.scores`` (bias included) and the causal softmax. GQA keys are repeated per query head.
 """
@@ -23,7 +27,18 @@ from torch import Tensor
 
 from ..validation import check_int
 
-__all__ = ["LayerCapture", "load_analysis_model", "text_tokens", "capture_attention"]
+__all__ = [
+    "LayerCapture",
+    "FRESH",
+    "model_specs",
+    "load_analysis_model",
+    "text_tokens",
+    "attention_layers",
+    "capture_attention",
+]
+
+#: ``--model fresh:<encoding>``: an untrained model of the quick profile's size
+FRESH = "fresh:"
 
 
 @dataclass
@@ -38,8 +53,63 @@ class LayerCapture:
     encoding: Any
 
 
-def load_analysis_model(spec: str) -> tuple[Any, Any, str]:
-    """``(model, encode, label)``: ``encode(text) -> list[int]``. One-line errors."""
+def model_specs(value: str, flag: str = "--model") -> list[str]:
+    """The models of a comma-separated ``--model`` value: a folder without a checkpoint of
+    its own is a ``relpos extrapolate`` run folder and stands for every checkpoint in it
+    (``out/<encoding>/``, sorted). Nothing is loaded."""
+    from ..lab.checkpoint import has_checkpoint
+
+    specs = [v.strip() for v in value.split(",")]
+    if not value.strip() or any(not v for v in specs):
+        raise ValueError(f"{flag} must be a comma-separated list of models, got {value!r}")
+    out: list[str] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir() and not has_checkpoint(path):
+            found = sorted(str(p) for p in path.iterdir() if p.is_dir() and has_checkpoint(p))
+            if not found:
+                raise ValueError(
+                    f"{flag} {spec!r} is a folder without a relpos checkpoint (neither a "
+                    "checkpoint folder nor a relpos extrapolate run folder)"
+                )
+            out.extend(found)
+        else:
+            out.append(spec)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{flag} names a model twice: {value!r}")
+    return out
+
+
+def _fresh_model(spec: str, seed: int, length: int) -> tuple[Any, Any, str]:
+    from .. import registry
+    from ..lab.profiles import get_profile
+    from ..lab.train import TrainConfig, build_model
+
+    name = spec[len(FRESH) :]
+    try:
+        registry.encoding_class(name)
+    except ValueError as err:
+        raise ValueError(f"--model {spec!r}: {err}") from None
+    quick = get_profile("quick")
+    config = TrainConfig(
+        encoding=name,
+        encoding_options=quick.encoding_options(name, length, length),
+        dim=quick.dim,
+        depth=quick.depth,
+        num_heads=quick.num_heads,
+        seq_len=length,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_model(config, 256).eval()
+    return model, lambda text: list(text.encode("utf-8")), f"{name} (fresh, seed {seed})"
+
+
+def load_analysis_model(spec: str, *, seed: int = 0, length: int = 128) -> tuple[Any, Any, str]:
+    """``(model, encode, label)``: ``encode(text) -> list[int]``. One-line errors. ``seed``
+    and ``length`` (the longest input, for learned tables) size a ``fresh:`` model."""
+    if spec.startswith(FRESH):
+        return _fresh_model(spec, check_int(seed, "seed", minimum=0), check_int(length, "length"))
     path = Path(spec)
     if path.is_dir():
         from ..lab.checkpoint import has_checkpoint
@@ -54,8 +124,13 @@ def load_analysis_model(spec: str) -> tuple[Any, Any, str]:
                 "analyze reads byte-level (vocab 256) checkpoints only"
             )
         return model, lambda text: list(text.encode("utf-8")), f"{config.encoding} ({path.name})"
-    from ..lab.longctx.models import load_model
+    from ..lab.longctx.models import is_hf, load_model
 
+    if spec not in ("smollm2", "random-tiny") and not is_hf(spec) and not path.is_file():
+        raise ValueError(
+            f"--model must be smollm2, random-tiny, a .gguf file, a relpos extrapolate "
+            f"checkpoint or run folder, or {FRESH}<encoding>; got {spec!r}"
+        )
     model, tokenizer, _ = load_model(spec)
     model.eval()
 
@@ -84,7 +159,7 @@ def text_tokens(encode: Any, length: int, batch: int = 1) -> Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _attention_layers(model: Any) -> list[Any]:
+def attention_layers(model: Any) -> list[Any]:
     from ..nn.attention import MultiHeadAttention
 
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -97,7 +172,7 @@ def capture_attention(model: Any, tokens: Tensor) -> list[LayerCapture]:
     """Per layer: rotated q, k, logits and causal weights on ``tokens (B, L)``."""
     import relpos
 
-    layers = _attention_layers(model)
+    layers = attention_layers(model)
     captured: list[LayerCapture] = []
 
     def hook(module, args, kwargs):
@@ -108,9 +183,7 @@ def capture_attention(model: Any, tokens: Tensor) -> list[LayerCapture]:
             pos = args[1]
         if pos is None:
             pos = torch.arange(L)[None]
-        q = module._heads(module.q_proj(x), module.num_heads)
-        k, _ = module.kv_proj(x).chunk(2, dim=-1)
-        k = module._heads(k, module.num_kv_heads)
+        q, k, _ = module.project(x)  # projections, q/k/v convolutions, q/k norm
         enc = module.encoding
         logits = relpos.scores(q, k, enc, q_pos=pos, k_pos=pos)
         if enc is not None:

@@ -19,6 +19,13 @@ on the upper half of the pairs (the low frequencies) for distances above a thres
 
 Reference (q = k = 1, d = 16, base 10⁴: ``g_c(r) = 2 cos(r θ_c)``): the centroid at r = 0, 1, 4,
 16, 64, 256, 1024 is ``3.5, 3.823, 4.3954, 4.7902, 4.4171, 4.3368, 3.6314``.
+
+Before and after a context extension (the spec's "ρ before and after PI or YaRN"):
+``model_head_scores`` scores a model on one prompt, ``scaled_head_scores`` repeats it with
+the model's RoPE replaced by a frequency scaling (``relpos.rope_scaling`` records: ``linear``
+= PI, ``yarn``, ...) on the same tokens, and ``ranking_change`` compares each with the
+unscaled model: the top-k heads kept, entered and left, the mean ``|Δρ|`` and the
+correlation of the two ρ maps.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ __all__ = [
     "dimension_centroid",
     "head_scores",
     "encoding_head_scores",
+    "pair_profile",
+    "model_head_scores",
+    "scaled_head_scores",
+    "ranking_change",
     "plot_head_scores",
 ]
 
@@ -109,6 +120,9 @@ class HeadScores:
     low_frequency_share: list[list[float]]
     top: list[tuple[int, int, float]]  # (layer, head, rho)
     centroid_profile: list[list[float]] | None = None  # head-mean E[ĉ] by distance bucket
+    #: for models, the top heads' ``E[g_c]`` by log-distance bucket (``pair_profile``):
+    #: ``[{"layer", "head", "buckets": [[lo, hi], ...], "mean_g": [bucket][pair]}]``
+    profiles: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,8 +169,103 @@ def encoding_head_scores(
     )
 
 
-def plot_head_scores(results: list[HeadScores], path: Any) -> None:
-    """ρ heat map (layer x head) per result."""
+def pair_profile(q: Tensor, k: Tensor, *, layout: str = "half") -> tuple[list, Tensor]:
+    """``E[g_c]`` over the causal pairs of one head in log-distance buckets: ``q, k (L, d)``
+    rotated. Bucket n holds distances ``2^n - 1 <= m - n < 2^(n+1) - 1`` (0, 1-2, 3-6, ...).
+    Returns (the buckets ``[lo, hi]``, ``(buckets, d/2)`` float64)."""
+    L = q.shape[0]
+    g = pair_contributions(q.double(), k.double(), layout)  # (L, L, d/2)
+    r = torch.arange(L)[:, None] - torch.arange(L)[None, :]
+    causal = r >= 0
+    bucket = torch.floor(torch.log2(1.0 + r.clamp(min=0).double())).long()
+    rows, edges = [], []
+    for n in range(int(bucket[causal].max()) + 1):
+        sel = causal & (bucket == n)
+        rows.append(g[sel].mean(0))
+        edges.append([2**n - 1, min(2 ** (n + 1) - 2, L - 1)])
+    return edges, torch.stack(rows)
+
+
+def model_head_scores(
+    model: Any, tokens: Tensor, label: str, top_k: int, *, profiled: int = 3
+) -> HeadScores:
+    """ρ per (layer, head) of a relpos model with rotary attention on ``tokens (1, L)``, and
+    the ``E[g_c]`` profile (``pair_profile``) of its ``profiled`` top heads."""
+    from .model_capture import capture_attention
+
+    rho, share, layers = [], [], []
+    for cap in capture_attention(model, tokens):
+        if cap.encoding is None or not cap.encoding.has_rotary:
+            raise ValueError(f"{label}: its attention is not rotary")
+        layout = getattr(cap.encoding, "layout", "half")
+        r, s = head_scores(cap.q[0], cap.k[0], cap.weights[0], layout=layout)
+        rho.append(r)
+        share.append(s)
+        layers.append((cap.q[0], cap.k[0], layout))
+    result = HeadScores.of(label, rho, share, top_k)
+    result.profiles = []
+    for layer, head, _ in result.top[:profiled]:
+        q, k, layout = layers[layer]
+        edges, mean = pair_profile(q[head], k[head], layout=layout)
+        result.profiles.append(
+            {"layer": layer, "head": head, "buckets": edges, "mean_g": mean.tolist()}
+        )
+    return result
+
+
+def scaled_head_scores(
+    model: Any, tokens: Tensor, label: str, scaling: dict[str, Any], top_k: int
+) -> HeadScores:
+    """``model_head_scores`` with the model's RoPE under ``scaling`` (an HF ``rope_scaling``
+    record, checked by ``relpos.rope_scaling``), its own encoding restored afterwards. The
+    model must be able to swap its encoding (``LlamaLM.set_encoding``: the model's base,
+    layout and trained length are kept)."""
+    if not hasattr(model, "set_encoding"):
+        raise ValueError(
+            f"{label}: rope scalings need a Llama-family model (smollm2, random-tiny or a "
+            ".gguf file), whose RoPE can be swapped"
+        )
+    own = model.encoding
+    try:
+        model.set_encoding("rope", scaling=scaling)
+        return model_head_scores(model, tokens, label, top_k)
+    finally:
+        model.set_encoding(own)
+
+
+def ranking_change(reference: HeadScores, other: HeadScores) -> dict[str, Any]:
+    """How ``other``'s positional heads differ from ``reference``'s (same model and prompt):
+    top-k heads kept / entered / left (``(layer, head)``), mean ``|Δρ|`` over heads, the
+    Pearson correlation of the two ρ maps, and the head whose ρ moved most."""
+    a = torch.tensor(reference.rho, dtype=torch.float64)
+    b = torch.tensor(other.rho, dtype=torch.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"ρ maps differ in shape: {tuple(a.shape)} and {tuple(b.shape)}")
+    ok = ~(torch.isnan(a) | torch.isnan(b))
+    delta = torch.where(ok, b - a, torch.zeros_like(a))
+    top_a = [(layer, head) for layer, head, _ in reference.top]
+    top_b = [(layer, head) for layer, head, _ in other.top]
+    x, y = a[ok], b[ok]
+    den = float(((x - x.mean()) ** 2).sum().sqrt() * ((y - y.mean()) ** 2).sum().sqrt())
+    corr = float(((x - x.mean()) * (y - y.mean())).sum()) / den if den > 0 else math.nan
+    flat = int(delta.abs().argmax())
+    layer, head = divmod(flat, a.shape[1])
+    return {
+        "label": other.label,
+        "reference": reference.label,
+        "kept": [list(t) for t in top_b if t in top_a],
+        "entered": [list(t) for t in top_b if t not in top_a],
+        "left": [list(t) for t in top_a if t not in top_b],
+        "mean_abs_delta": float(delta.abs()[ok].mean()) if bool(ok.any()) else math.nan,
+        "correlation": corr,
+        "largest_change": [layer, head, float(delta[layer, head])],
+    }
+
+
+def plot_head_scores(results: list[HeadScores], path: Any, *, reference: int | None = None) -> None:
+    """ρ heat map (layer x head) per result, side by side; with ``reference`` (an index into
+    ``results``) a second row holds every other result's ``Δρ`` against it, and when every
+    result has profiles (models) a last row the top head's ``E[g_c]`` against log distance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,12 +273,45 @@ def plot_head_scores(results: list[HeadScores], path: Any) -> None:
 
     from .output import save_figure
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    deltas_row = reference is not None and len(results) >= 2
+    profile_row = all(r.profiles for r in results)
+    rows = 1 + deltas_row + profile_row
+    fig, axes = plt.subplots(
+        rows, len(results), figsize=(5 * len(results), 4 * rows), squeeze=False
+    )
+    if profile_row:  # E[g_c] of each result's top head against log distance
+        for ax, r in zip(axes[-1], results, strict=True):
+            p = r.profiles[0]
+            mean = torch.tensor(p["mean_g"]).T  # (pairs, buckets)
+            top = float(mean.abs().max()) or 1.0
+            im = ax.imshow(mean, aspect="auto", origin="lower", cmap="RdBu_r", vmin=-top, vmax=top)
+            ax.set_xticks(range(len(p["buckets"])), [f"{lo}" for lo, _ in p["buckets"]])
+            ax.set_xlabel("distance m - n (bucket start, log2 buckets)")
+            ax.set_ylabel("rotary pair c (high = low frequency)")
+            ax.set_title(f"{r.label}: E[g_c], layer {p['layer']} head {p['head']}", fontsize=9)
+            fig.colorbar(im, ax=ax)
     for ax, r in zip(axes[0], results, strict=True):
         im = ax.imshow(r.rho, aspect="auto", cmap="coolwarm", vmin=-1, vmax=1)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(f"{r.label}: ρ(centroid, log distance)", fontsize=9)
         fig.colorbar(im, ax=ax)
+    if deltas_row:
+        base = torch.tensor(results[reference].rho, dtype=torch.float64)
+        deltas = {
+            n: torch.tensor(r.rho, dtype=torch.float64) - base
+            for n, r in enumerate(results)
+            if n != reference
+        }
+        top = max(float(d.nan_to_num().abs().max()) for d in deltas.values()) or 1.0
+        for n, ax in enumerate(axes[1]):
+            if n not in deltas:
+                ax.axis("off")
+                continue
+            im = ax.imshow(deltas[n], aspect="auto", cmap="PiYG", vmin=-top, vmax=top)
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(f"Δρ: {results[n].label} - {results[reference].label}", fontsize=9)
+            fig.colorbar(im, ax=ax)
     fig.tight_layout()
     save_figure(fig, path)

@@ -17,7 +17,11 @@ diverges (478, 949, 1886 at N = 512, 1024, 2048) and ``-2 log(1+n)`` converges (
 The *effective* receptive field of a model (Chi et al.'s construction): the gradient of the
 last token's loss with respect to the input embeddings, its norm per position, accumulated
 from the last token backwards and normalised; the ERF is the smallest window holding
-``1 - ε`` of it.
+``1 - ε`` of it. ``model_receptive_field`` puts a model's ERF beside the TRF of the encoding
+it holds (its trained parameters, per layer and head, at the ERF's length N): one point of
+the TRF-against-ERF plot per model. The model's TRF is its widest head's (a layer's output
+reads as far back as its widest head); the head range is kept too. Rotary and other
+non-bias encodings have no TRF (``trf`` is None, the reason in ``note``).
 
 Shapes: a bias table ``(H, N)`` over distances ``0..N-1``.
 """
@@ -40,6 +44,9 @@ __all__ = [
     "distance_bias",
     "theoretical_receptive_field",
     "effective_receptive_field",
+    "ModelField",
+    "model_encodings",
+    "model_receptive_field",
     "plot_receptive_field",
 ]
 
@@ -150,8 +157,89 @@ def effective_receptive_field(
     return mass.tolist(), int(receptive_field(mass, epsilon))
 
 
-def plot_receptive_field(result: ReceptiveField, path: Any, erf: list[float] | None = None) -> None:
-    """``c_h(t)`` against log t per head, with the 1 - ε line (and the model's ERF mass)."""
+def model_encodings(model: Any) -> list[Any]:
+    """The encoding of each attention layer of a relpos model (``MultiHeadAttention``
+    modules, in order; None for a layer without one)."""
+    from ..nn.attention import MultiHeadAttention
+
+    layers = [m.encoding for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not layers:
+        raise ValueError("the model has no relpos MultiHeadAttention layers")
+    return layers
+
+
+@dataclass
+class ModelField:
+    """A model's ERF beside the TRF of its own encoding at the same length N.
+
+    ``trf``: ``[layer][head]`` (None when the encoding has no distance-only bias: ``note``
+    says why); ``trf_max`` / ``trf_min``: the widest and narrowest head over all layers (the
+    model's TRF is ``trf_max``); ``half`` / ``ninety``: the windows holding 50% / 90% of the
+    gradient mass."""
+
+    label: str
+    encoding: str
+    length: int
+    texts: int
+    epsilon: float
+    erf: int
+    mass: list[float]
+    trf: list[list[int]] | None
+    trf_max: int | None
+    trf_min: int | None
+    note: str = ""
+    #: windows holding 50% and 90% of the gradient mass (where the ERF at eps saturates)
+    half: int = 0
+    ninety: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_receptive_field(
+    model: Any, tokens: Tensor, label: str, epsilon: float = 0.01
+) -> ModelField:
+    """ERF of ``model`` on ``tokens (B, N + 1)`` and the TRF of its layers' encodings at N."""
+    mass, erf = effective_receptive_field(model, tokens, epsilon)
+    length = tokens.shape[1] - 1
+    encodings = model_encodings(model)
+    names = sorted({e.name for e in encodings if e is not None}) or ["none"]
+    trf: list[list[int]] | None = []
+    note = ""
+    for enc in encodings:
+        if enc is None:  # no encoding in attention (absolute or none): a uniform bias of 0
+            trf.append(receptive_field(cumulative_mass(torch.zeros(1, length)), epsilon).tolist())
+            continue
+        try:
+            table = distance_bias(enc, length)
+        except ValueError as err:
+            trf, note = None, str(err)
+            break
+        trf.append(receptive_field(cumulative_mass(table), epsilon).tolist())
+    flat = [v for row in trf for v in row] if trf is not None else []
+    return ModelField(
+        label=label,
+        encoding=",".join(names),
+        length=length,
+        texts=tokens.shape[0],
+        epsilon=float(epsilon),
+        erf=erf,
+        mass=mass,
+        trf=trf,
+        trf_max=max(flat) if flat else None,
+        trf_min=min(flat) if flat else None,
+        note=note,
+        half=int(receptive_field(torch.tensor(mass), 0.5)),
+        ninety=int(receptive_field(torch.tensor(mass), 0.1)),
+    )
+
+
+def plot_receptive_field(
+    result: ReceptiveField, path: Any, fields: list[ModelField] | None = None
+) -> None:
+    """``c_h(t)`` against log t per head with the 1 - ε line (and each model's ERF mass), the
+    TRF per head at each N, and with models the TRF against the ERF (one point per model,
+    the bar spanning its heads' TRFs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,12 +247,15 @@ def plot_receptive_field(result: ReceptiveField, path: Any, erf: list[float] | N
 
     from .output import save_figure
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    fields = fields or []
+    panels = 3 if fields else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    ax, bx = axes[0], axes[1]
     t = [w + 1 for w in result.window]
     for h, m in enumerate(result.mass):
         ax.plot(t, m, label=f"head {h}" if len(result.mass) <= 8 else None)
-    if erf is not None:
-        ax.plot(range(1, len(erf) + 1), erf, "k--", label="model ERF mass")
+    for f in fields:
+        ax.plot(range(1, len(f.mass) + 1), f.mass, "--", label=f"ERF mass: {f.label}")
     ax.axhline(1 - result.epsilon, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("window t (tokens back)")
@@ -184,5 +275,22 @@ def plot_receptive_field(result: ReceptiveField, path: Any, erf: list[float] | N
     bx.set_xlabel("head")
     bx.set_ylabel(f"TRF (eps={result.epsilon:g})")
     bx.legend(fontsize=7)
+    if fields:
+        cx = axes[2]
+        top = max([f.length for f in fields]) or 1
+        cx.plot([1, top], [1, top], color="grey", lw=0.8, label="ERF = TRF")
+        for f in fields:
+            if f.trf_max is None:
+                continue
+            lo, hi = max(f.trf_min, 1), max(f.trf_max, 1)
+            cx.errorbar(
+                [hi], [max(f.erf, 1)], xerr=[[hi - lo], [0]], fmt="o", capsize=3, label=f.label
+            )
+        cx.set_xscale("log")
+        cx.set_yscale("log")
+        cx.set_xlabel(f"TRF of the model's encoding (widest head; bar: heads), N = {top}")
+        cx.set_ylabel("ERF (gradient mass)")
+        cx.set_title("TRF against ERF", fontsize=9)
+        cx.legend(fontsize=6)
     fig.tight_layout()
     save_figure(fig, path)

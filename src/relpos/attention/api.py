@@ -9,7 +9,9 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``), while the folded logits' rounding bound
   ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats) -> ``fold``
   (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by log-sum-exp
-  for the two-sided forms; multi-pass folds on CPU only), at any size;
+  for the two-sided forms; multi-pass folds on CPU only), at any size; on CPU only when
+  gradients flow into q, k or v (the fold wins a training step there and loses the forward
+  alone to the Toeplitz tiles);
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -92,7 +94,9 @@ def _folds_exactly(call: AttentionCall) -> bool:
     saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D + 1)``, so
     decoding steps keep the small materialised bias), the folded logits' rounding bound is
     within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU (the
-    multi-pass merge has fused kernels there; elsewhere it would form logits)."""
+    multi-pass merge has fused kernels there; elsewhere it would form logits). On CPU only
+    for a training step: inference keeps the Toeplitz / dense-bias paths, which are faster
+    there."""
     Lq, Lk, D = call.q.shape[2], call.k.shape[2], call.q.shape[3]
     if fold_refusal(call) is not None or Lq == 0 or Lk == 0:
         return False
@@ -102,7 +106,19 @@ def _folds_exactly(call: AttentionCall) -> bool:
         return False
     if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
         return False
-    return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
+    if call.q.device.type == "cpu":
+        # measured on the idle 2-core CPU (docs/benchmarks.md, "Rerun on an idle machine"):
+        # the fold's 65-channel kernel and its copies win a training step (1.19x / 1.20x
+        # no-bias SDPA at L = 2048 / 4096, Toeplitz tiles 1.37x / 1.63x) but lose the
+        # forward alone (1.19x / 1.20x / 1.13x at L = 1024 / 2048 / 4096, Toeplitz 0.99x /
+        # 1.07x / 1.13x, with a third of the memory and 100x less rounding)
+        return _needs_input_grads(call)
+    return fold_path(call) == "fold-sdpa"
+
+
+def _needs_input_grads(call: AttentionCall) -> bool:
+    """Gradients are on and flow into q, k or v (a training step, not inference)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
 
 
 def _trains_bias(call: AttentionCall) -> bool:

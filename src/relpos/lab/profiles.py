@@ -60,6 +60,12 @@ class Profile:
     #: AdamW weight decay (matrices and the token embedding) and the cosine's floor
     weight_decay: float = 0.1
     min_lr_ratio: float = 0.1
+    #: kernel size of RCMHA's causal depth-wise q/k/v convolutions in every layer
+    #: (``TransformerLM(qkv_conv=)``, ``--qkv-conv``); None: no convolution
+    qkv_conv: int | None = None
+    #: ``"rms"``: q/k RMS normalisation in every layer (``TransformerLM(qk_norm=)``,
+    #: ``--qk-norm``; TRA's layer); None: off
+    qk_norm: str | None = None
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
         """Options for ``relpos.create``, read from what the encoding declares: one that has a

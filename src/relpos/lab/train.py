@@ -40,7 +40,7 @@ import relpos
 from relpos.encodings.base import Encoding
 from relpos.nn import TransformerLM
 from relpos.nn.transformer import INIT_SCHEMES
-from relpos.validation import check_float, check_int
+from relpos.validation import check_choice, check_float, check_int
 
 from . import checkpoint as ckpt
 from . import distributed
@@ -51,9 +51,12 @@ LOG_EVERY = 10  # steps between progress updates (and loss read-backs / cross-ra
 FINAL_LOSS_WINDOW = 10  # final_loss is the mean training loss of the last steps
 BETAS = (0.9, 0.95)
 # config keys a checkpoint must share with the config that resumes it
-MODEL_KEYS = ("encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init")
+MODEL_KEYS = (
+    "encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init", "qkv_conv",
+    "qk_norm",
+)  # fmt: skip
 #: what a saved config without a key meant (written before the key existed)
-LEGACY_DEFAULTS = {"init": "gpt2"}
+LEGACY_DEFAULTS = {"init": "gpt2", "qkv_conv": None, "qk_norm": None}
 # keys that do not change the numbers (no warning when they differ on resume)
 NEUTRAL_KEYS = ("checkpoint_every", "backend", "device")
 
@@ -67,6 +70,10 @@ class TrainConfig:
     available, else CPU), "cpu", "cuda" or "cuda:N". ``init``: ``TransformerLM``'s weight
     initialisation (``relpos.nn.transformer.INIT_SCHEMES``); a saved config without it is from
     before it existed and means ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
+    ``qkv_conv``: kernel size of RCMHA's causal depth-wise q/k/v convolutions in every layer
+    (``TransformerLM(qkv_conv=)``), None for none (also what a config without the key means).
+    ``qk_norm``: ``"rms"`` normalises q and k per head in every layer (``TransformerLM(qk_norm=)``,
+    TRA's layer), None for off (also what a config without the key means).
     """
 
     encoding: str
@@ -87,6 +94,8 @@ class TrainConfig:
     backend: str = "auto"
     device: str = "auto"
     init: str = "gpt2"
+    qkv_conv: int | None = None
+    qk_norm: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:
@@ -107,6 +116,10 @@ class TrainConfig:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {', '.join(INIT_SCHEMES)}, got {self.init!r}")
+        if self.qkv_conv is not None:
+            check_int(self.qkv_conv, "qkv_conv (a kernel size, or None)")
+        if self.qk_norm is not None:
+            check_choice(self.qk_norm, "qk_norm (or None)", ("rms",))
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (what ``state.json`` records)."""
@@ -162,6 +175,8 @@ def build_model(config: TrainConfig, vocab_size: int) -> TransformerLM:
         encoding_options=config.encoding_options,
         backend=config.backend,
         init=config.init,
+        qkv_conv=config.qkv_conv,
+        qk_norm=config.qk_norm,
     )
 
 

@@ -14,6 +14,7 @@ from .qkv_convolution import CausalDepthwiseConv
 from .relflexformer import RelFlexformerAttention
 from .rola import RoLAAttention
 from .sparse_lowrank import SparseLowRankAttention
+from .syntax_embedding import SyntaxEmbedding
 from .transformer import TransformerLM
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "LocationAttention",
     "reverse_align",
     "CausalDepthwiseConv",
+    "SyntaxEmbedding",
 ]

@@ -18,6 +18,18 @@ from ..validation import check_int
 from .cache import LayerCache
 from .qkv_convolution import CausalDepthwiseConv
 
+#: ``MultiHeadAttention(qk_norm=...)``: None (off) or ``"rms"``
+QK_NORMS = (None, "rms")
+#: epsilon of ``qk_norm="rms"`` (the TRA notebook's ``RMSNorm``)
+QK_NORM_EPS = 1e-6
+
+
+def rms_normalize(x: Tensor, eps: float = QK_NORM_EPS) -> Tensor:
+    """``x / sqrt(mean(x^2, last axis) + eps)``, computed in float32 (float64 stays float64)
+    and returned in ``x``'s dtype; no affine weight."""
+    y = x.float() if x.dtype != torch.float64 else x
+    return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
 
 def build_encoding(
     encoding: str | Encoding | None, num_heads: int, head_dim: int, options: dict[str, Any]
@@ -50,6 +62,11 @@ class MultiHeadAttention(nn.Module):
             projected q, k and v, one kernel per role shared by the heads (RCMHA, Sugiharto
             et al. 2023: ``qkv_conv=3`` with ``encoding="rcmha"``; ``qkv_convolution.py``);
             None: no convolution. A ``LayerCache`` keeps the last ``K - 1`` projections.
+        qk_norm: ``"rms"`` normalises each head's query and key to unit RMS before the
+            encoding, ``x / sqrt(mean_c x_c^2 + 1e-6)`` in float32, no affine weight: TRA's
+            layer (Opper et al. 2025, the authors' notebook ``TRA_FFL.ipynb``: "qk norm but
+            no scale"); None (default): off. It has no parameters, so the state dict is the
+            same either way.
 
     ``forward(x (B, L, dim), pos=None, cache=None, causal=True, inputs=None) -> (B, L, dim)``.
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
@@ -77,8 +94,12 @@ class MultiHeadAttention(nn.Module):
         feature_map: str | FeatureMap | None = None,
         feature_map_options: dict[str, Any] | None = None,
         qkv_conv: int | None = None,
+        qk_norm: str | None = None,
     ) -> None:
         super().__init__()
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm must be None or 'rms', got {qk_norm!r}")
+        self.qk_norm = qk_norm
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -143,16 +164,7 @@ class MultiHeadAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
         B, L, _ = x.shape
-        q = self._heads(self.q_proj(x), self.num_heads)
-        k, v = self.kv_proj(x).chunk(2, dim=-1)
-        k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
-        if self.qkv_conv is not None:
-            if isinstance(cache, LinearState):
-                raise ValueError(
-                    "cache: a layer with qkv_conv keeps its convolution state in a LayerCache; "
-                    "use layer.new_cache() (a LinearState holds no convolution state)"
-                )
-            q, k, v = self._convolve(q, k, v, cache)
+        q, k, v = self.project(x, cache)
         enc = self.encoding
         if enc is not None and LAYER_INPUT in {**enc.required_inputs, **enc.optional_inputs}:
             inputs = {**(inputs or {}), LAYER_INPUT: x}  # this layer's own input (TRA's gate)
@@ -171,6 +183,26 @@ class MultiHeadAttention(nn.Module):
             feature_map=self.feature_map,
         )
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
+
+    def project(
+        self, x: Tensor, cache: LayerCache | LinearState | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """What the layer hands the encoding for ``x (B, L, dim)``: ``q (B, H, L, D)``,
+        ``k, v (B, Hkv, L, D)`` after the projections, the ``qkv_conv`` convolutions
+        (continued from and stored in ``cache``) and ``qk_norm``; not yet rotated."""
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k, v = self.kv_proj(x).chunk(2, dim=-1)
+        k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+        if self.qkv_conv is not None:
+            if isinstance(cache, LinearState):
+                raise ValueError(
+                    "cache: a layer with qkv_conv keeps its convolution state in a LayerCache; "
+                    "use layer.new_cache() (a LinearState holds no convolution state)"
+                )
+            q, k, v = self._convolve(q, k, v, cache)
+        if self.qk_norm == "rms":
+            q, k = rms_normalize(q), rms_normalize(k)
+        return q, k, v
 
     def _convolve(
         self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache | None

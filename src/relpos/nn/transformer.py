@@ -83,6 +83,9 @@ class TransformerLM(nn.Module):
             encoding allows (O(1) work per decoded token), a ``LayerCache`` otherwise.
         qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every
             layer (``MultiHeadAttention(qkv_conv=)``; RCMHA: 3 with ``encoding="rcmha"``).
+        qk_norm: ``"rms"``: every layer RMS-normalises its queries and keys per head before
+            the encoding (``MultiHeadAttention(qk_norm=)``; TRA's model); None: off. No
+            parameters: the state dict is the same either way.
         init: how the model's own layers start (``INIT_SCHEMES``):
 
             * ``"gpt2"`` (default): GPT-2's init (weights ``N(0, 0.02)``, zero biases,
@@ -130,6 +133,7 @@ class TransformerLM(nn.Module):
         feature_map: str | FeatureMap | None = None,
         feature_map_options: dict[str, Any] | None = None,
         qkv_conv: int | None = None,
+        qk_norm: str | None = None,
         init: str = "gpt2",
     ) -> None:
         super().__init__()
@@ -169,6 +173,7 @@ class TransformerLM(nn.Module):
                     feature_map=_layer_feature_map(feature_map, i),
                     feature_map_options=feature_map_options,
                     qkv_conv=qkv_conv,
+                    qk_norm=qk_norm,
                 ),
                 mlp_ratio,
             )

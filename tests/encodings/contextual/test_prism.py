@@ -98,3 +98,49 @@ def test_more_queries_than_keys_are_refused_by_name():
     q, k = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="Lq <= Lk"):
         relpos.attention(q, k, k, enc)
+
+
+def test_the_correction_step_matches_a_hand_computed_filter():
+    from relpos.encodings.contextual.prism import corrected_histograms
+
+    kernels = torch.tensor([[0.5, 0.5]] * 3, dtype=torch.float64)  # shift 0 or 1
+    ell = torch.tensor([[0.9, 0.05, 0.05], [0.2, 0.6, 0.2], [1, 1, 1]], dtype=torch.float64)
+    pi = corrected_histograms(kernels, ell / ell.sum(-1, keepdim=True))
+    # pi_0 = delta_0; predict [.5 .5 0], correct by [.2 .6 .2]: [.25 .75 0]; predict
+    # [.125 .5 .375] (the last bin keeps what would move past it), l uniform
+    expected = [[1, 0, 0], [0.25, 0.75, 0], [0.125, 0.5, 0.375]]
+    torch.testing.assert_close(pi, torch.tensor(expected, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bins,shifts", [(16, 3), (4, 6)])
+def test_a_uniform_likelihood_is_the_filter_without_correction(bins, shifts):
+    from relpos.encodings.contextual.prism import corrected_histograms
+
+    kernels = torch.softmax(torch.randn(2, 3, 21, shifts, dtype=torch.float64), dim=-1)
+    uniform = torch.full((2, 3, 21, bins), 1.0 / bins, dtype=torch.float64)
+    torch.testing.assert_close(
+        corrected_histograms(kernels, uniform), position_histograms(kernels, bins)
+    )
+
+
+def test_the_learned_correction_starts_as_the_registered_method_and_then_differs():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 12, 4, generator=gen) for _ in range(3))
+    plain = relpos.create("prism", num_heads=2, head_dim=4, bins=16)
+    corrected = relpos.create("prism", num_heads=2, head_dim=4, bins=16, correction="learned")
+    corrected.load_state_dict(plain.state_dict(), strict=False)
+    assert plain.correction == "none" and not hasattr(plain, "correction_weight")
+    torch.testing.assert_close(relpos.scores(q, k, corrected), relpos.scores(q, k, plain))
+    with torch.no_grad():
+        corrected.correction_weight.normal_(generator=gen)
+    ell = corrected.likelihoods(k)
+    torch.testing.assert_close(ell.sum(-1), torch.ones(1, 2, 12, dtype=torch.float64))
+    assert not torch.allclose(relpos.scores(q, k, corrected), relpos.scores(q, k, plain))
+    # the correction trains, and its histograms stay causal (a cached step = the full call)
+    relpos.scores(q, k, corrected).sum().backward()
+    assert corrected.correction_weight.grad is not None
+    full = relpos.attention(q, k, v, corrected, causal=True)
+    step = relpos.attention(q[:, :, -1:], k, v, corrected, causal=True)
+    torch.testing.assert_close(step, full[:, :, -1:], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="correction must be one of"):
+        relpos.create("prism", num_heads=1, head_dim=4, correction="bayes")

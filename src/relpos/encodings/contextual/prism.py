@@ -21,7 +21,14 @@ from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Choice, Int
 
-__all__ = ["PRISM", "PRISMData", "position_histograms", "difference_distribution"]
+__all__ = [
+    "PRISM",
+    "PRISMData",
+    "position_histograms",
+    "corrected_histograms",
+    "likelihood_basis",
+    "difference_distribution",
+]
 
 
 def _convolve(a: Tensor, b: Tensor) -> Tensor:
@@ -55,6 +62,56 @@ def position_histograms(kernels: Tensor, bins: int) -> Tensor:
         x = torch.cat([x[..., :step, :], _convolve(x[..., :-step, :], x[..., step:, :])], dim=-2)
         step *= 2
     return x
+
+
+def _shift(pi: Tensor, kernel: Tensor) -> Tensor:
+    """The prediction step ``(pi * kappa)[b] = sum_s kappa[s] pi[b - s]`` for ``pi (..., bins)``
+    and ``kernel (..., S)``, the mass beyond the last bin kept in it."""
+    bins = pi.shape[-1]
+    out = pi * kernel[..., :1]
+    for s in range(1, kernel.shape[-1]):
+        moved = F.pad(pi[..., : max(bins - s, 0)], (min(s, bins), 0))
+        moved[..., -1] = moved[..., -1] + pi[..., max(bins - s, 0) :].sum(-1)
+        out = out + kernel[..., s : s + 1] * moved
+    return out
+
+
+def corrected_histograms(kernels: Tensor, likelihoods: Tensor) -> Tensor:
+    """The histogram filter with a correction step, token by token (float64):
+
+        pi_0 = normalise(delta_0 . l_0) = delta_0
+        pi_t = normalise((pi_{t-1} * kappa_{t-1}) . l_t)     ("." element-wise)
+
+    for shift kernels ``kernels (..., L, S)`` (``position_histograms``' form) and
+    likelihoods ``likelihoods (..., L, bins)`` (positive; ``l_t[b]`` = how well token t fits
+    at position b). Returns ``(..., L, bins)``. A constant ``l`` gives
+    ``position_histograms`` exactly (up to rounding); the multiply-normalise step is not a
+    convolution, so there is no parallel scan: L sequential steps of O(bins S)."""
+    *lead, length, shifts = kernels.shape
+    bins = likelihoods.shape[-1]
+    if likelihoods.shape[-2] != length:
+        raise ValueError(
+            f"likelihoods must have one row per token ({length}), got {likelihoods.shape[-2]}"
+        )
+    k = kernels.to(torch.float64)
+    ell = likelihoods.to(torch.float64)
+    pi = torch.zeros(*lead, bins, dtype=torch.float64, device=kernels.device)
+    pi[..., 0] = 1.0
+    out = [pi]
+    for t in range(1, length):
+        pred = _shift(pi, k[..., t - 1, :]) * ell[..., t, :]
+        pi = pred / pred.sum(-1, keepdim=True)
+        out.append(pi)
+    return torch.stack(out, dim=-2)
+
+
+def likelihood_basis(bins: int, size: int) -> Tensor:
+    """``psi (size, bins)``: ``psi_r(b) = cos(pi r (b + 1/2) / bins)`` for r = 1..size, the
+    smooth functions of a counted position the correction's log-likelihood is built from (a
+    constant term would cancel in the normalisation)."""
+    b = torch.arange(bins, dtype=torch.float64) + 0.5
+    r = torch.arange(1, size + 1, dtype=torch.float64)[:, None]
+    return torch.cos(torch.pi * r * b / bins)
 
 
 def difference_distribution(pi_i: Tensor, pi_j: Tensor) -> Tensor:
@@ -105,9 +162,25 @@ class PRISM(Encoding):
     Positions are not read (shift-invariant). The learned kernel starts near counting
     (``W = 0``, ``c`` puts probability ~0.98 on shift 1).
 
+    Correction step (``correction="learned"``, off by default so the registered method is
+    the prediction-only filter above): the spec's ``pi * l(x_t)`` as the measurement update of
+    a histogram (discrete Bayes) filter,
+
+        l_t       = softmax_b(sum_r (k_t U_h)_r psi_r(b))     (bins,) token t's likelihood
+        pi_t      = normalise((pi_{t-1} * kappa_{t-1}) . l_t)
+
+    with ``psi_r(b) = cos(pi r (b + 1/2) / bins)``, r = 1..``correction_basis``
+    (``likelihood_basis``) and ``U (H, D, R)`` zero-initialised: ``l`` starts uniform, so a
+    fresh model with the correction equals one without it. Token t is corrected by its own
+    likelihood after the shift of token t - 1 (predict, then observe), so the histograms stay
+    causal (a KV-cache step equals the full forward). The filter then runs token by token
+    (``corrected_histograms``, O(L bins S) sequential steps) instead of the parallel scan.
+
     Assumptions (no code or formula text found): kernels from a linear map of the keys, shifts
-    ``0 .. max_shift`` only (forward), no correction step ``pi * l(x_t)``, query histograms
-    from the query's own key, ``|delta|`` for keys after the query.
+    ``0 .. max_shift`` only (forward), query histograms from the query's own key,
+    ``|delta|`` for keys after the query; for the correction, the likelihood's form (a
+    softmax over bins of a key-linear combination of a cosine basis) and the order (predict
+    with token t - 1's kernel, correct with token t's likelihood) are this reconstruction's.
 
     Sources tried (issue 15): the stored pages of arXiv 2506.00920 (v1, v2 HTML) and its
     listings return the abstract and the first lines of the introduction only; no code
@@ -127,6 +200,10 @@ class PRISM(Encoding):
         "max_shift": Int(minimum=1, doc="largest step of a token's shift kernel"),
         "kernel": Choice(choices=("learned", "counting"), doc="content kernels or delta_1"),
         "distance": Choice(choices=("alibi", "learned"), doc="the distance function f_h"),
+        "correction": Choice(
+            choices=("none", "learned"), doc="the filter's correction step pi * l(x_t)"
+        ),
+        "correction_basis": Int(minimum=1, doc="cosine functions of the correction's l"),
     }
 
     def __init__(
@@ -138,9 +215,19 @@ class PRISM(Encoding):
         max_shift: int = 2,
         kernel: str = "learned",
         distance: str = "alibi",
+        correction: str = "none",
+        correction_basis: int = 8,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.bins, self.max_shift, self.kernel, self.distance = bins, max_shift, kernel, distance
+        self.correction, self.correction_basis = correction, correction_basis
+        if correction == "learned":
+            self.correction_weight = nn.Parameter(
+                torch.zeros(num_heads, head_dim, correction_basis)
+            )
+            self.register_buffer(
+                "basis", likelihood_basis(bins, correction_basis).float(), persistent=False
+            )
         if kernel == "learned":
             self.kernel_weight = nn.Parameter(torch.zeros(num_heads, head_dim, max_shift + 1))
             bias = torch.zeros(num_heads, max_shift + 1)
@@ -166,6 +253,20 @@ class PRISM(Encoding):
         logits = torch.einsum("bhld,hds->bhls", k, self.kernel_weight.to(k.dtype))
         return torch.softmax(logits + self.kernel_bias.to(k.dtype)[None, :, None], dim=-1)
 
+    def likelihoods(self, k: Tensor) -> Tensor:
+        """The correction's likelihoods ``(B, H, Lk, bins)`` float64 of keys ``k (B, H, Lk,
+        D)``: a softmax over bins (``correction="learned"``)."""
+        if self.correction != "learned":
+            raise ValueError("likelihoods(): the correction step is off (correction='none')")
+        a = torch.einsum("bhld,hdr->bhlr", k.to(torch.float64), self.correction_weight.double())
+        return torch.softmax(a @ self.basis.to(torch.float64), dim=-1)
+
+    def histograms(self, k: Tensor) -> Tensor:
+        """Every key token's position histogram ``(B, H, Lk, bins)`` float64."""
+        if self.correction == "learned":
+            return corrected_histograms(self.kernels(k), self.likelihoods(k))
+        return position_histograms(self.kernels(k), self.bins)
+
     def distance_matrix(self) -> Tensor:
         """``F_h[b, c] = f_h(b - c)``: ``(H, bins, bins)``."""
         b = torch.arange(self.bins, device=self.table.device)
@@ -181,7 +282,7 @@ class PRISM(Encoding):
             )
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        pi = position_histograms(self.kernels(k), self.bins)  # (B, H, Lk, bins) float64
+        pi = self.histograms(k)  # (B, H, Lk, bins) float64
         pi_q = pi[:, :, lk - lq :]
         a = torch.matmul(pi_q, self.distance_matrix().to(torch.float64))
         return PRISMData(a=a, pi_k=pi, dtype=torch.promote_types(q.dtype, torch.float32))
@@ -207,5 +308,6 @@ class PRISM(Encoding):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, bins={self.bins}, max_shift={self.max_shift}, "
-            f"kernel={self.kernel!r}, distance={self.distance!r}"
+            f"kernel={self.kernel!r}, distance={self.distance!r}, "
+            f"correction={self.correction!r}"
         )

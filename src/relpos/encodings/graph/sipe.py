@@ -24,8 +24,13 @@ Reconstruction (assumed; the abstract gives neither the prior's inputs nor its f
   backend, FlexAttention included);
 * a pair whose base bias is infinite keeps it (a mask stays a mask).
 
-Not covered: the encoder form (the prior added to the input embeddings: ``embed`` has no
-per-call inputs) and the rotary form (the abstract names it, the spec says not to guess it).
+The encoder form (the prior added to the input embeddings, the abstract's form for
+encoders) is absolute and reads the parse, not positions, so it is not an ``Encoding`` (whose
+``embed`` has no per-call inputs): ``syntax_features(heads)`` gives each token's
+``(depth, head relation)`` classes (like CoordConv's ``add_coord_channels``, a function
+beside the encodings) and ``relpos.nn.SyntaxEmbedding`` embeds them, ``embed(depth) +
+embed(head relation)``, to be added to the token embeddings. Not built: the rotary form (the
+abstract names it; the spec says not to guess it, and no text says what it rotates by).
 
 Inputs: ``heads (B, L)`` int, the dependency head of each token (0-based token index, -1 for
 a root; CoNLL-U's HEAD minus 1), checked as a parse (``check_parse``: integer, range, no
@@ -47,6 +52,7 @@ from torch import Tensor, nn
 from ... import registry
 from ...graphs import tree_relations
 from ...registry import register
+from ...validation import check_int
 from ..base import BiasContext
 from ..options import Bool, Custom, Int, Str
 from .base import (
@@ -57,7 +63,7 @@ from .base import (
     example_forest,
 )
 
-__all__ = ["SyntaxPriorBias", "check_parse", "syntax_relations"]
+__all__ = ["SyntaxPriorBias", "check_parse", "syntax_relations", "syntax_features"]
 
 EXAMPLE_TOKENS = 64
 
@@ -118,6 +124,30 @@ def syntax_relations(heads: Tensor, *, single_root: bool = False) -> Tensor:
     heads = check_parse(heads, "heads", single_root=single_root)
     _, up, down = tree_relations(heads, "heads")
     return torch.stack((up, down), dim=-1)
+
+
+def syntax_features(
+    heads: Tensor, *, max_depth: int = 8, max_offset: int = 8, single_root: bool = False
+) -> tuple[Tensor, Tensor]:
+    """SiPE's encoder-form inputs (authority C, reconstructed): each token's depth class and
+    head-relation class, ``(B, L)`` int64 each, from a parse ``heads (B, L)`` (checked by
+    ``check_parse``; -1 for a root).
+
+    * depth: ``min(depth, max_depth)``, the steps from the token up to its root
+      (``relpos.graphs.tree_relations``), ``max_depth + 1`` classes;
+    * head relation: 0 for a root; else ``min(|h - t|, M)`` (1..M) when the head h lies left
+      of token t and ``M + min(|h - t|, M)`` (M+1..2M) when it lies right (M =
+      ``max_offset``): the head's side and its clipped token distance, ``2 M + 1`` classes.
+    """
+    heads = check_parse(heads, "heads", single_root=single_root)
+    max_depth = check_int(max_depth, "max_depth")
+    max_offset = check_int(max_offset, "max_offset")
+    depth, _, _ = tree_relations(heads, "heads")
+    t = torch.arange(heads.shape[1], device=heads.device)
+    offset = (heads - t).abs().clamp(max=max_offset)
+    side = torch.where(heads > t, max_offset, 0)
+    relation = torch.where(heads < 0, 0, side + offset)
+    return depth.clamp(max=max_depth), relation
 
 
 @dataclass

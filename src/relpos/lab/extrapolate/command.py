@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from ...arguments import parse_int
+from ...arguments import optional_int, parse_int
 from ...io import check_output_dir
 from ...optional import missing_plot_note
+from ...validation import check_choice
 from .. import report
 from ..profiles import add_training_arguments, get_profile, seeds_flag, training_overrides
 from ..runtime import exit_code
@@ -40,6 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "configuration of docs/benchmarks.md)",
     )
     add_training_arguments(parser)  # --dim --depth --heads --batch --lr --steps --seeds
+    add(
+        "--qkv-conv",
+        help="kernel size K of causal depth-wise q/k/v convolutions in every layer (RCMHA, "
+        "Sugiharto et al. 2023: 3 with --encodings rcmha; default: none)",
+    )
+    add(
+        "--qk-norm",
+        help="rms: RMS-normalise q and k per head in every layer (TRA's layer, Opper et al. "
+        "2025; default: off)",
+    )
     add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
     add("--tokenizer", default="bytes", help="bytes (default) or bpe")
     add("--bpe-vocab-size", default="2048", help="vocabulary of --tokenizer bpe (> 256)")
@@ -60,7 +71,10 @@ def _print_plan(plan: EvalPlan) -> None:
     )
     print(
         f"  model: TransformerLM dim {profile.dim}, depth {profile.depth}, "
-        f"{profile.num_heads} heads; {plan.steps} steps x batch {profile.batch_size} x "
+        f"{profile.num_heads} heads"
+        + ("" if profile.qkv_conv is None else f", q/k/v convolutions K={profile.qkv_conv}")
+        + ("" if profile.qk_norm is None else f", q/k norm {profile.qk_norm}")
+        + f"; {plan.steps} steps x batch {profile.batch_size} x "
         f"L={plan.train_len} on {corpus.name} ({corpus.tokenizer}, "
         f"{corpus.train.numel():,} train tokens)"
     )
@@ -116,6 +130,12 @@ def run_command(args: argparse.Namespace) -> int:
 
     overrides = training_overrides(args)
     steps = overrides.pop("steps", None)
+    qkv_conv = optional_int(getattr(args, "qkv_conv", None), "--qkv-conv")
+    if qkv_conv is not None:
+        overrides["qkv_conv"] = qkv_conv
+    qk_norm = getattr(args, "qk_norm", None)
+    if qk_norm is not None:
+        overrides["qk_norm"] = check_choice(qk_norm, "--qk-norm", ("rms",))
     profile = dataclasses.replace(profile, **overrides)
     if profile.dim % profile.num_heads:
         raise ValueError(

@@ -132,6 +132,8 @@ class EvalPlan:
             "lr": p.lr,
             "weight_decay": p.weight_decay,
             "min_lr_ratio": p.min_lr_ratio,
+            "qkv_conv": p.qkv_conv,
+            "qk_norm": p.qk_norm,
         }
 
     def estimate_seconds(self) -> float:
@@ -279,6 +281,8 @@ def plan_extrapolation(
             seed=seed,
             checkpoint_every=prof.checkpoint_every,
             backend=prof.backend,
+            qkv_conv=prof.qkv_conv,
+            qk_norm=prof.qk_norm,
         )
     if resume and out.exists():
         _check_resume(plan, corpus)
