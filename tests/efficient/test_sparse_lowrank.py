@@ -369,3 +369,21 @@ def test_one_query_block_per_chunk_gives_the_same_result(causal, monkeypatch):
             out = _call(q, k, v, pos, "rola", **kw)
             ref = _call(q, k, v, pos, "rola", "dense", **kw)
         torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_checkpointed_chunks_give_the_same_gradients(causal, monkeypatch):
+    import relpos.efficient.sparse_lowrank as slr
+
+    monkeypatch.setattr(slr, "CHUNK_ELEMENTS", 64)  # several chunks
+    q, k, v, pos = _inputs(16, seed=14)
+    grads = []
+    for ckpt in (False, True):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = _call(
+            *xs, pos, "rola", block_size=4, sparsity=0.5, causal=causal, checkpoint_chunks=ckpt
+        )
+        out.square().sum().backward()
+        grads.append([out.detach()] + [x.grad for x in xs])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)

@@ -77,6 +77,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..encodings.base import Encoding
 from ..validation import check_bool, check_choice, check_float, check_int
@@ -279,6 +280,44 @@ def _softmax_values(logits: Tensor, allowed: Tensor, v: Tensor) -> Tensor:
     return (p @ v) / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def _attend_chunk(
+    qc: Tensor,
+    kb: Tensor,
+    vb: Tensor,
+    idx: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    bufs: tuple[Tensor, Tensor] | None,
+) -> Tensor:
+    """Softmax attention of the query blocks ``qc (B, H, g, b, d)`` over the key blocks
+    ``idx`` of ``kb, vb (B H n, b, .)`` (``kc`` per query block), restricted to ``allowed
+    (B, H, g, 1|b, kc b)`` (None: every gathered key): ``(B, H, g, b, Dv)``."""
+    B, H, g, b, d = qc.shape
+    Dv = vb.shape[-1]
+    kc = idx.numel() // (B * H * g)
+    if bufs is None:
+        kg, vg = kb.index_select(0, idx), vb.index_select(0, idx)
+    else:
+        kg = torch.index_select(kb, 0, idx, out=bufs[0][: idx.numel()])
+        vg = torch.index_select(vb, 0, idx, out=bufs[1][: idx.numel()])
+    kg, vg = kg.view(B, H, g, kc * b, d), vg.view(B, H, g, kc * b, Dv)
+    if allowed is None:  # the fused kernel, no mask
+        return F.scaled_dot_product_attention(
+            qc.flatten(1, 2), kg.flatten(1, 2), vg.flatten(1, 2), scale=scale
+        ).unflatten(1, (H, g))
+    if bool(allowed.any(-1).all()):  # every row sees a key: the fused kernel, masked
+        return F.scaled_dot_product_attention(
+            qc.flatten(1, 2),
+            kg.flatten(1, 2),
+            vg.flatten(1, 2),
+            attn_mask=allowed.flatten(1, 2),
+            scale=scale,
+        ).unflatten(1, (H, g))
+    # rows without a key: 0 with zero gradients
+    logits = (qc @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, kc b)
+    return _softmax_values(logits, allowed, vg)
+
+
 def block_sparse_attention(
     q: Tensor,
     k: Tensor,
@@ -287,10 +326,14 @@ def block_sparse_attention(
     *,
     scale: float | None = None,
     key_valid: Tensor | None = None,
+    checkpoint_chunks: bool = False,
 ) -> Tensor:
     """The sparse branch ``O_s (B, H, L, Dv)``: softmax attention of rotated ``q, k (B, H, L,
     d)`` over the covered key blocks only (token-causal inside the diagonal block when
-    ``selection.causal``), in the compute dtype of q (float32 or float64)."""
+    ``selection.causal``), in the compute dtype of q (float32 or float64).
+    ``checkpoint_chunks``: under autograd, recompute each chunk's gathers and attention in
+    the backward pass (activation checkpointing) instead of keeping them: training memory
+    O(L (d + Dv)) instead of O(L K b (d + Dv)), for about one more forward of the branch."""
     B, H, L, d = q.shape
     Dv = v.shape[-1]
     b, n = selection.block_size, selection.num_blocks
@@ -343,17 +386,8 @@ def block_sparse_attention(
                 out[:, :, s:e] = part
             continue
         idx = flat[:, :, s:e, :kc].reshape(-1)
-        if bufs is None:
-            kg, vg = kb.index_select(0, idx), vb.index_select(0, idx)
-        else:
-            kg = torch.index_select(kb, 0, idx, out=bufs[0][: idx.numel()])
-            vg = torch.index_select(vb, 0, idx, out=bufs[1][: idx.numel()])
-        kg, vg = kg.view(B, H, g, kc * b, d), vg.view(B, H, g, kc * b, Dv)
-        if every_key:
-            part = F.scaled_dot_product_attention(
-                qb[:, :, s:e].flatten(1, 2), kg.flatten(1, 2), vg.flatten(1, 2), scale=scale
-            ).unflatten(1, (H, g))
-        else:
+        allowed = None
+        if not every_key:
             assert valid is not None
             blk = index[:, :, s:e, :kc]  # (B, H, g, kc)
             kvalid = valid.index_select(0, idx).view(B, H, g, kc, b)
@@ -363,17 +397,12 @@ def block_sparse_attention(
                 k_tok = (blk[..., None] * b + offs).flatten(-2, -1)  # (B, H, g, kc b)
                 q_tok = (torch.arange(s, e, device=q.device)[:, None] * b + offs)[..., None]
                 allowed = allowed & (k_tok[:, :, :, None, :] <= q_tok)
-            if bool(allowed.any(-1).all()):  # every row sees a key: the fused kernel, masked
-                part = F.scaled_dot_product_attention(
-                    qb[:, :, s:e].flatten(1, 2),
-                    kg.flatten(1, 2),
-                    vg.flatten(1, 2),
-                    attn_mask=allowed.flatten(1, 2),
-                    scale=scale,
-                ).unflatten(1, (H, g))
-            else:  # rows without a key: 0 with zero gradients
-                logits = (qb[:, :, s:e] @ kg.transpose(-1, -2)) * scale  # (B, H, g, b, kc b)
-                part = _softmax_values(logits, allowed, vg)
+        if grad and checkpoint_chunks:
+            part = checkpoint(
+                _attend_chunk, qb[:, :, s:e], kb, vb, idx, allowed, scale, None, use_reentrant=False
+            )
+        else:
+            part = _attend_chunk(qb[:, :, s:e], kb, vb, idx, allowed, scale, bufs)
         if bufs is None:
             outs.append(part)
         else:
@@ -519,6 +548,7 @@ def sparse_lowrank_attention(
     scale: float | None = None,
     method: str = "blocked",
     return_parts: bool = False,
+    checkpoint_chunks: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """``O = O_s + W O_l`` (module docstring): ``(B, H, L, Dv)`` in q's dtype.
 
@@ -539,6 +569,8 @@ def sparse_lowrank_attention(
         scale: the softmax logit scale (default ``d ** -0.5``).
         method: ``"blocked"`` (the efficient form) or ``"dense"`` (the O(L^2) reference).
         return_parts: also return ``O_s`` and ``O_l`` (before ``W``), in the compute dtype.
+        checkpoint_chunks: recompute the sparse branch's chunks in the backward pass
+            (``block_sparse_attention``): O(L) training memory for about one more forward.
     """
     check_choice(lowrank, "lowrank", LOWRANK_BRANCHES)
     check_choice(method, "method", ("blocked", "dense"))
@@ -622,7 +654,15 @@ def sparse_lowrank_attention(
         o_s = _dense_sparse(rq, rk, v, selection, scale, visible)
         o_l = _dense_lowrank(phi_q, phi_k, v, selection, rotated, visible)
     else:
-        o_s = block_sparse_attention(rq, rk, v, selection, scale=scale, key_valid=key_valid)
+        o_s = block_sparse_attention(
+            rq,
+            rk,
+            v,
+            selection,
+            scale=scale,
+            key_valid=key_valid,
+            checkpoint_chunks=check_bool(checkpoint_chunks, "checkpoint_chunks"),
+        )
         o_l = complement_linear_attention(
             phi_q, phi_k, v, selection, rotated=rotated, key_valid=key_valid
         )

@@ -21,7 +21,7 @@ from ..efficient.sparse_lowrank import (
     sparse_lowrank_attention,
 )
 from ..encodings.base import Encoding
-from ..validation import check_choice, check_float, check_int, check_int_sequence
+from ..validation import check_bool, check_choice, check_float, check_int, check_int_sequence
 from .attention import build_encoding
 
 __all__ = ["SparseLowRankAttention"]
@@ -53,6 +53,8 @@ class SparseLowRankAttention(nn.Module):
             positions must lie inside.
         feature_map: a ``FeatureMap`` with ``rank`` features instead of the default one.
         seed: seeds the default feature map and position tables.
+        checkpoint_chunks: recompute the sparse branch's chunks in the backward pass (O(L)
+            training memory instead of O(L K b), for about one more forward of the branch).
 
     ``forward(x (B, L, dim), pos=None, causal=False, mask=None, selection=None) -> (B, L,
     dim)``: positions ``(L[, m])`` or ``(B|1, L[, m])`` (default ``0..L-1`` on every axis;
@@ -78,6 +80,7 @@ class SparseLowRankAttention(nn.Module):
         feature_map: FeatureMap | None = None,
         seed: int | None = None,
         bias: bool = False,
+        checkpoint_chunks: bool = False,
     ) -> None:
         super().__init__()
         dim, num_heads = check_int(dim, "dim"), check_int(num_heads, "num_heads")
@@ -85,6 +88,7 @@ class SparseLowRankAttention(nn.Module):
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.lowrank = check_choice(lowrank, "lowrank", LOWRANK_BRANCHES)
+        self.checkpoint_chunks = check_bool(checkpoint_chunks, "checkpoint_chunks")
         self.block_size = check_int(block_size, "block_size")
         self.sparsity = check_float(sparsity, "sparsity", minimum=0.0, maximum=1.0)
         if local_radius is not None:
@@ -181,6 +185,7 @@ class SparseLowRankAttention(nn.Module):
             position_embedding=self.position_embedding,
             projection=self.lowrank_proj,
             selection=selection,
+            checkpoint_chunks=self.checkpoint_chunks,
         )
         assert isinstance(out, Tensor)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
