@@ -11,6 +11,7 @@ low-rank bottleneck r = 32. Cases, timed round robin at each L:
 * ``sparse-only``: the sparse branch alone (RoPE, block selection, block-sparse softmax).
 * ``sparse-lowrank-rola``: ``relpos.efficient.sparse_lowrank_attention(lowrank="rola")``.
 * ``sparse-lowrank-ropeslr``: the same with RoPeSLR's absolute-PE low-rank branch.
+* ``sparse-lowrank-rola-ckpt`` (``--train`` only): RoLA with ``checkpoint_chunks=True``.
 
 Positions are a 3-D grid (T, 16, 16) with T = L / 256 (``grid_positions``). Printed: the
 table (median ms, ratio vs sdpa-nobias, extra peak MB in a fresh child), the realised block
@@ -68,6 +69,12 @@ LENGTHS = [1024, 2048, 4096, 8192, 16384]
 QUICK_LENGTHS = [512, 1024]
 BASELINE = "sdpa-nobias"
 CASES = [BASELINE, "sdpa-rope", "sparse-only", "sparse-lowrank-rola", "sparse-lowrank-ropeslr"]
+#: training only: the RoLA hybrid with ``checkpoint_chunks=True``
+CKPT = "sparse-lowrank-rola-ckpt"
+
+
+def cases_for(args) -> list[str]:
+    return [*CASES, CKPT] if args.train else list(CASES)
 
 
 def make_inputs(L: int, train: bool) -> tuple[torch.Tensor, ...]:
@@ -105,7 +112,8 @@ def build_case(case: str, q, k, v, args) -> tuple[Callable[[], object], dict]:
             sel = select_blocks(rq, rk, **kw)
             return block_sparse_attention(rq, rk, v, sel)
     else:
-        lowrank = case.rsplit("-", 1)[1]
+        lowrank = "rola" if case == CKPT else case.rsplit("-", 1)[1]
+        ckpt = case == CKPT
         if lowrank == "rola":
             fmap, pe = LowRankFeatures(D, args.rank, seed=0), None
         else:
@@ -124,6 +132,7 @@ def build_case(case: str, q, k, v, args) -> tuple[Callable[[], object], dict]:
                 lowrank=lowrank,
                 position_embedding=pe,
                 projection=proj,
+                checkpoint_chunks=ckpt,
                 **kw,
             )
 
@@ -206,7 +215,7 @@ def report(args, info: dict, results: dict, mem: dict) -> str:
     out.append("")
     out.append(markdown_table(["case", "L", "ms", "ratio", "density", "extra peak MB"], rows))
     srows = []
-    for case in CASES:
+    for case in cases_for(args):
         pts = [(L, results[L][case]["median_s"]) for L in args.lengths]
         s = slope(pts)
         srows.append([case, f"{pts[0][0]}..{pts[-1][0]}", fmt(s, 2) if s is not None else "n/a"])
@@ -257,12 +266,12 @@ def main() -> None:
     results = {}
     for L in args.lengths:
         if not args.no_memory:
-            for case in CASES:
+            for case in cases_for(args):
                 m = measure_memory(__file__, case, [*flags, "--lengths", str(L)])
                 mem[(case, L)] = m
                 log(f"memory L={L} {case}: {m}")
         log(f"timing L={L}")
-        results[L] = run_length(L, CASES, args)
+        results[L] = run_length(L, cases_for(args), args)
     info["loadavg_end"] = list(os.getloadavg())
     text = report(args, info, results, mem)
     print(text)
