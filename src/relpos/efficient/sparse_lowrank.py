@@ -58,8 +58,10 @@ softmax when it holds a row that sees no key. The low-rank branch forms per-bloc
 block with one product by the 0/1 complement mask (O((L/b)^2 r Dv), a small GEMM; summing
 the uncovered blocks directly instead of total minus covered avoids cancellation), and reads
 them per query (O(L r Dv)); causal calls add the in-block causal term for query blocks whose
-diagonal block is not covered (O(L b r)). ``method="dense"`` is the O(L^2) definition
-(explicit token masks and kernel sums), the tests' reference.
+diagonal block is not covered (O(L b r)). Without autograd the memory is O(L (d + Dv)) plus
+one chunk; under autograd each chunk's gathered blocks are kept for the backward pass
+(O(L K b (d + Dv))) unless ``checkpoint_chunks`` recomputes them. ``method="dense"`` is the
+O(L^2) definition (explicit token masks and kernel sums), the tests' reference.
 
 Shapes: ``q, k (B, H, L, d)``, ``v (B, H, L, Dv)`` (self-attention: one sequence), positions
 ``(L,)``, ``(L, m)``, ``(B|1, L)`` or ``(B|1, L, m)`` (default ``0..L-1`` on every axis),
