@@ -4,6 +4,9 @@
   building blocks: feature maps, the FFT Toeplitz RPE, RoPE on features, the recurrent state;
 * RoLA's low-rank branch (``rola``): RoPE outside a low-rank feature map, on a frequency
   subset of a model's (N-D) rotary schedule;
+* ``sparse_lowrank``: a block-sparse softmax branch with RoPE plus a low-rank branch over the
+  blocks it does not cover (RoLA's, or RoPeSLR's absolute-PE baseline from ``ropeslr``),
+  combined as SLA (``O_s + W O_l``);
 * data-controlled decayed recurrences (``recurrence``): GateLoop and LightNet, exact in
   recurrent, chunked and surrogate-attention form, O(1) decoding;
 * ``relflexformer``: linear attention with an integrable modulation of arbitrary m-D relative
@@ -22,6 +25,7 @@ from typing import Any
 from .feature_maps import (
     EluPlusOne,
     FeatureMap,
+    HeadwiseLowRankFeatures,
     LowRankFeatures,
     PositiveRandomFeatures,
     ReLUFeatures,
@@ -42,6 +46,14 @@ from .relflexformer import (
     relflexformer_reference,
 )
 from .rola import rola_attention, rotary_schedule, select_frequencies
+from .ropeslr import GridPositionEmbedding, ropeslr_features
+from .sparse_lowrank import (
+    BlockSelection,
+    block_sparse_attention,
+    complement_linear_attention,
+    select_blocks,
+    sparse_lowrank_attention,
+)
 from .state import LinearState
 
 __all__ = [
@@ -50,6 +62,7 @@ __all__ = [
     "EluPlusOne",
     "ReLUFeatures",
     "LowRankFeatures",
+    "HeadwiseLowRankFeatures",
     "create_feature_map",
     "kernelized_attention",
     "kernelized_reference",
@@ -58,6 +71,13 @@ __all__ = [
     "rola_attention",
     "rotary_schedule",
     "select_frequencies",
+    "GridPositionEmbedding",
+    "ropeslr_features",
+    "BlockSelection",
+    "select_blocks",
+    "block_sparse_attention",
+    "complement_linear_attention",
+    "sparse_lowrank_attention",
     "LinearState",
     "FOLD_LOGIT_TOLERANCE",
     "LowRankFold",

@@ -18,6 +18,8 @@ once and shared by every query (``relpos.efficient.kernelized``):
   denominator; the engine returns 0 there, as for a row that sees no key).
 * ``LowRankFeatures`` — ``elu(W x) + 1`` with a learnt ``W (r, d)``: low-rank features
   (RoLA's branch).
+* ``HeadwiseLowRankFeatures`` — the same with one ``W_h (r, d)`` per head (RoPeSLR's
+  head-wise low-rank branch, ``relpos.efficient.ropeslr``).
 
 Stability (``docs/numerics.md`` spirit; efficient.md §1): the PRF exponent ``W x - |x|^2/2``
 overflows for large ``|x|``. Any per-query constant cancels in the ratio of kernelized
@@ -45,6 +47,7 @@ __all__ = [
     "EluPlusOne",
     "ReLUFeatures",
     "LowRankFeatures",
+    "HeadwiseLowRankFeatures",
     "FEATURE_MAPS",
     "create_feature_map",
     "orthogonal_gaussian",
@@ -224,6 +227,42 @@ class LowRankFeatures(FeatureMap):
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         x = x.to(dtype) @ self.weight.to(dtype).T
         return torch.nn.functional.elu(x) + 1.0, None
+
+
+class HeadwiseLowRankFeatures(FeatureMap):
+    """``phi_h(x) = elu(W_h x) + 1`` with one learnt ``W_h (r, d)`` per head (``weight
+    (H, r, d)``, init ``N(0, 1/d)``, from ``seed`` when given): a head-wise low-rank feature
+    map (RoPeSLR's branch, ``relpos.efficient.ropeslr``). Inputs must have ``num_heads``
+    heads. The logit scale is not used. An instance only, like ``LowRankFeatures``."""
+
+    name = "lowrank-headwise"
+
+    def __init__(
+        self, num_heads: int, head_dim: int, num_features: int, *, seed: int | None = None
+    ) -> None:
+        super().__init__(head_dim, num_features)
+        self.num_heads = check_int(num_heads, "num_heads")
+        gen = (
+            None
+            if seed is None
+            else torch.Generator().manual_seed(check_int(seed, "seed", minimum=0))
+        )
+        w = torch.randn(self.num_heads, num_features, head_dim, generator=gen)
+        self.weight = nn.Parameter(w / math.sqrt(head_dim))
+
+    def forward(self, x: Tensor, role: str, scale: float) -> tuple[Tensor, Tensor | None]:
+        x = self._check(x, role)
+        if x.dim() != 4 or x.shape[1] != self.num_heads:
+            raise ValueError(
+                f"{role} must be (B, H, L, D) with H = num_heads = {self.num_heads}, got "
+                f"{tuple(x.shape)}"
+            )
+        dtype = _compute_dtype(x)
+        x = torch.einsum("bhld,hrd->bhlr", x.to(dtype), self.weight.to(dtype))
+        return F.elu(x) + 1.0, None
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, {super().extra_repr()}"
 
 
 FEATURE_MAPS: dict[str, type[FeatureMap]] = {

@@ -18,8 +18,9 @@ features: ``num_features = head_dim``); the value rotation of encodings that rot
 (RoVE, role ``"v"``/``"o"``) is kept as in softmax attention.
 
 RoLA (seed 26) is ``relpos.efficient.rola``: the same order (features, then rotation) on a
-low-rank feature map with a frequency subset of the model's (N-D) schedule. RoPeSLR (seed 96)
-is an absolute-PE baseline (efficient.md §4), not built.
+low-rank feature map with a frequency subset of the model's (N-D) schedule; its sparse +
+low-rank module is ``relpos.efficient.sparse_lowrank``, where RoPeSLR (seed 96), an
+absolute-PE baseline (efficient.md §4), is the ``lowrank="ropeslr"`` branch.
 """
 
 from __future__ import annotations

@@ -31,8 +31,10 @@ Shapes: ``q (B, H, Lq, d)``, ``k (B, H, Lk, d)``, ``v (B, H, Lk, Dv)``; position
 output ``(B, H, Lq, Dv)``. Causal calls run by prefix sums and continue a
 ``relpos.efficient.LinearState`` (decoding: O(r Dv) per token).
 
-RoPeSLR (seed 96) is not here: the spec marks it a baseline (a head-wise low-rank branch
-plus a learnable 3-D absolute PE), not a relative method.
+The full sparse + low-rank module (RoLA's fixed-sparsity softmax branch plus this branch over
+the blocks it does not cover) is ``relpos.efficient.sparse_lowrank``; RoPeSLR (seed 96), a
+baseline with a learnable absolute 3-D PE instead of the rotation, is its
+``lowrank="ropeslr"`` option (``relpos.efficient.ropeslr``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ __all__ = [
     "rola_attention",
     "rotary_schedule",
     "select_frequencies",
+    "schedule_positions",
+    "rotate_by_schedule",
 ]
 
 
@@ -135,7 +139,7 @@ def select_frequencies(
     )
 
 
-def _positions(
+def schedule_positions(
     pos: Tensor | None, length: int, dims: int, device: torch.device, start: int
 ) -> Tensor:
     """``(B|1, L, m)`` float64 positions (default ``start .. start + L - 1`` on every axis)."""
@@ -155,7 +159,7 @@ def _positions(
     return pos.double()
 
 
-def _rotate(phi: Tensor, pos: Tensor, freq: Tensor, layout: str) -> Tensor:
+def rotate_by_schedule(phi: Tensor, pos: Tensor, freq: Tensor, layout: str) -> Tensor:
     """``phi (B, H, L, r)`` rotated by ``angle = pos . freq`` (float64, reduced mod 2 pi)."""
     ang = torch.einsum("blm,gpm->bglp", pos, freq.to(pos.device))
     ang = torch.remainder(ang, 2 * math.pi)
@@ -205,13 +209,13 @@ def rola_attention(
     freq = select_frequencies(schedule, feature_map.num_features, frequency_subset)
     dims = schedule.shape[-1]
     start = state.length if state is not None else 0
-    kp = _positions(k_pos, Lk, dims, q.device, start)
+    kp = schedule_positions(k_pos, Lk, dims, q.device, start)
     if q_pos is None:
         if Lq > Lk:
             raise ValueError(f"q_pos is needed when Lq ({Lq}) > Lk ({Lk})")
         qp = kp[:, Lk - Lq :]  # the last Lq keys' positions, as relpos.attention
     else:
-        qp = _positions(q_pos, Lq, dims, q.device, 0)
+        qp = schedule_positions(q_pos, Lq, dims, q.device, 0)
     scale = q.shape[-1] ** -0.5
     phi_q, _ = feature_map(q, "q", scale)
     phi_k, log_offset = feature_map(k, "k", scale)
@@ -225,7 +229,10 @@ def rola_attention(
         if sums is not None:
             sums = (sums[0].to(phi_k.dtype), sums[1].to(phi_k.dtype))
     layout = encoding.layout
-    rotated = (_rotate(phi_q, qp, freq, layout), _rotate(phi_k, kp, freq, layout))
+    rotated = (
+        rotate_by_schedule(phi_q, qp, freq, layout),
+        rotate_by_schedule(phi_k, kp, freq, layout),
+    )
     valid = None if key_valid is None else key_valid[:, None, :]
     if Lq == 0 or Lk == 0:
         if state is not None:

@@ -13,6 +13,7 @@ from .memory import SegmentRecurrence
 from .qkv_convolution import CausalDepthwiseConv
 from .relflexformer import RelFlexformerAttention
 from .rola import RoLAAttention
+from .sparse_lowrank import SparseLowRankAttention
 from .syntax_embedding import SyntaxEmbedding
 from .transformer import TransformerLM
 
@@ -29,6 +30,7 @@ __all__ = [
     "MDTPE",
     "RelFlexformerAttention",
     "RoLAAttention",
+    "SparseLowRankAttention",
     "ConvolutionAttention",
     "DualKernelAttention",
     "CameraAdapter",
