@@ -68,8 +68,8 @@ EVAL_LENGTHS = (128, 2048)
 OPTIMIZERS = ("plain", "lab")
 
 #: ablation knobs of ``relpos[...]`` (each the peer's choice; the value after ``=``):
-#: init=SCHEME      ``TransformerLM(init=SCHEME)`` ("gpt2": the model before issue 13; default:
-#:                  TransformerLM's default, "fan-in")
+#: init=SCHEME      ``TransformerLM(init=SCHEME)`` (default: TransformerLM's default, "gpt2";
+#:                  "fan-in" is x-transformers' init)
 #: emb=kaiming      token embedding ~ kaiming normal (std sqrt(2 / dim)), as x-transformers
 #: emb=STD          token embedding ~ normal(0, STD)
 #: linear=torch     every linear layer with PyTorch's default init (uniform +-1/sqrt(fan_in)),
@@ -207,6 +207,13 @@ def make_optimizer(model: nn.Module, kind: str, enc_lr: float = 1.0) -> torch.op
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=LR, betas=betas)
 
 
+def set_learning_rates(opt: torch.optim.Optimizer, step: int, schedule: TrainConfig) -> None:
+    """Every group at the schedule's learning rate of ``step`` times its ``lr_mult``."""
+    lr = learning_rate(step, schedule)
+    for group in opt.param_groups:
+        group["lr"] = lr * group["lr_mult"]
+
+
 # ------------------------------------------------------------------------------ one case
 def run_case(
     spec: str,
@@ -228,8 +235,7 @@ def run_case(
     model.train()
     t0 = time.perf_counter()
     for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, schedule) * group["lr_mult"]
+        set_learning_rates(opt, step, schedule)
         x, y = sample_batch(train, BATCH, SEQ, gen)
         loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
         opt.zero_grad(set_to_none=True)

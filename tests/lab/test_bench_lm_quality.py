@@ -1,0 +1,121 @@
+"""``benchmarks/bench_lm_quality.py``: the model specs of the peer comparison and its
+optimizer groups (``enc_lr``: the encoding's own parameters at a multiple of the learning
+rate, the knob of docs/benchmarks.md's T5 experiment), on tiny models."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import relpos
+from relpos.lab.train import TrainConfig, learning_rate
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lm_quality.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_lm_quality", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_lm_quality", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny(encoding: str) -> nn.Module:
+    torch.manual_seed(0)
+    return relpos.nn.TransformerLM(32, 16, 1, 2, encoding)
+
+
+def encoding_ids(model: nn.Module) -> set[int]:
+    return {
+        id(p) for m in model.modules() if isinstance(m, relpos.Encoding) for p in m.parameters()
+    }
+
+
+def test_parse_model_reads_knobs_and_encoding_options(bench):
+    assert bench.parse_model("relpos") == ("relpos", {})
+    base, knobs = bench.parse_model("relpos[init=gpt2,enc_lr=10,enc.init_L=32]")
+    assert base == "relpos" and knobs == {"init": "gpt2", "enc_lr": "10", "enc.init_L": "32"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("relpos[lr=3]", "unknown knob 'lr=3'"),
+        ("relpos[enc_lr=]", "unknown knob 'enc_lr='"),
+        ("relpos[init=gpt2", "must look like relpos[knob=value,...]"),
+        ("x-transformers[init=gpt2]", "knobs apply to relpos only"),
+        ("gpt", "unknown model 'gpt'"),
+    ],
+)
+def test_parse_model_rejects_bad_specs_naming_models(bench, spec, message):
+    with pytest.raises(ValueError, match=r"^--models: ") as err:
+        bench.parse_model(spec)
+    assert message in str(err.value)
+
+
+def test_encoding_option_reaches_the_encoding(bench):
+    model = bench.build_relpos("fire", {"enc.init_L": "32"})
+    fire = next(m for m in model.modules() if isinstance(m, relpos.Encoding))
+    assert float(fire.init_L) == 32.0
+    assert float(bench.build_relpos("fire", {}).blocks[0].attn.encoding.init_L) == 512.0
+
+
+@pytest.mark.parametrize("kind", ["plain", "lab"])
+def test_enc_lr_puts_exactly_the_encoding_parameters_in_their_own_group(bench, kind):
+    model = tiny("t5")
+    own = encoding_ids(model)
+    assert own, "T5 has a learned table"
+    opt = bench.make_optimizer(model, kind, enc_lr=10.0)
+    seen = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    assert len(seen) == len(set(seen)), "a parameter in two groups"
+    fast = [g for g in opt.param_groups if g["lr_mult"] != 1.0]
+    assert len(fast) == 1 and fast[0]["lr_mult"] == 10.0 and fast[0]["weight_decay"] == 0.0
+    assert {id(p) for p in fast[0]["params"]} == own
+    # without the knob the groups are the plain / lab ones, every multiplier 1
+    plain = bench.make_optimizer(model, kind)
+    assert all(g["lr_mult"] == 1.0 for g in plain.param_groups)
+    assert len(plain.param_groups) == (1 if kind == "plain" else 2)
+
+
+def test_set_learning_rates_scales_the_schedule_per_group(bench):
+    model = tiny("t5")
+    opt = bench.make_optimizer(model, "plain", enc_lr=10.0)
+    schedule = TrainConfig(encoding="t5", steps=100, lr=1e-3, warmup=10, min_lr_ratio=0.1)
+    for step in (0, 9, 50, 99):
+        bench.set_learning_rates(opt, step, schedule)
+        expected = learning_rate(step, schedule)
+        lrs = sorted(g["lr"] for g in opt.param_groups)
+        assert lrs == pytest.approx([expected, 10 * expected])
+
+
+def test_enc_lr_moves_the_table_faster_in_one_step(bench):
+    """One Adam step from the same weights and batch: the table moves about ``enc_lr`` times
+    as far, the other weights the same."""
+    moved = {}
+    for mult in (1.0, 10.0):
+        model = tiny("t5")
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt = bench.make_optimizer(model, "plain", enc_lr=mult)
+        for g in opt.param_groups:
+            g["lr"] = 1e-3 * g["lr_mult"]
+        x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+        model(x).logsumexp(-1).mean().backward()
+        opt.step()
+        moved[mult] = {
+            n: float((p.detach() - before[n]).abs().max()) for n, p in model.named_parameters()
+        }
+    table = [n for n in moved[1.0] if ".encoding." in n]
+    assert table
+    for n in table:
+        assert moved[10.0][n] == pytest.approx(10 * moved[1.0][n], rel=1e-2)
+    others = [n for n in moved[1.0] if n not in table]
+    for n in others:
+        assert moved[10.0][n] == pytest.approx(moved[1.0][n], rel=1e-4, abs=1e-9)
