@@ -16,8 +16,9 @@ Profiles (``MULTIVIEW_PROFILES``; every size can be overridden with ``--dim --de
   ``nope``, ``rope-axial+plucker``, ``prope``, ``gta``, ``ucpe``; 3 seeds; dim 64, depth 2, 2
   heads (head 32: RayRoPE rotates 24 channels, one frequency per coordinate, and passes 8
   through), batch 32 scenes, 1000 steps, AdamW 1e-3; 1000 test scenes per condition. A model
-  costs 0.05-0.09 CPU-seconds per step (``time.process_time``, one thread; RayRoPE about
-  twice that: one attention per view), 1-3 minutes of wall time on a shared 2-core machine.
+  costs 0.05-0.09 CPU-seconds per step (``time.process_time``, one thread), 2.5-3 minutes
+  of wall time on a shared 2-core machine; RayRoPE about 2.3 times that (one attention per
+  view: 340-436 s against 147-190 s for ``rope-axial`` in the same run).
   The spec's 4 x 96 model at batch 64 costs about 6 times more per step.
 * ``full``: the spec's model (dim 96, depth 4, 2 heads; head 48, RayRoPE with 2 frequencies
   per coordinate), batch 64, 3000 steps, 3 seeds, the same models and tasks.
