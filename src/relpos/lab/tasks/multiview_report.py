@@ -302,7 +302,7 @@ def plot_run(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             ax.axhline(level, color="0.5", linestyle=":", linewidth=1.0)
     left.set_xlabel("rigid change: S x 90 deg rotation, |t| = 5 S")
     if task == NVS:
-        left.set_ylabel("target-feature NMSE (sphere tokens; lower is better)")
+        left.set_ylabel("target-feature NMSE (lower is better)")
         left.set_title("mean over seeds, band = 95% CI; dotted: the mean", fontsize=9)
     else:
         left.set_ylabel("top-1 correspondence accuracy")
