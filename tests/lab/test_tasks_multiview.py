@@ -1,5 +1,6 @@
 """``relpos tasks --suite multiview``: the correspondence task (model, conditions, metric),
-a tiny end-to-end run, resume, error paths."""
+RayRoPE with known depth, the target-feature regression task (``nvs``), tiny end-to-end
+runs, resume, ``--first-seed``, error paths."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from relpos.cli import main
 from relpos.lab import checkpoint as ckpt
 from relpos.lab import multiview
 from relpos.lab.tasks import correspondence as cc
+from relpos.lab.tasks import multiview_report as mv_report
 from relpos.lab.tasks import multiview_suite as suite
+from relpos.lab.tasks import nvs
 
 TINY = ("--dim", "16", "--depth", "1", "--heads", "2", "--batch", "4", "--steps", "3")
 TINY += ("--eval-size", "8", "--jobs", "1", "--no-progress")
@@ -42,9 +45,9 @@ def _logits(model: cc.CorrespondenceModel, scene, condition: str) -> torch.Tenso
         return model(batch)
 
 
-def _model(encoding: str, plucker: str | None = None) -> cc.CorrespondenceModel:
+def _model(encoding: str, plucker: str | None = None, dim: int = 32) -> cc.CorrespondenceModel:
     torch.manual_seed(0)
-    model = cc.CorrespondenceModel(7, dim=32, depth=1, num_heads=2, encoding=encoding,
+    model = cc.CorrespondenceModel(7, dim=dim, depth=1, num_heads=2, encoding=encoding,
                                    plucker=plucker).eval()  # fmt: skip
     if model.plucker is not None:  # the embedding's output starts at zero: wake it up
         torch.nn.init.normal_(model.plucker.out.weight, std=0.5)
@@ -72,6 +75,103 @@ def test_absolute_plucker_moves_with_the_world_and_first_camera_with_the_referen
     # NoPE reads neither positions nor cameras: the same logits everywhere
     nope = _model("nope")
     torch.testing.assert_close(_logits(nope, scenes, "rigid"), _logits(nope, scenes, "id"))
+
+
+def test_rayrope_with_known_depth_reads_the_true_depth_and_is_invariant(scenes):
+    assert cc.parse_model_spec("rayrope-known-depth") == ("rayrope", None)
+    depth = cc.known_depth(scenes)
+    hit = scenes["hit_id"] >= 0
+    assert depth.shape == (*hit.shape, 2) and bool((depth[..., 1] == 0).all())
+    torch.testing.assert_close(depth[..., 0][hit], scenes["depth"][hit].log())
+    assert bool((depth[..., 0][~hit] == cc.BACKGROUND_LOG_DEPTH).all())
+    model = _model("rayrope", dim=48)  # head 24: 3 rays x (3 + 1) coordinates, F = 1
+    batch = cc.view_batch(scenes, model.encoding, None)
+    assert torch.equal(batch.inputs["k_depth_logsigma"], depth)
+    ref = _logits(model, scenes, "id")
+    for condition in ("rigid", "ref-swap"):
+        torch.testing.assert_close(_logits(model, scenes, condition), ref, rtol=1e-4, atol=1e-4)
+    # the depth matters: a wrong depth changes the logits
+    moved = dict(scenes, depth=scenes["depth"] * 1.5)
+    assert float((_logits(model, moved, "id") - ref).abs().max()) > 1e-3
+
+
+def test_rayrope_groups_per_batch_row_cost_one_attention_per_view(scenes):
+    enc = _model("rayrope", dim=48).encoding
+    batch = cc.view_batch(scenes, enc, None)
+    groups = enc.prepare_rotary(batch.pos, batch.pos, batch.inputs).groups
+    assert len(groups) == 3  # 6 scenes x 3 views: one group per view, not 18
+
+
+def test_nvs_hides_the_target_features_and_regresses_their_appearance(scenes):
+    target = nvs.appearance(scenes)
+    assert target.shape == scenes["feat"].shape
+    torch.testing.assert_close(target.argmax(-1), scenes["feat"].argmax(-1), rtol=0, atol=0)
+    assert bool((target.sum(-1) == 1).all())
+    batch = cc.view_batch(scenes, None, None)
+    hidden = nvs.hide_targets(batch)
+    assert bool((hidden.feat[:, batch.context :] == 0).all())
+    assert torch.equal(hidden.feat[:, : batch.context], batch.feat[:, : batch.context])
+    torch.manual_seed(0)
+    model = nvs.FeatureRegressionModel(7, dim=32, depth=1, num_heads=2, encoding="prope").eval()
+    with torch.no_grad():
+        pred = model(nvs.hide_targets(cc.view_batch(scenes, model.encoding, None)))
+        # the target features do not leak: other target features give the same prediction
+        noisy = cc.view_batch(dict(scenes, feat=scenes["feat"] * 3), model.encoding, None)
+        noisy.feat[:, : batch.context] = batch.feat[:, : batch.context]
+        torch.testing.assert_close(model(nvs.hide_targets(noisy)), pred, rtol=0, atol=0)
+    assert pred.shape == (6, 16, 7)
+
+
+def test_nmse_pools_over_batches_and_predicting_the_mean_scores_one():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(4, 5, 3, generator=gen)
+    p = torch.randn(4, 5, 3, generator=gen)
+    keep = torch.rand(4, 5, generator=gen) > 0.3
+    pooled = nvs.NMSESums()
+    pooled.add(p[:2], y[:2], keep[:2])
+    pooled.add(p[2:], y[2:], keep[2:])
+    ys, ps = y[keep].double(), p[keep].double()
+    expected = ((ps - ys) ** 2).sum() / ((ys - ys.mean(0)) ** 2).sum()
+    assert pooled.nmse() == pytest.approx(float(expected), rel=1e-10)
+    assert pooled.n == int(keep.sum())
+    mean = nvs.NMSESums()
+    mean.add(y.mean((0, 1), keepdim=True).expand_as(y), y, torch.ones(4, 5, dtype=torch.bool))
+    assert mean.nmse() == pytest.approx(1.0, rel=1e-6)
+    assert nvs.NMSESums().nmse() != nvs.NMSESums().nmse()  # nan when nothing was added
+
+
+def test_default_plan_has_the_spec_models_and_both_tasks(tmp_path):
+    plan = suite.plan_multiview(profile="quick", out_dir=tmp_path / "run")
+    assert plan.tasks == ["correspondence", "nvs"] and plan.seeds == 3
+    corr = plan.task_models["correspondence"]
+    for model in ("rope-axial", "rope-axial+plucker", "rope-axial+plucker-first", "gta",
+                  "prope", "rayrope-known-depth", "rope-axial+plucker-aug"):  # fmt: skip
+        assert model in corr
+    assert plan.task_models["nvs"] == ["nope", "rope-axial+plucker", "prope", "gta", "ucpe"]
+    assert len(plan.jobs) == 3 * (len(corr) + 5)
+    job = next(j for j in plan.jobs if j.model == "rayrope-known-depth")
+    assert (job.encoding, job.task) == ("rayrope", "correspondence")
+    assert job.folder.endswith("correspondence/rayrope-known-depth/seed0")
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_tables_and_checks_per_task():
+    rows = []
+    for seed, (a, b) in enumerate(((0.8, 0.6), (0.7, 0.5))):
+        for condition, acc, err in (("id", a, 0.2), ("rigid", b, 0.4)):
+            common = {"model": "m", "seed": seed, "condition": condition}
+            rows.append({**common, "task": "correspondence", "accuracy": acc, "appearance": 0.2})
+            rows.append({**common, "task": "nvs", "nmse": err, "nmse_labelled": err / 2})
+    summary = mv_report.summarize(rows)
+    assert [(s["task"], s["metric"]) for s in summary] == [
+        ("correspondence", "accuracy"), ("nvs", "nmse")
+    ]  # fmt: skip
+    corr, reg = summary
+    assert corr["conditions"]["rigid"]["mean"] == pytest.approx(0.55)
+    assert reg["labelled"]["id"]["values"] == [0.1, 0.1]
+    table = mv_report.markdown_summary(mv_report.of_task(summary, "nvs"))
+    assert "| `m` | 0.200 ± 0.000 | 0.400 ± 0.000 | +0.200 |" in table
+    assert "-20.0" in mv_report.markdown_summary(mv_report.of_task(summary, "correspondence"))
 
 
 def test_conditions_are_rigid_changes_of_the_stated_size():
@@ -104,7 +204,7 @@ def test_metric_and_loss_count_only_labelled_targets():
 
 
 def test_tiny_run_writes_the_run_folder_with_seeds_and_intervals(tmp_path, capsys):
-    assert _run(tmp_path, "--encodings", "prope", "--seeds", "2") == 0
+    assert _run(tmp_path, "--encodings", "prope", "--seeds", "2", "--tasks", "correspondence") == 0
     out = tmp_path / "run"
     for name in ("run.json", "results.json", "results.csv", "report.md", "correspondence.png"):
         assert (out / name).is_file(), name
@@ -117,7 +217,7 @@ def test_tiny_run_writes_the_run_folder_with_seeds_and_intervals(tmp_path, capsy
         hits = {r["hits"] for r in rows if r["model"] == "prope" and r["seed"] == seed}
         assert len(hits) == 1
     summary = json.loads((out / "results.json").read_text())["summary"]
-    assert [s["seeds"] for s in summary] == [2]
+    assert [(s["task"], s["seeds"]) for s in summary] == [("correspondence", 2)]
     report = (out / "report.md").read_text()
     assert "--suite multiview" in report and "± " in report and "acceptance" in report
     assert "correspondence top-1 accuracy" in capsys.readouterr().out
@@ -125,8 +225,35 @@ def test_tiny_run_writes_the_run_folder_with_seeds_and_intervals(tmp_path, capsy
         assert ckpt.has_checkpoint(out / "correspondence" / "prope" / f"seed{seed}")
 
 
+def test_nvs_run_with_first_seed_then_resume_fills_in_the_earlier_seed(tmp_path, capsys):
+    args = ("--encodings", "prope", "--tasks", "nvs")
+    assert _run(tmp_path, *args, "--seeds", "1", "--first-seed", "1") == 0
+    out = tmp_path / "run"
+    assert ckpt.has_checkpoint(out / "nvs" / "prope" / "seed1")
+    assert not (out / "nvs" / "prope" / "seed0").exists()
+    only = _rows(tmp_path)
+    assert len(only) == len(cc.CONDITIONS) and {r["task"] for r in only} == {"nvs"}
+    assert all(float(r["nmse"]) > 0 and int(r["n_labelled"]) <= int(r["n"]) for r in only)
+    # PRoPE is invariant: (nearly) the same NMSE in every condition
+    errors = [float(r["nmse"]) for r in only]
+    assert max(errors) - min(errors) < 1e-4 * max(errors)
+    report = (out / "report.md").read_text()
+    assert "Target-feature regression (NMSE" in report and (out / "nvs.png").is_file()
+    assert "regression NMSE" in capsys.readouterr().out
+    assert _run(tmp_path, *args, "--seeds", "2", "--resume") == 0
+    assert "prope seed 1: done (resume)" in capsys.readouterr().out
+    rows = _rows(tmp_path)
+    assert {r["seed"] for r in rows} == {"0", "1"}
+    assert [r for r in rows if r["seed"] == "1"] == only
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert [(s["task"], s["seeds"]) for s in summary] == [("nvs", 2)]
+    assert json.loads((out / "run.json").read_text())["tasks"] == ["nvs"]
+    assert _run(tmp_path, *args, "--first-seed", "-1", "--resume") == 2
+    assert "--first-seed must be" in capsys.readouterr().err
+
+
 def test_resume_skips_finished_models_and_refuses_other_settings(tmp_path, capsys):
-    args = ("--encodings", "cape-6dof", "--seeds", "1")
+    args = ("--encodings", "cape-6dof", "--seeds", "1", "--tasks", "correspondence")
     assert _run(tmp_path, *args) == 0
     first = _rows(tmp_path)
     capsys.readouterr()
@@ -189,12 +316,16 @@ def test_training_data_depend_on_seed_and_step_only():
         (("--encodings", "alibi"), "has 1 position axes"),
         (("--encodings", "pine"), "needs inputs the multiview scenes do not have"),
         (("--encodings", "prope", "--dim", "20"), "cannot run at head dim 10"),
-        (("--tasks", "depth"), "unknown multiview task 'depth'"),
+        (("--tasks", "depth"), "unknown multiview task 'depth'; known: correspondence, nvs"),
+        (("--encodings", "rayrope"), "the suite feeds the scenes' true depth to"),
+        (("--encodings", "prope-known-depth"), "reads no per-token depth"),
+        (("--encodings", "rayrope-known-depth"), "cannot run at head dim 8"),
+        (("--first-seed", "x"), "--first-seed must be"),
         (("--train-len", "4"), "--train-len does not apply to the multiview suite"),
         (("--profile", "huge"), "unknown profile 'huge'"),
         (("--seeds", "0"), "--seeds must be a positive int, got 0"),
         (("--eval-size", "x"), "--eval-size must be a positive int"),
-        (("--resume", "--force"), "exclude each other"),
+        (("--encodings", "nope", "--resume", "--force"), "exclude each other"),
     ],
 )
 def test_bad_flags_are_one_line_naming_the_flag(tmp_path, capsys, args, message):

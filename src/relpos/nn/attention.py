@@ -78,7 +78,9 @@ class MultiHeadAttention(nn.Module):
     ``inputs`` are the encoding's per-call tensors (graphs, boxes); an
     encoding that reads ``inputs["layer_input"]`` (TRA's forget gate) gets this layer's ``x``;
     ``mask_mod`` a structured mask over the whole sequence (``relpos.attention``: queries in
-    key coordinates, so the same mask_mod serves prefill and cached decoding).
+    key coordinates, so the same mask_mod serves prefill and cached decoding); ``mask`` a
+    bool (True = attend) or additive float tensor broadcastable to ``(B, H, L, Lk)``
+    (``relpos.attention``'s ``mask``; DK-VLM's point term in ``DualKernelAttention``).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = True,
         inputs: dict[str, Tensor] | None = None,
         mask_mod: MaskMod | None = None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
@@ -179,6 +182,7 @@ class MultiHeadAttention(nn.Module):
             backend=self.backend,
             inputs=inputs,
             mask_mod=mask_mod,
+            mask=mask,
             cache=cache,
             feature_map=self.feature_map,
         )

@@ -156,3 +156,37 @@ def test_rayrope_refuses_a_cache_and_bad_depths():
     with pytest.raises(ValueError, match="head_dim"):
         relpos.create("rayrope", num_heads=1, head_dim=64, identity_channels=False)
     assert relpos.create("rayrope", num_heads=1, head_dim=64).rope_channels == 48
+
+
+def test_groups_are_per_batch_row_and_equal_each_row_alone():
+    """Two scenes with different camera pairs: 2 groups (each row's 1st and 2nd camera), not
+    4, and the batched call equals each row called alone."""
+    from relpos.encodings.camera.groups import row_camera_groups
+
+    inputs, pos = _inputs(0.2)
+    G = world_G()
+    other = {
+        "k_viewmats": cameras.apply_world_transform(inputs["k_viewmats"], G)[:, [2, 3, 0, 1]],
+        "k_Ks": inputs["k_Ks"] * torch.tensor([1.1, 1.1, 1.0], dtype=torch.float64)[:, None],
+        "k_depth_logsigma": inputs["k_depth_logsigma"].flip(1),
+    }
+    both = {n: torch.cat((inputs[n], other[n])) for n in inputs}
+    views, Ks, index = row_camera_groups(both["k_viewmats"], both["k_Ks"], 8, "rayrope")
+    assert views.shape == (2, 2, 4, 4) and Ks.shape == (2, 2, 3, 3)
+    for b in range(2):
+        for i in range(4):
+            torch.testing.assert_close(views[index[b, i], b], both["k_viewmats"][b, i])
+    enc = relpos.create(
+        "rayrope", num_heads=2, head_dim=24, grid=(2, 2), image_size=IMAGE, rays_per_patch=1
+    ).double()
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 4, 24, generator=gen, dtype=torch.float64) for _ in range(3))
+    assert len(enc.prepare_rotary(pos, pos, both).groups) == 2
+    out = relpos.attention(q, k, v, enc, q_pos=pos, k_pos=pos, inputs=both)
+    for b, part in enumerate((inputs, other)):
+        alone = relpos.attention(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], enc, q_pos=pos, k_pos=pos, inputs=part
+        )
+        torch.testing.assert_close(out[b : b + 1], alone, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="in one batch row, above group_limit=1"):
+        row_camera_groups(both["k_viewmats"], both["k_Ks"], 1, "rayrope")

@@ -30,8 +30,10 @@ spec R.7) — an attenuation, not a rotation, when ``sigma > 0``.
 Invariant to a rigid change of world coordinates (``se3_invariant``; spec R.9: 2.2e-15);
 reads absolute pixels (``relative = False``); keys depend on the query camera, so keys are
 never cached (``cache_rotated_keys = False``; a KV cache is refused by name). Groups are the
-distinct query cameras (viewmats and intrinsics) of the call; the cost is one attention per
-group over all queries (rows of other groups are discarded).
+distinct query cameras (viewmats and intrinsics) of each batch row (``row_camera_groups``:
+group ``g`` is the ``g``-th camera of every row, so a batch of scenes of ``V`` views costs
+``V`` attentions); the cost is one attention per group over all queries (rows of other
+groups are discarded). ``group_limit`` bounds the cameras of one batch row.
 
 ``head_dim % (2 * coordinates) == 0`` (24 with 3 rays) reproduces RayRoPE exactly; other
 even head dims rotate the first ``head_dim // 24 * 24`` channels and pass the rest through
@@ -57,7 +59,7 @@ from ...validation import check_finite_tensor
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
 from .frames import CameraFrames
-from .groups import query_camera_groups
+from .groups import row_camera_groups
 from .prope import lift
 
 __all__ = ["RayRoPE", "RayState", "expected_rotation", "rayrope_frequencies", "ray_offsets"]
@@ -122,7 +124,7 @@ class RayRoPE(CameraFrames):
         "rays_per_patch": Choice(choices=(1, 2, 3), doc="rays per patch (corners or centre)"),
         "freq_base": Float(above=1.0, doc="ratio of adjacent frequencies"),
         "max_log_depth": Float(doc="clamp of log d -+ sigma (3: depths up to e^3)"),
-        "group_limit": Int(doc="most query cameras per call (each costs one attention)"),
+        "group_limit": Int(doc="most query cameras per batch row (each costs one attention)"),
         "identity_channels": Bool(
             doc="let head_dim % (2 * coordinates) channels pass through (False: refuse such a "
             "head_dim, as RayRoPE does)"
@@ -259,8 +261,9 @@ class RayRoPE(CameraFrames):
         q_depth, k_depth = q_depth.expand(batch, Lq, 2), k_depth.expand(batch, Lk, 2)
         qn = normalize_K(q_K, self.image_size)  # type: ignore[arg-type]
         kn = normalize_K(k_K, self.image_size)  # type: ignore[arg-type]
-        # the groups: distinct query cameras (extrinsics and intrinsics) of the call
-        views, intrinsics, index = query_camera_groups(q_view, qn, self.group_limit, self.name)
+        # the groups: the distinct query cameras (extrinsics and intrinsics) of each batch
+        # row; group g holds the g-th camera of every row, (G, B, 4, 4)
+        views, intrinsics, index = row_camera_groups(q_view, qn, self.group_limit, self.name)
         assert intrinsics is not None
         bounds = []
         for depth in (q_depth, k_depth):
@@ -270,8 +273,8 @@ class RayRoPE(CameraFrames):
             bounds.append((lo, hi))
         groups = []
         for g in range(views.shape[0]):
-            w2c_c = views[g].reshape(1, 1, 4, 4)
-            P_c = lift(intrinsics[g].reshape(1, 1, 3, 3)) @ w2c_c
+            w2c_c = views[g][:, None]  # (B, 1, 4, 4)
+            P_c = lift(intrinsics[g][:, None]) @ w2c_c
             coefs = []
             for (view, K, pos), (lo, hi) in zip(
                 ((q_view, qn, q_pos), (k_view, kn, k_pos)), bounds, strict=True

@@ -10,9 +10,10 @@
 * ``profiles``, ``jobs``, ``plan``, ``run``, ``report``, ``command``: the command (one job
   per task x model x seed, trained in parallel processes, checkpointed, resumable);
 * ``references``: the published numbers set beside the cells;
-* ``correspondence``, ``multiview_suite``, ``multiview_report``: ``--suite multiview``, the
-  cross-view correspondence experiment of the camera spec §5 (relative camera encodings
-  against absolute Plücker rays under a rigid change of the test scenes).
+* ``correspondence``, ``nvs``, ``multiview_suite``, ``multiview_report``: ``--suite
+  multiview``, the experiment of the camera spec §5 (relative camera encodings against
+  absolute Plücker rays under a rigid change of the test scenes): cross-view correspondence
+  and target-feature regression ("tiny NVS").
 """
 
 from .chomsky import CHOMSKY_TASKS, ChomskyTask, TaskBatch, chomsky_task

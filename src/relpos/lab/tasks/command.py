@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="test sequences per length (multiview: test scenes per condition; default: the "
         "profile's)",
     )
+    add(
+        "--first-seed",
+        help="multiview: the first seed (with --seeds N: seeds K .. K+N-1; default 0)",
+    )
     add("--jobs", help="models trained in parallel processes (default: min(2, CPUs))")
     add("--out", help="run folder (default runs/tasks-SUITE-PROFILE)")
     add("--resume", action="store_true", help="continue the run in --out")
@@ -105,6 +109,8 @@ def run_command(args: argparse.Namespace) -> int:
         from .multiview_suite import run_multiview_command
 
         return run_multiview_command(args)
+    if getattr(args, "first_seed", None) is not None:
+        raise ValueError("--first-seed applies to the multiview suite only")
     t0 = time.perf_counter()
     argv = getattr(args, "argv", None)
     command = "relpos " + (shlex.join(argv) if argv else f"tasks --suite {args.suite}")

@@ -22,7 +22,10 @@ it reads them, ``k_Ks``), and optionally an absolute Plücker embedding
 (``relpos.encodings.camera.PluckerEmbedding``) of each token's patch-centre ray added to the
 token features: ``plucker`` in world coordinates, ``plucker-first`` relative to the
 reference camera (CameraCtrl), ``plucker-aug`` in world coordinates with a random rigid
-world change drawn for every training batch (augmentation).
+world change drawn for every training batch (augmentation). ``NAME-known-depth``
+(``rayrope-known-depth``, spec §5 model 6): an encoding that reads per-token depth gets the
+scenes' true depth with no doubt (``known_depth``: ``log d`` of the hit sphere's camera
+depth, ``sigma = 0``; background tokens at the far depth ``e^3``).
 
 **Conditions** (``CONDITIONS``; the images and labels never change, only the coordinates
 the model is given): ``id`` the training distribution (scenes at the origin, reference camera
@@ -59,7 +62,9 @@ __all__ = [
     "CONDITIONS",
     "SWEEP",
     "ViewBatch",
+    "MultiviewEncoder",
     "CorrespondenceModel",
+    "known_depth",
     "parse_model_spec",
     "scene_options",
     "condition_transform",
@@ -77,13 +82,25 @@ CONDITIONS = ("id", "rigid", "ref-swap", *(f"rigid-{s:g}" for s in SWEEP))
 RIGID_TRANSLATION = 5.0
 #: the patch-position order each encoding reads (default (x, y) = (column, row))
 POSITION_ORDER = {"gta": "yx"}
+#: the model-spec suffix that feeds an encoding the scenes' true per-token depth
+KNOWN_DEPTH = "-known-depth"
+DEPTH_INPUT = "k_depth_logsigma"
+#: the depth given to background tokens (no sphere on the patch-centre ray): e^3 ~ 20.1,
+#: the largest depth RayRoPE represents (its ``max_log_depth`` clamp), i.e. "far"; the
+#: spheres lie at camera depths of about 1.5-4.5
+BACKGROUND_LOG_DEPTH = 3.0
 
 
 def parse_model_spec(spec: str) -> tuple[str, str | None]:
     """``"rope-axial+plucker"`` -> ``("rope-axial", "plucker")``; ``ValueError`` naming
     ``--encodings`` for an unknown encoding or Plücker scheme, or an encoding that cannot act
-    in this model (not 2-D or camera, or an absolute embedding)."""
-    name, _, scheme = str(spec).partition("+")
+    in this model (not 2-D or camera, or an absolute embedding). ``NAME-known-depth``
+    (``rayrope-known-depth``) -> ``("rayrope", None)``: an encoding that reads per-token depth
+    (``k_depth_logsigma``) is fed the scenes' true depth (``known_depth``); the suffix is
+    required, so a run never feeds ground-truth depth without saying so."""
+    full, _, scheme = str(spec).partition("+")
+    with_depth = full.endswith(KNOWN_DEPTH)
+    name = full[: -len(KNOWN_DEPTH)] if with_depth else full
     known = registry.available()
     if name not in known and name not in registry.aliases():
         raise ValueError(
@@ -101,7 +118,18 @@ def parse_model_spec(spec: str) -> tuple[str, str | None]:
             f"--encodings: {name!r} is an absolute embedding; the multiview suite's absolute "
             "baseline is NAME+plucker"
         )
-    other = set(enc.required_inputs) - {"k_viewmats", "k_Ks"}
+    declared = {**enc.required_inputs, **enc.optional_inputs}
+    if with_depth and DEPTH_INPUT not in declared:
+        raise ValueError(
+            f"--encodings: {name!r} reads no per-token depth ({DEPTH_INPUT}); drop the "
+            f"{KNOWN_DEPTH!r} suffix of {spec!r}"
+        )
+    if DEPTH_INPUT in enc.required_inputs and not with_depth:
+        raise ValueError(
+            f"--encodings: {name!r} needs per-token depth ({DEPTH_INPUT}); the suite feeds the "
+            f"scenes' true depth to {name + KNOWN_DEPTH!r}"
+        )
+    other = set(enc.required_inputs) - {"k_viewmats", "k_Ks", DEPTH_INPUT}
     if other:
         raise ValueError(
             f"--encodings: {name!r} needs inputs the multiview scenes do not have "
@@ -164,6 +192,18 @@ def condition_transform(condition: str, S: int, generator: torch.Generator) -> T
     return G
 
 
+def known_depth(scene: dict[str, Tensor]) -> Tensor:
+    """``(S, T, 2)`` = ``(log d, sigma = 0)`` per token: ``d`` the camera depth (z) of the
+    sphere the token's centre ray hits first (``scene["depth"]``, camera-relative, so the
+    same under every test condition), ``BACKGROUND_LOG_DEPTH`` for background tokens."""
+    hit = scene["hit_id"] >= 0
+    depth = scene["depth"].to(torch.float64)
+    logd = torch.where(
+        hit, depth.clamp_min(1e-6).log(), torch.full_like(depth, BACKGROUND_LOG_DEPTH)
+    )
+    return torch.stack((logd, torch.zeros_like(logd)), -1)
+
+
 def view_batch(
     scene: dict[str, Tensor],
     encoding: nn.Module | None,
@@ -175,7 +215,8 @@ def view_batch(
     image: int = 32,
 ) -> ViewBatch:
     """Model inputs for ``scene`` under ``condition`` (``generator`` draws its rigid change):
-    features, patch positions in the order ``encoding`` reads, per-token cameras for the
+    features, patch positions in the order ``encoding`` reads, per-token cameras (and, for
+    an encoding that reads ``k_depth_logsigma``, the true depth: ``known_depth``) for the
     inputs ``encoding`` declares, and Plücker rays in the frame ``plucker`` asks for."""
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     S = scene["points"].shape[0]
@@ -195,6 +236,8 @@ def view_batch(
             inputs["k_viewmats"] = expand_cameras(world["viewmats"], scene["camera_index"])
         if "k_Ks" in declared:
             inputs["k_Ks"] = expand_cameras(world["Ks"], scene["camera_index"])
+        if DEPTH_INPUT in declared:
+            inputs[DEPTH_INPUT] = known_depth(scene)
     if plucker == "plucker-first":
         rays = multiview.set_reference(world, reference, image)["plucker"]
     else:
@@ -223,8 +266,11 @@ class _EncoderBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class CorrespondenceModel(nn.Module):
-    """The §5 pointer network (see the module docstring).
+class MultiviewEncoder(nn.Module):
+    """The shared trunk of the multiview tasks (see the module docstring): token features
+    plus a context / target role embedding (and, with ``plucker``, an absolute Plücker
+    embedding of each token's ray), then ``depth`` non-causal pre-norm attention blocks with
+    the encoding, then a final LayerNorm. ``encode(batch) -> (B, T, dim)``.
 
     Args:
         feat_dim: token feature width (palette + 1).
@@ -233,8 +279,7 @@ class CorrespondenceModel(nn.Module):
             scene's ``image_size`` and ``grid`` are filled in, ``scene_options``).
         plucker: None or one of ``PLUCKER_SCHEMES`` (an absolute Plücker embedding).
 
-    ``forward(batch: ViewBatch) -> (B, P, C)`` pointer logits of each target token over the
-    context tokens. One encoding module is shared by the layers (its inputs are per call).
+    One encoding module is shared by the layers (its inputs are per call).
     """
 
     def __init__(
@@ -267,23 +312,44 @@ class CorrespondenceModel(nn.Module):
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(dim)
-        self.query = nn.Linear(dim, dim)
-        self.key = nn.Linear(dim, dim)
         self.dim, self.num_heads = dim, num_heads
+
+    def positions(self, batch: ViewBatch) -> Tensor | None:
+        """The patch positions the encoding reads (None for encodings that read none)."""
+        return batch.pos if self.encoding is not None and self.encoding.dims == 2 else None
+
+    def encode(self, batch: ViewBatch) -> Tensor:
+        """The final embeddings ``(B, T, dim)`` of every token."""
+        T = batch.feat.shape[1]
+        role = torch.zeros(T, dtype=torch.long, device=batch.feat.device)
+        role[batch.context :] = 1
+        x = self.embed(batch.feat) + self.role(role)
+        if self.plucker is not None:
+            x = x + self.plucker(batch.plucker)
+        pos = self.positions(batch)
+        for block in self.blocks:
+            x = block(x, pos, batch.inputs)
+        return self.norm(x)
+
+
+class CorrespondenceModel(MultiviewEncoder):
+    """The §5 pointer network: the ``MultiviewEncoder`` trunk (same arguments) and a last
+    multi-head scoring layer with the trunk's encoding (module docstring).
+
+    ``forward(batch: ViewBatch) -> (B, P, C)`` pointer logits of each target token over the
+    context tokens.
+    """
+
+    def __init__(self, feat_dim: int, **options: Any) -> None:
+        super().__init__(feat_dim, **options)
+        self.query = nn.Linear(self.dim, self.dim)
+        self.key = nn.Linear(self.dim, self.dim)
 
     def forward(self, batch: ViewBatch) -> Tensor:
         B, T, _ = batch.feat.shape
         C = batch.context
-        role = torch.zeros(T, dtype=torch.long, device=batch.feat.device)
-        role[C:] = 1
-        x = self.embed(batch.feat) + self.role(role)
-        if self.plucker is not None:
-            x = x + self.plucker(batch.plucker)
-        # encodings that read no positions (NoPE) take none
-        pos = batch.pos if self.encoding is not None and self.encoding.dims == 2 else None
-        for block in self.blocks:
-            x = block(x, pos, batch.inputs)
-        h = self.norm(x)
+        h = self.encode(batch)
+        pos = self.positions(batch)
         H, hd = self.num_heads, self.dim // self.num_heads
         q = self.query(h).view(B, T, H, hd).transpose(1, 2)
         k = self.key(h).view(B, T, H, hd).transpose(1, 2)

@@ -1,23 +1,30 @@
-"""``relpos tasks --suite multiview``: the cross-view correspondence experiment of spec
-camera §5 (``relpos.lab.tasks.correspondence``), with the run-folder contract of the other
-suites (``run.json``, one folder per model x seed with atomic checkpoints and
-``result.json``, ``--seeds``, ``--resume``, ``--force``, one-line errors; the report in
+"""``relpos tasks --suite multiview``: the experiment of spec camera §5 with its two tasks,
+cross-view correspondence (``correspondence``: ``relpos.lab.tasks.correspondence``) and
+target-feature regression (``nvs``: ``relpos.lab.tasks.nvs``), with the run-folder
+contract of the other suites (``run.json``, one folder ``TASK/MODEL/seedK`` per task x model
+x seed with atomic checkpoints and ``result.json``, ``--tasks``, ``--seeds``,
+``--first-seed``, ``--resume``, ``--force``, one-line errors; the report in
 ``multiview_report``).
 
 Profiles (``MULTIVIEW_PROFILES``; every size can be overridden with ``--dim --depth --heads
 --batch --lr --steps --seeds``, ``--eval-size`` sets the test scenes per condition):
 
-* ``quick``: the relative camera encodings ``prope``, ``gta``, ``ucpe``, ``cape-6dof``
-  against absolute Plücker rays (``rope-axial+plucker``, world frame, with 2-D RoPE as the
-  spec's model (2)) and no positions (``nope``), 2 seeds; dim 64, depth 2, 2 heads (head 32),
-  batch 32 scenes, 1000 steps, AdamW 1e-3; 1000 test scenes per condition. 12 models of
-  0.05-0.09 CPU-seconds per step (measured with ``time.process_time`` on the shared
-  machine): about 15 minutes of one core's CPU time, 45-60 minutes of wall time when that
-  core is shared with other jobs (load average 8-14 on 2 cores, where a step took 5-7 times
-  its CPU time). The spec's 4 x 96 model at batch 64 costs about 6 times more per step.
-* ``full``: the spec's model (dim 96, depth 4, 2 heads), batch 64, 3000 steps, 3 seeds, six of
-  its seven models (``rope-axial`` only, Plücker world / first-camera / augmented, GTA,
-  PRoPE; RayRoPE with known depth is left out) plus UCPE, CaPE-6DoF and NoPE.
+* ``quick``: correspondence for the spec's seven models (``rope-axial`` alone, world-frame
+  Plücker with 2-D RoPE ``rope-axial+plucker``, first-camera ``rope-axial+plucker-first``,
+  augmented ``rope-axial+plucker-aug``, ``gta``, ``prope``, ``rayrope-known-depth``) plus
+  ``ucpe``, ``cape-6dof`` and no positions (``nope``); target-feature regression for
+  ``nope``, ``rope-axial+plucker``, ``prope``, ``gta``, ``ucpe``; 3 seeds; dim 64, depth 2, 2
+  heads (head 32: RayRoPE rotates 24 channels, one frequency per coordinate, and passes 8
+  through), batch 32 scenes, 1000 steps, AdamW 1e-3; 1000 test scenes per condition. A model
+  costs 0.05-0.09 CPU-seconds per step (``time.process_time``, one thread), 2.5-3 minutes
+  of wall time on a shared 2-core machine; RayRoPE about 2.3 times that (one attention per
+  view: 340-436 s against 147-190 s for ``rope-axial`` in the same run).
+  The spec's 4 x 96 model at batch 64 costs about 6 times more per step.
+* ``full``: the spec's model (dim 96, depth 4, 2 heads; head 48, RayRoPE with 2 frequencies
+  per coordinate), batch 64, 3000 steps, 3 seeds, the same models and tasks.
+
+``--first-seed K`` with ``--seeds N`` runs seeds ``K .. K + N - 1`` (the folders
+``seedK``...), e.g. a third seed into a run that has two.
 
 Training scenes are drawn on the fly from ``(seed, step)`` (``_scene_seed``) and the
 augmentation's rigid changes from the same pair, so ``--resume`` continues bit for bit;
@@ -44,7 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...arguments import optional_int, parse_names
+from ...arguments import optional_int, parse_int, parse_names
 from ...optional import missing_plot_note, require
 from ...validation import check_int
 from .. import checkpoint as ckpt
@@ -55,6 +62,7 @@ from ..runtime import exit_code
 from .correspondence import (
     CONDITIONS,
     CorrespondenceModel,
+    MultiviewEncoder,
     appearance_chance,
     condition_transform,
     parse_model_spec,
@@ -63,6 +71,7 @@ from .correspondence import (
     view_batch,
 )
 from .jobs import train_steps
+from .nvs import FeatureRegressionModel, NMSESums, appearance, hide_targets, regression_loss
 from .plan import RUN_FILE, RUN_KIND, check_resume_settings, checkpoint_step
 
 __all__ = [
@@ -75,21 +84,27 @@ __all__ = [
     "run_multiview",
     "run_multiview_command",
     "EVAL_SEED",
+    "TASKS",
 ]
 
 EVAL_SEED = 1
 EVAL_BATCH = 256
 RESULT_FILE = "result.json"
 TASK = "correspondence"
+NVS = "nvs"
+TASKS = (TASK, NVS)
 
 
 @dataclass(frozen=True)
 class MultiviewProfile:
-    """One size of the multiview suite. ``scene``: ``multiview.make_scenes`` options (views,
-    points, grid, ...); ``eval_scenes``: test scenes per condition."""
+    """One size of the multiview suite. ``models``: the correspondence models,
+    ``nvs_models`` the target-feature regression ones, ``tasks`` the default tasks;
+    ``scene``: ``multiview.make_scenes`` options (views, points, grid, ...);
+    ``eval_scenes``: test scenes per condition."""
 
     name: str
     models: tuple[str, ...]
+    nvs_models: tuple[str, ...]
     dim: int
     depth: int
     num_heads: int
@@ -106,6 +121,10 @@ class MultiviewProfile:
     scene: Mapping[str, Any] = field(default_factory=dict)
     #: measured CPU seconds per training step on one core (for the estimate)
     seconds_per_step: float = 0.07
+    tasks: tuple[str, ...] = TASKS
+
+    def task_models(self, task: str) -> tuple[str, ...]:
+        return self.nvs_models if task == NVS else self.models
 
     def settings(self) -> dict[str, Any]:
         """What a run's models depend on (``--resume`` compares it)."""
@@ -118,7 +137,19 @@ class MultiviewProfile:
 MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
     "quick": MultiviewProfile(
         name="quick",
-        models=("nope", "rope-axial+plucker", "prope", "gta", "ucpe", "cape-6dof"),
+        models=(
+            "nope",
+            "rope-axial",
+            "rope-axial+plucker",
+            "prope",
+            "gta",
+            "ucpe",
+            "cape-6dof",
+            "rope-axial+plucker-first",
+            "rope-axial+plucker-aug",
+            "rayrope-known-depth",
+        ),
+        nvs_models=("nope", "rope-axial+plucker", "prope", "gta", "ucpe"),
         dim=64,
         depth=2,
         num_heads=2,
@@ -127,7 +158,7 @@ MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
         lr=1e-3,
         warmup=100,
         eval_scenes=1000,
-        seeds=2,
+        seeds=3,
         seconds_per_step=0.07,
     ),
     "full": MultiviewProfile(
@@ -139,10 +170,12 @@ MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
             "gta",
             "prope",
             "rope-axial+plucker-aug",
+            "rayrope-known-depth",
             "ucpe",
             "cape-6dof",
             "nope",
         ),
+        nvs_models=("nope", "rope-axial+plucker", "prope", "gta", "ucpe"),
         dim=96,
         depth=4,
         num_heads=2,
@@ -160,7 +193,7 @@ MULTIVIEW_PROFILES: dict[str, MultiviewProfile] = {
 
 @dataclass
 class MultiviewJob:
-    """One model x seed (plain JSON: the checkpoint's ``config``)."""
+    """One task x model x seed (plain JSON: the checkpoint's ``config``)."""
 
     model: str
     encoding: str
@@ -181,6 +214,7 @@ class MultiviewJob:
     conditions: list[str]
     checkpoint_every: int = 500
     folder: str = ""
+    task: str = TASK
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -233,10 +267,12 @@ def _slice(scene: dict[str, torch.Tensor], a: int, b: int) -> dict[str, torch.Te
 # ------------------------------------------------------------------------------ model
 
 
-def build_model(job: MultiviewJob) -> CorrespondenceModel:
+def build_model(job: MultiviewJob) -> MultiviewEncoder:
+    """The task's model (``CorrespondenceModel`` or ``FeatureRegressionModel``), seeded."""
     torch.manual_seed(job.seed)
     palette = int(job.scene.get("palette", 6))
-    return CorrespondenceModel(
+    model = FeatureRegressionModel if job.task == NVS else CorrespondenceModel
+    return model(
         palette + 1,
         dim=job.dim,
         depth=job.depth,
@@ -273,7 +309,7 @@ def make_optimizer(job: MultiviewJob, model: nn.Module) -> torch.optim.Optimizer
 
 def train_multiview_job(
     job: MultiviewJob, folder: Path, *, resume: bool, progress: bool
-) -> tuple[CorrespondenceModel, dict[str, Any]]:
+) -> tuple[MultiviewEncoder, dict[str, Any]]:
     """Train (or continue) one model; returns it in eval mode and its training record."""
     model = build_model(job)
     opt = make_optimizer(job, model)
@@ -294,7 +330,7 @@ def train_multiview_job(
                 "config": job.to_json(),
                 "step": at,
                 "vocab_size": int(job.scene.get("palette", 6)) + 1,
-                "corpus": {"suite": "multiview", "task": TASK},
+                "corpus": {"suite": "multiview", "task": job.task},
                 # the data are a function of (seed, step) and training reads no RNG; the
                 # states are kept for the checkpoint format
                 "rng": {"torch": rng, "batch": rng},
@@ -304,9 +340,11 @@ def train_multiview_job(
         )
 
     def batch_loss(at: int) -> tuple[torch.Tensor, int]:
-        batch = view_batch(
-            train_scenes(job, at), model.encoding, job.plucker, grid=_grid(job), image=_image(job)
-        )
+        scene = train_scenes(job, at)
+        batch = view_batch(scene, model.encoding, job.plucker, grid=_grid(job), image=_image(job))
+        if job.task == NVS:
+            target = appearance(scene)[:, batch.context :]
+            return regression_loss(model(hide_targets(batch)), target), 1
         return pointer_loss(model(batch), batch.label), 1
 
     step, seconds = train_steps(
@@ -332,17 +370,20 @@ def train_multiview_job(
 
 @torch.no_grad()
 def evaluate_multiview_job(
-    job: MultiviewJob, model: CorrespondenceModel
+    job: MultiviewJob, model: MultiviewEncoder
 ) -> dict[str, dict[str, float]]:
-    """``{condition: {"accuracy", "hits", "n", "appearance"}}`` on the shared test scenes;
-    ``appearance``: the expected accuracy of a uniform guess among same-colour context
-    tokens (the no-camera ceiling of the spec)."""
+    """Per condition on the shared test scenes. Correspondence: ``{"accuracy", "hits", "n",
+    "appearance"}``, ``appearance`` the expected accuracy of a uniform guess among
+    same-colour context tokens (the no-camera ceiling of the spec). Target-feature
+    regression: ``{"nmse", "n", "nmse_labelled", "n_labelled", "mse"}`` (``relpos.lab.tasks.
+    nvs``: over the target tokens that see a sphere, and over the labelled ones)."""
     scenes = eval_scenes(job)
     out: dict[str, dict[str, float]] = {}
     for index, condition in enumerate(job.conditions):
         gen = torch.Generator().manual_seed(_scene_seed(3, EVAL_SEED, index))
         hits = n = 0
         chance = 0.0
+        sphere, labelled = NMSESums(), NMSESums()
         for a in range(0, job.eval_scenes, EVAL_BATCH):
             part = _slice(scenes, a, a + EVAL_BATCH)
             batch = view_batch(
@@ -354,9 +395,24 @@ def evaluate_multiview_job(
                 grid=_grid(job),
                 image=_image(job),
             )
+            if job.task == NVS:
+                pred = model(hide_targets(batch))
+                target = appearance(part)[:, batch.context :]
+                sphere.add(pred, target, part["hit_id"][:, batch.context :] >= 0)
+                labelled.add(pred, target, batch.label >= 0)
+                continue
             h, m = pointer_accuracy(model(batch), batch.label)
             c, _ = appearance_chance(batch.colour, batch.label)
             hits, n, chance = hits + h, n + m, chance + c
+        if job.task == NVS:
+            out[condition] = {
+                "nmse": sphere.nmse(),
+                "n": sphere.n,
+                "nmse_labelled": labelled.nmse(),
+                "n_labelled": labelled.n,
+                "mse": sphere.sse / max(1, sphere.n),
+            }
+            continue
         out[condition] = {
             "accuracy": hits / max(1, n),
             "hits": hits,
@@ -409,7 +465,8 @@ def multiview_worker(job_data: dict[str, Any], resume: bool) -> dict[str, Any]:
 
 @dataclass
 class MultiviewPlan:
-    """One run: the profile with overrides, the jobs, where they go."""
+    """One run: the profile with overrides, the jobs, where they go. ``models``: every model
+    spec of the run (the union over tasks), ``task_models`` those of each task."""
 
     profile: MultiviewProfile
     models: list[str]
@@ -421,6 +478,8 @@ class MultiviewPlan:
     clear: bool = False
     suite: str = "multiview"
     tasks: list[str] = field(default_factory=lambda: [TASK])
+    task_models: dict[str, list[str]] = field(default_factory=dict)
+    first_seed: int = 0
 
     def settings(self) -> dict[str, Any]:
         return {**self.profile.settings(), "profile": self.profile.name}
@@ -430,19 +489,42 @@ class MultiviewPlan:
         return per_job * len(self.jobs) / max(1, self.workers)
 
 
+def _check_model(prof: MultiviewProfile, spec: str, name: str, plucker: str | None) -> None:
+    """Build the model once at the profile's head size (a head dim the encoding cannot take
+    is a ``ValueError`` naming ``--encodings``), before any file is written."""
+    try:
+        CorrespondenceModel(
+            int(prof.scene.get("palette", 6)) + 1,
+            dim=prof.dim,
+            depth=1,
+            num_heads=prof.num_heads,
+            encoding=name,
+            plucker=plucker,
+            grid=int(prof.scene.get("grid", 4)),
+            image=int(prof.scene.get("image", 32)),
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"--encodings: {spec!r} cannot run at head dim {prof.dim // prof.num_heads}: {err}"
+        ) from None
+
+
 def plan_multiview(
     *,
     encodings: str | Sequence[str] | None = None,
     tasks: str | Sequence[str] | None = None,
     profile: str = "quick",
     seeds: int | None = None,
+    first_seed: int = 0,
     out_dir: str | Path,
     resume: bool = False,
     force: bool = False,
     workers: int | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> MultiviewPlan:
-    """Resolve and validate a run (``ValueError`` naming the flag); writes nothing."""
+    """Resolve and validate a run (``ValueError`` naming the flag); writes nothing.
+    ``encodings`` (given) apply to every task of ``tasks``; by default each task runs its
+    profile models. Seeds ``first_seed .. first_seed + seeds - 1``."""
     prof = lookup_profile(MULTIVIEW_PROFILES, profile)
     overrides = dict(overrides or {})
     fields = {f.name for f in dataclasses.fields(MultiviewProfile)}
@@ -454,36 +536,32 @@ def plan_multiview(
         raise ValueError(f"--dim ({prof.dim}) must be divisible by --heads ({prof.num_heads})")
     if prof.warmup >= prof.steps:
         prof = dataclasses.replace(prof, warmup=max(0, prof.steps // 10))
-    if tasks is not None:
-        names = parse_names(tasks, "--tasks") if isinstance(tasks, str) else list(tasks)
-        unknown = [t for t in names if t != TASK]
+    if tasks is None:
+        task_names = list(prof.tasks)
+    else:
+        task_names = parse_names(tasks, "--tasks") if isinstance(tasks, str) else list(tasks)
+        unknown = [t for t in task_names if t not in TASKS]
         if unknown:
             raise ValueError(
-                f"--tasks: unknown multiview task {', '.join(map(repr, unknown))}; known: {TASK}"
+                f"--tasks: unknown multiview task {', '.join(map(repr, unknown))}; known: "
+                f"{', '.join(TASKS)}"
             )
-    items = prof.models if encodings is None else encodings
-    specs = parse_names(items, "--encodings") if isinstance(items, str) else list(items)
-    if not specs:
-        raise ValueError("--encodings is empty")
-    specs = list(dict.fromkeys(specs))
-    parsed = [parse_model_spec(s) for s in specs]
-    for spec, (name, plucker) in zip(specs, parsed, strict=True):
-        try:  # the head size and options at this profile's size, before any file is written
-            CorrespondenceModel(
-                int(prof.scene.get("palette", 6)) + 1,
-                dim=prof.dim,
-                depth=1,
-                num_heads=prof.num_heads,
-                encoding=name,
-                plucker=plucker,
-                grid=int(prof.scene.get("grid", 4)),
-                image=int(prof.scene.get("image", 32)),
-            )
-        except (ValueError, TypeError) as err:
-            raise ValueError(
-                f"--encodings: {spec!r} cannot run at head dim {prof.dim // prof.num_heads}: {err}"
-            ) from None
+        if not task_names:
+            raise ValueError("--tasks is empty")
+    task_names = list(dict.fromkeys(task_names))
+    task_models: dict[str, list[str]] = {}
+    for task in task_names:
+        items = prof.task_models(task) if encodings is None else encodings
+        specs = parse_names(items, "--encodings") if isinstance(items, str) else list(items)
+        if not specs:
+            raise ValueError("--encodings is empty")
+        task_models[task] = list(dict.fromkeys(specs))
+    every = list(dict.fromkeys(m for specs in task_models.values() for m in specs))
+    parsed = {spec: parse_model_spec(spec) for spec in every}
+    for spec in every:
+        _check_model(prof, spec, *parsed[spec])
     seeds = prof.seeds if seeds is None else check_int(seeds, "--seeds")
+    first_seed = check_int(first_seed, "--first-seed", minimum=0)
     workers = 1 if workers is None else check_int(workers, "--jobs")
     out = Path(out_dir)
     clear = lab_report.check_run_folder(
@@ -494,8 +572,8 @@ def plan_multiview(
     jobs = [
         MultiviewJob(
             model=spec,
-            encoding=name,
-            plucker=plucker,
+            encoding=parsed[spec][0],
+            plucker=parsed[spec][1],
             seed=seed,
             dim=prof.dim,
             depth=prof.depth,
@@ -511,20 +589,25 @@ def plan_multiview(
             scene=dict(prof.scene),
             conditions=list(CONDITIONS),
             checkpoint_every=prof.checkpoint_every,
-            folder=str(out / TASK / spec / f"seed{seed}"),
+            folder=str(out / task / spec / f"seed{seed}"),
+            task=task,
         )
-        for spec, (name, plucker) in zip(specs, parsed, strict=True)
-        for seed in range(seeds)
+        for task in task_names
+        for spec in task_models[task]
+        for seed in range(first_seed, first_seed + seeds)
     ]
     plan = MultiviewPlan(
         profile=prof,
-        models=specs,
+        models=every,
         seeds=seeds,
         jobs=jobs,
         out_dir=out,
         workers=workers,
         resume=resume,
         clear=clear,
+        tasks=task_names,
+        task_models=task_models,
+        first_seed=first_seed,
     )
     if resume and out.exists():
         _check_resume(plan)
@@ -543,25 +626,28 @@ def _check_resume(plan: MultiviewPlan) -> None:
 
 
 def job_rows(job: MultiviewJob, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per condition of a job."""
+    """One row per condition of a job (correspondence: ``accuracy``, ``hits``, ``n``,
+    ``appearance``; target-feature regression: ``nmse``, ``n``, ``nmse_labelled``,
+    ``n_labelled``, ``mse``)."""
     rows = []
     for condition in job.conditions:
         cell = result["per_condition"].get(condition)
         if cell is None:
             continue
+        if job.task == NVS:
+            metrics = {k: cell[k] for k in ("nmse", "n", "nmse_labelled", "n_labelled", "mse")}
+        else:
+            metrics = {k: cell[k] for k in ("accuracy", "hits", "n", "appearance")}
         rows.append(
             {
                 "suite": "multiview",
-                "task": TASK,
+                "task": job.task,
                 "model": job.model,
                 "encoding": job.encoding,
                 "plucker": job.plucker or "",
                 "seed": job.seed,
                 "condition": condition,
-                "accuracy": cell["accuracy"],
-                "hits": cell["hits"],
-                "n": cell["n"],
-                "appearance": cell["appearance"],
+                **metrics,
                 "steps": result["train"]["steps"],
                 "final_loss": result["train"]["final_loss"],
                 "train_seconds": result["train"]["train_seconds"],
@@ -585,7 +671,7 @@ def start_multiview_run(plan: MultiviewPlan, meta: dict[str, Any]) -> None:
         "suite": "multiview",
         "profile": plan.profile.name,
         "settings": plan.settings(),
-        "tasks": [TASK],
+        "tasks": plan.tasks,
         "models": plan.models,
         "seeds": plan.seeds,
         **meta,
@@ -595,6 +681,7 @@ def start_multiview_run(plan: MultiviewPlan, meta: dict[str, Any]) -> None:
         try:
             old = json.loads(path.read_text())
             record["models"] = list(dict.fromkeys(old.get("models", []) + plan.models))
+            record["tasks"] = list(dict.fromkeys(old.get("tasks", []) + plan.tasks))
         except (OSError, ValueError, TypeError, AttributeError):
             pass
     lab_report.write_json_file(path, record)
@@ -612,10 +699,14 @@ def run_multiview(
         job = plan.jobs[index]
         results[index] = result
         cells = result["per_condition"]
-        text = ", ".join(f"{c} {cells[c]['accuracy']:.3f}" for c in ("id", "rigid", "ref-swap"))
+        metric = "nmse" if job.task == NVS else "accuracy"
+        text = ", ".join(
+            f"{c} {metric} {cells[c][metric]:.3f}" for c in ("id", "rigid", "ref-swap")
+        )
         log(
-            f"[{len(results)}/{len(plan.jobs)}] {job.model} seed {job.seed}: {text} (loss "
-            f"{result['train']['final_loss']:.3f}, {result['train']['train_seconds']:.0f} s)"
+            f"[{len(results)}/{len(plan.jobs)}] {job.task} {job.model} seed {job.seed}: {text} "
+            f"(loss {result['train']['final_loss']:.3f}, "
+            f"{result['train']['train_seconds']:.0f} s)"
         )
 
     if plan.workers <= 1 or len(plan.jobs) <= 1:
@@ -634,11 +725,13 @@ def run_multiview(
 
 def _print_plan(plan: MultiviewPlan) -> None:
     p = plan.profile
+    seeds = f"seeds {plan.first_seed}-{plan.first_seed + plan.seeds - 1}"
     print(
-        f"relpos tasks, suite multiview, profile {p.name}: {len(plan.models)} models x "
-        f"{plan.seeds} seeds = {len(plan.jobs)} models"
+        f"relpos tasks, suite multiview, profile {p.name}: {len(plan.jobs)} models "
+        f"({', '.join(plan.tasks)}; {seeds})"
     )
-    print(f"  models: {', '.join(plan.models)}")
+    for task in plan.tasks:
+        print(f"  {task}: {', '.join(plan.task_models.get(task, plan.models))}")
     print(
         f"  each: dim {p.dim}, depth {p.depth}, {p.num_heads} heads; {p.steps} steps x batch "
         f"{p.batch_size} scenes, lr {p.lr:g}; tested on {p.eval_scenes} scenes x "
@@ -670,6 +763,8 @@ def run_multiview_command(args: argparse.Namespace) -> int:
         overrides["eval_scenes"] = optional_int(args.eval_size, "--eval-size")
     lookup_profile(MULTIVIEW_PROFILES, args.profile)
     seeds = seeds_flag(args, MULTIVIEW_PROFILES[args.profile].seeds)
+    first_seed = getattr(args, "first_seed", None)
+    first_seed = 0 if first_seed is None else parse_int(first_seed, "--first-seed", minimum=0)
     workers = optional_int(args.jobs, "--jobs")
     out = Path(args.out or f"runs/tasks-multiview-{args.profile}")
     plan = plan_multiview(
@@ -677,6 +772,7 @@ def run_multiview_command(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         profile=args.profile,
         seeds=seeds,
+        first_seed=first_seed,
         out_dir=out,
         resume=args.resume,
         force=args.force,
@@ -684,7 +780,7 @@ def run_multiview_command(args: argparse.Namespace) -> int:
         overrides=overrides,
     )
     _print_plan(plan)
-    note = missing_plot_note("correspondence.png")
+    note = missing_plot_note(", ".join(f"{t}.png" for t in plan.tasks))
     if note:
         print(f"  {note}")
     meta = lab_report.run_metadata(
