@@ -45,7 +45,8 @@ def query_camera_groups(
     docstring); a ``ValueError`` naming the encoding and ``group_limit`` when there are more
     than ``limit`` (each costs one attention)."""
     batch, length = viewmats.shape[:2]
-    key = _camera_keys(viewmats, Ks).reshape(batch * length, -1)
+    key = _camera_keys(viewmats, Ks)
+    key = key.reshape(batch * length, key.shape[-1])  # explicit width: empty calls too
     cams, index = torch.unique(key, dim=0, return_inverse=True)
     if cams.shape[0] > limit:
         raise _too_many(name, cams.shape[0], limit, "")
