@@ -17,11 +17,12 @@ from ..efficient.relflexformer import (
     relflexformer_attention,
 )
 from ..validation import check_choice, check_float, check_int
+from .head_projections import ProjectedHeads
 
 __all__ = ["RelFlexformerAttention"]
 
 
-class RelFlexformerAttention(nn.Module):
+class RelFlexformerAttention(ProjectedHeads, nn.Module):
     """Multi-head RelFlexformer attention (Kim et al. 2026, seed 3; authority C).
 
     ``z_i = sum_j f_h(r_i - r_j) (phi(q_i) . phi(k_j)) v_j / sum_j f_h(r_i - r_j)
@@ -71,9 +72,7 @@ class RelFlexformerAttention(nn.Module):
             modulation, num_heads, dims, **(modulation_options or {})
         )
         self.feature_map = create_feature_map(feature_map, self.head_dim)
-        self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.kv_proj = nn.Linear(dim, 2 * dim, bias=bias)
-        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self._build_projections(bias)
         self.num_samples = check_int(num_samples, "num_samples")
         self.seed = check_int(seed, "seed", minimum=0)
         base = self.modulation.draw(self.num_samples, torch.Generator().manual_seed(self.seed))
@@ -84,16 +83,8 @@ class RelFlexformerAttention(nn.Module):
         """New random frequencies for ``method="random"`` (in place)."""
         self.random_base.copy_(self.modulation.draw(self.num_samples, generator))
 
-    def _heads(self, t: Tensor) -> Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-
     def forward(self, x: Tensor, pos: Tensor, mask: Tensor | None = None) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
-        B, L, _ = x.shape
-        q = self._heads(self.q_proj(x))
-        k, v = (self._heads(t) for t in self.kv_proj(x).chunk(2, dim=-1))
+        q, k, v = self._project(x)
         scale = self.head_dim**-0.5
         phi_q, _ = self.feature_map(q, "q", scale)
         phi_k, _ = self.feature_map(k, "k", scale)  # a per-(b, h) key offset cancels
@@ -109,7 +100,7 @@ class RelFlexformerAttention(nn.Module):
             key_valid=mask,
             random_base=self.random_base,
         )
-        return self.out_proj(out.to(x.dtype).transpose(1, 2).reshape(B, L, self.dim))
+        return self._merge(out.to(x.dtype))
 
     def extra_repr(self) -> str:
         return (

@@ -14,11 +14,12 @@ from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from ..validation import check_int
 from .attention import build_encoding
+from .head_projections import ProjectedHeads
 
 __all__ = ["RoLAAttention"]
 
 
-class RoLAAttention(nn.Module):
+class RoLAAttention(ProjectedHeads, nn.Module):
     """Multi-head RoLA low-rank branch (authority C, efficient.md §4).
 
     ``z_i = sum_j (R^S_i phi(q_i)) . (R^S_j phi(k_j)) v_j / sum_j phi(q_i) . phi(k_j)`` per
@@ -75,18 +76,12 @@ class RoLAAttention(nn.Module):
         self.rank = feature_map.num_features
         self.frequency_subset = frequency_subset
         select_frequencies(rotary_schedule(enc), self.rank, frequency_subset)  # checks now
-        self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.kv_proj = nn.Linear(dim, 2 * dim, bias=bias)
-        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self._build_projections(bias)
 
     @staticmethod
     def new_state() -> LinearState:
         """An empty recurrent state for causal decoding."""
         return LinearState()
-
-    def _heads(self, t: Tensor) -> Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -96,11 +91,7 @@ class RoLAAttention(nn.Module):
         mask: Tensor | None = None,
         state: LinearState | None = None,
     ) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
-        B, L, _ = x.shape
-        q = self._heads(self.q_proj(x))
-        k, v = (self._heads(t) for t in self.kv_proj(x).chunk(2, dim=-1))
+        q, k, v = self._project(x)
         out = rola_attention(
             q,
             k,
@@ -114,7 +105,7 @@ class RoLAAttention(nn.Module):
             key_valid=mask,
             state=state,
         )
-        return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
+        return self._merge(out)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, rank={self.rank}"

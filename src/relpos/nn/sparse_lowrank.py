@@ -23,11 +23,12 @@ from ..efficient.sparse_lowrank import (
 from ..encodings.base import Encoding
 from ..validation import check_bool, check_choice, check_float, check_int, check_int_sequence
 from .attention import build_encoding
+from .head_projections import ProjectedHeads
 
 __all__ = ["SparseLowRankAttention"]
 
 
-class SparseLowRankAttention(nn.Module):
+class SparseLowRankAttention(ProjectedHeads, nn.Module):
     """Multi-head sparse + low-rank self-attention (``relpos.efficient.sparse_lowrank``).
 
     ``O = O_sparse + W O_lowrank`` per head, then ``out_proj``: ``O_sparse`` is softmax
@@ -128,15 +129,9 @@ class SparseLowRankAttention(nn.Module):
             self.position_embedding = GridPositionEmbedding(
                 num_heads, self.head_dim, sizes, seed=seed
             )
-        self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.kv_proj = nn.Linear(dim, 2 * dim, bias=bias)
-        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self._build_projections(bias)
         self.lowrank_proj = nn.Linear(self.head_dim, self.head_dim, bias=False)
         nn.init.zeros_(self.lowrank_proj.weight)
-
-    def _heads(self, t: Tensor) -> Tensor:
-        B, L, _ = t.shape
-        return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
 
     def select(
         self, x: Tensor, pos: Tensor | None = None, causal: bool = False, mask: Tensor | None = None
@@ -163,11 +158,7 @@ class SparseLowRankAttention(nn.Module):
         mask: Tensor | None = None,
         selection: BlockSelection | None = None,
     ) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
-        B, L, _ = x.shape
-        q = self._heads(self.q_proj(x))
-        k, v = (self._heads(t) for t in self.kv_proj(x).chunk(2, dim=-1))
+        q, k, v = self._project(x)
         out = sparse_lowrank_attention(
             q,
             k,
@@ -188,7 +179,7 @@ class SparseLowRankAttention(nn.Module):
             checkpoint_chunks=self.checkpoint_chunks,
         )
         assert isinstance(out, Tensor)
-        return self.out_proj(out.transpose(1, 2).reshape(B, L, self.dim))
+        return self._merge(out)
 
     def extra_repr(self) -> str:
         return (
