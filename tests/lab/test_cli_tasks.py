@@ -99,6 +99,23 @@ def test_resume_skips_finished_models_and_refuses_other_settings(tmp_path, capsy
     assert _run(tmp_path, *args, "--force") == 0
 
 
+def test_first_seed_runs_later_seeds_and_resume_fills_in_the_earlier_ones(tmp_path, capsys):
+    args = ("--suite", "nope", "--tasks", "copy", "--encodings", "alibi")
+    assert _run(tmp_path, *args, "--first-seed", "1", "--seeds", "1") == 0
+    assert "1 seeds = 1 models (seed 1)" in capsys.readouterr().out
+    out = tmp_path / "run" / "copy" / "alibi"
+    assert sorted(p.name for p in out.iterdir()) == ["seed1"]
+    later = _rows(tmp_path)
+    assert {r["seed"] for r in later} == {"1"}
+    assert _run(tmp_path, *args, "--seeds", "2", "--resume") == 0  # seeds 0 and 1
+    assert "done (resume)" in capsys.readouterr().out  # seed 1 is not trained again
+    rows = _rows(tmp_path)
+    assert {r["seed"] for r in rows} == {"0", "1"}
+    assert [r for r in rows if r["seed"] == "1"] == later
+    summary = json.loads((tmp_path / "run" / "results.json").read_text())["summary"]
+    assert [s["seeds"] for s in summary] == [2]
+
+
 def _tiny_job(folder: Path, **kw) -> Job:
     base = dict(
         suite="chomsky", task="reverse_string", model="sinusoidal+random",
@@ -156,6 +173,7 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path, monkeypatch):
         (("--suite", "nope", "--seeds", "0"), "--seeds must be a positive int, got 0"),
         (("--suite", "nope", "--lr", "-1"), "--lr must be a finite number > 0"),
         (("--suite", "nope", "--jobs", "x"), "--jobs must be a positive int"),
+        (("--suite", "nope", "--first-seed", "-1"), "--first-seed must be"),
         (("--suite", "nope", "--resume", "--force"), "exclude each other"),
         (("--suite", "nope", "--train-len", "9"), "--test-lengths must all be longer"),
         (("--suite", "coupling", "--test-lengths", "9-7"), "must be A-B with A <= B"),

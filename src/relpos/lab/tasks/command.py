@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--first-seed",
-        help="multiview: the first seed (with --seeds N: seeds K .. K+N-1; default 0)",
+        help="the first seed (with --seeds N: seeds K .. K+N-1; default 0), e.g. a later "
+        "seed into a run that has the earlier ones",
     )
     add("--jobs", help="models trained in parallel processes (default: min(2, CPUs))")
     add("--out", help="run folder (default runs/tasks-SUITE-PROFILE)")
@@ -57,11 +58,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-progress", action="store_true", help="no progress bars")
 
 
+def _seed_range(plan: TaskPlan) -> str:
+    """`` (seeds K-M)`` when ``--first-seed`` moved the seeds off ``0 .. N-1``."""
+    if not plan.first_seed:
+        return ""
+    last = plan.first_seed + plan.seeds - 1
+    return f" (seed {last})" if plan.seeds == 1 else f" (seeds {plan.first_seed}-{last})"
+
+
 def _print_plan(plan: TaskPlan) -> None:
     p = plan.profile
     print(
         f"relpos tasks, suite {plan.suite}, profile {p.name}: {len(plan.tasks)} tasks x "
         f"{len(plan.models)} models x {plan.seeds} seeds = {len(plan.jobs)} models"
+        + _seed_range(plan)
     )
     print(f"  tasks: {', '.join(plan.tasks)}")
     print(f"  models: {', '.join(plan.models)}")
@@ -109,8 +119,6 @@ def run_command(args: argparse.Namespace) -> int:
         from .multiview_suite import run_multiview_command
 
         return run_multiview_command(args)
-    if getattr(args, "first_seed", None) is not None:
-        raise ValueError("--first-seed applies to the multiview suite only")
     t0 = time.perf_counter()
     argv = getattr(args, "argv", None)
     command = "relpos " + (shlex.join(argv) if argv else f"tasks --suite {args.suite}")
@@ -118,6 +126,8 @@ def run_command(args: argparse.Namespace) -> int:
     overrides = training_overrides(args)
     overrides.update(_length_overrides(args))
     seeds = seeds_flag(args, get_task_profile(args.suite, args.profile).seeds)
+    first_seed = getattr(args, "first_seed", None)
+    first_seed = 0 if first_seed is None else parse_int(first_seed, "--first-seed", minimum=0)
     workers = optional_int(args.jobs, "--jobs")
     out = Path(args.out or f"runs/tasks-{args.suite}-{args.profile}")
     meta: dict = {}
@@ -146,6 +156,7 @@ def run_command(args: argparse.Namespace) -> int:
             encodings=args.encodings,
             profile=args.profile,
             seeds=seeds,
+            first_seed=first_seed,
             resume=args.resume,
             force=args.force,
             workers=workers,

@@ -64,6 +64,8 @@ class TaskPlan:
     resume: bool = False
     clear: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: the first seed (``--first-seed``): jobs train seeds ``first_seed .. first_seed + seeds - 1``
+    first_seed: int = 0
     #: per job, the training steps already done (``--resume``; empty: none)
     done_steps: list[int] = field(default_factory=list)
 
@@ -141,6 +143,7 @@ def plan_tasks(
     encodings: str | Sequence[str] | None = None,
     profile: str = "quick",
     seeds: int | None = None,
+    first_seed: int = 0,
     out_dir: str | os.PathLike,
     resume: bool = False,
     force: bool = False,
@@ -149,7 +152,8 @@ def plan_tasks(
 ) -> TaskPlan:
     """Resolve and validate a run (``ValueError`` / ``TypeError`` naming the flag); writes
     nothing. ``overrides``: profile fields from ``--dim --depth --heads --batch --lr
-    --steps``."""
+    --steps``. Seeds ``first_seed .. first_seed + seeds - 1`` (``--first-seed``: later seeds
+    into a run folder, or a run of its own to set beside an earlier one)."""
     if suite not in SUITES:
         raise ValueError(f"--suite must be one of {', '.join(SUITES)}, got {suite!r}")
     prof = get_task_profile(suite, profile)
@@ -173,6 +177,7 @@ def plan_tasks(
     names = _tasks(tasks, suite, prof)
     models = parse_models(prof.models if encodings is None else encodings, suite)
     seeds = prof.seeds if seeds is None else check_int(seeds, "--seeds")
+    first_seed = check_int(first_seed, "--first-seed", minimum=0)
     cpus = os.cpu_count() or 1
     workers = min(2, cpus) if workers is None else check_int(workers, "--jobs")
     if suite == "chomsky" and any(s == "random" for _, _, s in models):
@@ -205,7 +210,7 @@ def plan_tasks(
         if task == "scan":
             train_len, test_lengths = SCAN_TRAIN_LEN, list(SCAN_TEST_LENGTHS)
         for spec, name, scheme in models:
-            for seed in range(seeds):
+            for seed in range(first_seed, first_seed + seeds):
                 jobs.append(
                     Job(
                         suite=suite,
@@ -249,6 +254,7 @@ def plan_tasks(
         resume=resume,
         clear=clear,
         overrides=overrides,
+        first_seed=first_seed,
     )
     if resume and out.exists():
         _check_resume(plan)
