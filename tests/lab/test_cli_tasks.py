@@ -102,7 +102,10 @@ def test_resume_skips_finished_models_and_refuses_other_settings(tmp_path, capsy
 def test_first_seed_runs_later_seeds_and_resume_fills_in_the_earlier_ones(tmp_path, capsys):
     args = ("--suite", "nope", "--tasks", "copy", "--encodings", "alibi")
     assert _run(tmp_path, *args, "--first-seed", "1", "--seeds", "1") == 0
-    assert "1 seeds = 1 models (seed 1)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 seeds = 1 models (seed 1)" in out
+    summary = json.loads((tmp_path / "run" / "results.json").read_text())["summary"]
+    assert f"copy alibi seed 1: test score {summary[0]['mean']:.3f}" in out  # the report's
     out = tmp_path / "run" / "copy" / "alibi"
     assert sorted(p.name for p in out.iterdir()) == ["seed1"]
     later = _rows(tmp_path)

@@ -20,6 +20,7 @@ from .. import report
 from ..runtime import RaiseOnSignal
 from .jobs import Job, eval_lengths, run_job, worker
 from .plan import RUN_FILE, RUN_KIND, TaskPlan, plan_tasks
+from .report import summarize
 
 __all__ = ["start_run", "run_plan", "run_tasks", "job_rows", "run_parallel"]
 
@@ -96,11 +97,11 @@ def run_plan(
     def done(index: int, result: dict[str, Any]) -> None:
         job = plan.jobs[index]
         results[index] = result
-        test = [result["per_length"][str(n)]["accuracy"] for n in job.test_lengths
-                if str(n) in result["per_length"]]  # fmt: skip
-        score = sum(test) / len(test) if test else float("nan")
+        # the report's test score (the NoPE study: the mean over test examples, else lengths)
+        summary = summarize(job_rows(job, result))
+        score = summary[0]["mean"] if summary else float("nan")
         log(
-            f"[{len(results)}/{total}] {job.task} {job.model} seed {job.seed}: test accuracy "
+            f"[{len(results)}/{total}] {job.task} {job.model} seed {job.seed}: test score "
             f"{score:.3f} (loss {result['train']['final_loss']:.3f}, "
             f"{result['train']['train_seconds']:.0f} s)"
         )
