@@ -215,3 +215,12 @@ def test_two_worker_processes_give_the_same_rows_as_one(tmp_path):
             return [{k: v for k, v in r.items() if k != "train_seconds"} for r in csv.DictReader(f)]
 
     assert read(tmp_path / "one") == read(tmp_path / "two")
+
+
+def test_models_trained_in_this_process_use_one_thread_like_a_worker():
+    from relpos.lab.tasks.jobs import one_thread
+
+    before = torch.get_num_threads()
+    with one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

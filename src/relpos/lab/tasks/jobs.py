@@ -25,7 +25,8 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -526,6 +527,19 @@ def run_job(
     }
     write_json_file(folder / RESULT_FILE, result)
     return result
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Train on one torch thread, as a worker process does, so that ``--jobs 1`` (models in
+    this process) and ``--jobs 2`` give the same numbers to the last bit (the thread count
+    changes the order of float reductions); the caller's thread count is restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def worker(job_data: dict[str, Any], resume: bool) -> dict[str, Any]:

@@ -70,7 +70,7 @@ from .correspondence import (
     pointer_loss,
     view_batch,
 )
-from .jobs import train_steps
+from .jobs import one_thread, train_steps
 from .nvs import FeatureRegressionModel, NMSESums, appearance, hide_targets, regression_loss
 from .plan import RUN_FILE, RUN_KIND, check_resume_settings, checkpoint_step
 
@@ -710,8 +710,9 @@ def run_multiview(
         )
 
     if plan.workers <= 1 or len(plan.jobs) <= 1:
-        for index, job in enumerate(plan.jobs):
-            done(index, run_multiview_job(job, resume=plan.resume, progress=progress, log=log))
+        with one_thread():
+            for index, job in enumerate(plan.jobs):
+                done(index, run_multiview_job(job, resume=plan.resume, progress=progress, log=log))
     else:
         run_parallel(plan, done, multiview_worker)
     rows = []

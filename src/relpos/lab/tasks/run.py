@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import report
 from ..runtime import RaiseOnSignal
-from .jobs import Job, eval_lengths, run_job, worker
+from .jobs import Job, eval_lengths, one_thread, run_job, worker
 from .plan import RUN_FILE, RUN_KIND, TaskPlan, plan_tasks
 from .report import summarize
 
@@ -107,8 +107,9 @@ def run_plan(
         )
 
     if plan.workers <= 1 or total <= 1:
-        for index, job in enumerate(plan.jobs):
-            done(index, run_job(job, resume=plan.resume, progress=progress, log=log))
+        with one_thread():
+            for index, job in enumerate(plan.jobs):
+                done(index, run_job(job, resume=plan.resume, progress=progress, log=log))
     else:
         run_parallel(plan, done)
     rows = []
