@@ -168,8 +168,9 @@ def attention_layers(model: Any) -> list[Any]:
     return layers
 
 
-def capture_attention(model: Any, tokens: Tensor) -> list[LayerCapture]:
-    """Per layer: rotated q, k, logits and causal weights on ``tokens (B, L)``."""
+def capture_attention(model: Any, tokens: Tensor, pos: Tensor | None = None) -> list[LayerCapture]:
+    """Per layer: rotated q, k, logits and causal weights on ``tokens (B, L)``; ``pos``: the
+    model's position ids (``(B, L)``, e.g. coupled positions; default ``0..L-1``)."""
     import relpos
 
     layers = attention_layers(model)
@@ -196,7 +197,7 @@ def capture_attention(model: Any, tokens: Tensor) -> list[LayerCapture]:
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
     try:
         with torch.no_grad():
-            model(tokens)
+            model(tokens) if pos is None else model(tokens, pos=pos)
     finally:
         for h in handles:
             h.remove()

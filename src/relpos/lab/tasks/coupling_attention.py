@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import string
 import sys
 from pathlib import Path
@@ -70,61 +69,42 @@ def digit_attention(
     """One row per (length, answer digit): ``length, digit, accuracy, needed, unseen``,
     averaged over the heads of every layer and the ``eval_size`` test examples (default:
     the run's)."""
-    from ...nn.attention import MultiHeadAttention
+    from ...analysis.model_capture import capture_attention
 
     job, data, model = _load(Path(folder))
     assert data.vocab is not None
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    weights: list[torch.Tensor] = []
-
-    def hook(module: Any, args: tuple, kwargs: dict) -> None:
-        x = args[0]
-        q, k, _ = module.project(x)  # (B, H, T, D); the learned table sits in the input
-        k = k.repeat_interleave(module.num_heads // module.num_kv_heads, dim=1)
-        logits = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
-        T = x.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        weights.append(torch.softmax(logits.masked_fill(~causal, -math.inf), -1).mean(1))
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
     digit_ids = torch.tensor(data.vocab.encode(list(string.digits)))
     seen = job.train_len + 1
     rows: list[dict[str, Any]] = []
-    try:
-        for n in lengths:
-            rng = np.random.default_rng([EVAL_SEED, n])
-            size = eval_size or job.eval_size
-            batch = decoder_batch(
-                [addition_example(rng, 1, n, a_digits=n) for _ in range(size)], data.vocab
+    for n in lengths:
+        rng = np.random.default_rng([EVAL_SEED, n])
+        size = eval_size or job.eval_size
+        batch = decoder_batch(
+            [addition_example(rng, 1, n, a_digits=n) for _ in range(size)], data.vocab
+        )
+        pos = coupled_batch_positions(batch, data.vocab, max_position=job.max_position, train=False)
+        logits = model(batch.tokens, pos=pos)
+        captures = capture_attention(model, batch.tokens, pos)
+        attn = torch.stack([c.weights.mean(1) for c in captures]).mean(0)  # (B, T, T)
+        prompt = 2 * n + 2  # n digits, '+', n digits, '='
+        operand = torch.isin(batch.tokens, digit_ids)
+        operand[:, prompt:] = False
+        for digit in range(n + 1):
+            t = prompt - 1 + digit  # '=' predicts digit 0, answer digit k-1 predicts k
+            right = logits[:, t].argmax(-1) == batch.tokens[:, t + 1]
+            q_id, k_id = pos[:, t : t + 1], pos[:, : t + 1]
+            w = attn[:, t, : t + 1]
+            needed = operand[:, : t + 1] & (k_id == q_id + 1)
+            unseen = (k_id - q_id).abs() > seen
+            rows.append(
+                {
+                    "length": n,
+                    "digit": digit,
+                    "accuracy": right.float().mean().item(),
+                    "needed": (w * needed).sum(-1).mean().item(),
+                    "unseen": (w * unseen).sum(-1).mean().item(),
+                }
             )
-            pos = coupled_batch_positions(
-                batch, data.vocab, max_position=job.max_position, train=False
-            )
-            weights.clear()
-            logits = model(batch.tokens, pos=pos)
-            attn = torch.stack(weights).mean(0)  # layers averaged: (B, T, T)
-            prompt = 2 * n + 2  # n digits, '+', n digits, '='
-            operand = torch.isin(batch.tokens, digit_ids)
-            operand[:, prompt:] = False
-            for digit in range(n + 1):
-                t = prompt - 1 + digit  # '=' predicts digit 0, answer digit k-1 predicts k
-                right = logits[:, t].argmax(-1) == batch.tokens[:, t + 1]
-                q_id, k_id = pos[:, t : t + 1], pos[:, : t + 1]
-                w = attn[:, t, : t + 1]
-                needed = operand[:, : t + 1] & (k_id == q_id + 1)
-                unseen = (k_id - q_id).abs() > seen
-                rows.append(
-                    {
-                        "length": n,
-                        "digit": digit,
-                        "accuracy": right.float().mean().item(),
-                        "needed": (w * needed).sum(-1).mean().item(),
-                        "unseen": (w * unseen).sum(-1).mean().item(),
-                    }
-                )
-    finally:
-        for h in handles:
-            h.remove()
     return rows
 
 
