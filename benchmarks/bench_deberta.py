@@ -15,7 +15,7 @@ every parameter.
   ``relpos.attention(q, k, v, enc)`` with a ``deberta`` encoding whose projections are *tied*
   to the module's (``tie_projections``, v3's shared keys) and whose table and LayerNorm are the
   ones the module is given: both sides train exactly the same parameters. ``auto`` picks
-  ``fold`` (path ``fold-deberta``) on CPU when the pairs outside DeBERTa's band (``|i - j| >=
+  ``fold`` (path ``fold-band``) on CPU when the pairs outside DeBERTa's band (``|i - j| >=
   506`` here) are at least a quarter of the call: those run as two folded q/k channels on the
   fused kernel, the band gathers the ``(B, H, L, R)`` products (``R <= 512``).
 * ``chunked``: the same with ``backend="chunked"`` (its ``tile`` path: the previous ``auto``
@@ -67,7 +67,7 @@ BUCKETS, MAX_REL = 256, 512
 LENGTHS = [1024, 2048, 4096]
 QUICK_LENGTHS = [256, 512]
 IMPLS = ["naive", "relpos", "chunked"]
-CHECK_L = 1024  # auto takes fold-deberta here (above the dense-bias size)
+CHECK_L = 1024  # auto takes fold-band here (above the dense-bias size)
 NAIVE_LL_TENSORS = 12  # rough count of live fp32 (B*H, L, L) tensors in the naive step
 
 

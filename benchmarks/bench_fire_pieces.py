@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import relpos
 from relpos.encodings.bias.fire import FIRE
-from relpos.lab import measure
+from relpos_lab import measure
 
 print("machine:", measure.machine_line(measure.machine_info()))
 

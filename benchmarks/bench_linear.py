@@ -58,7 +58,7 @@ from _common import (
 
 import relpos
 from relpos.attention import plan
-from relpos.efficient import PositiveRandomFeatures
+from relpos.attention.linear.feature_maps import PositiveRandomFeatures
 
 NAME = "linear"
 B, H, D = 1, 8, 64

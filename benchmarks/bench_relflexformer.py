@@ -4,7 +4,7 @@ Inference (no grad), fp32, B=1, H=4, head_dim 16 (elu+1 features, m = Dv = 16), 
 uniform random positions in the unit cube, Gaussian modulation with per-head scales
 (0.1, 0.15, 0.2, 0.3); L in --lengths (default 1K .. 16K).
 
-Cases, timed round robin at each L (``relpos.efficient.relflexformer_attention``):
+Cases, timed round robin at each L (``relpos.nn.mixers.relflexformer.relflexformer_attention``):
 
 * ``direct`` — the exact O(L^2) sum (``(B, H, L, L)`` weights materialised): the baseline
   (ratio 1.0); run up to ``--max-direct``.
@@ -51,11 +51,7 @@ from _common import (
 )
 from bench_linear import crossing, slope
 
-from relpos.efficient.relflexformer import (
-    GaussianModulation,
-    plan_grid,
-    relflexformer_attention,
-)
+from relpos.nn.mixers.relflexformer import GaussianModulation, plan_grid, relflexformer_attention
 
 NAME = "relflexformer"
 B, H, D = 1, 4, 16

@@ -15,7 +15,7 @@ import torch
 
 import relpos
 from relpos.functional import apply_rotary_fused, apply_rotary_pair_fused
-from relpos.lab import measure
+from relpos_lab import measure
 
 print("machine:", measure.machine_line(measure.machine_info()))
 

@@ -9,7 +9,8 @@ low-rank bottleneck r = 32. Cases, timed round robin at each L:
 * ``sdpa-rope``: 3-D RoPE (``rope-axial``, dims=3) applied to q and k, then SDPA: the dense
   model the hybrid replaces.
 * ``sparse-only``: the sparse branch alone (RoPE, block selection, block-sparse softmax).
-* ``sparse-lowrank-rola``: ``relpos.efficient.sparse_lowrank_attention(lowrank="rola")``.
+* ``sparse-lowrank-rola``:
+``relpos.nn.mixers.sparse_lowrank.sparse_lowrank_attention(lowrank="rola")``.
 * ``sparse-lowrank-ropeslr``: the same with RoPeSLR's absolute-PE low-rank branch.
 * ``sparse-lowrank-rola-ckpt`` (``--train`` only): RoLA with ``checkpoint_chunks=True``.
 
@@ -51,15 +52,14 @@ from _common import (
 )
 
 import relpos
-from relpos.efficient import (
-    GridPositionEmbedding,
-    HeadwiseLowRankFeatures,
-    LowRankFeatures,
+from relpos.attention.linear.feature_maps import HeadwiseLowRankFeatures, LowRankFeatures
+from relpos.nn.mixers.ropeslr import GridPositionEmbedding
+from relpos.nn.mixers.sparse_lowrank import (
     block_sparse_attention,
+    rotate_queries_keys,
     select_blocks,
     sparse_lowrank_attention,
 )
-from relpos.efficient.sparse_lowrank import rotate_queries_keys
 from relpos.positions_nd import grid_positions
 
 NAME = "sparse_lowrank"

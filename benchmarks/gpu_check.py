@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from _common import machine_info
 
 import relpos
-from relpos.lab.measure import machine_line
+from relpos_lab.measure import machine_line
 
 B, H, D = 1, 8, 64
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relpos.cli import main, markdown_table
+from relpos_lab.cli import main, markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- encodings:start -->", "<!-- encodings:end -->"

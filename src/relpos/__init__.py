@@ -11,10 +11,10 @@ Public API (stable names; see docs/architecture.md)::
 """
 
 from . import encodings as _encodings  # noqa: F401  (registers the encodings)
-from . import functional, nn, schedules
+from . import functional, nn, registry, schedules
 from .attention import attention, scores
 from .encodings.base import BiasContext, Encoding
-from .registry import available, create
+from .encodings.registry import available, create
 
 __version__ = "0.1.0"
 
@@ -26,6 +26,7 @@ __all__ = [
     "functional",
     "nn",
     "schedules",
+    "registry",
     "Encoding",
     "BiasContext",
     "__version__",

@@ -1,4 +1,4 @@
-"""``fold-deberta`` (``relpos.attention.disentangled``): DeBERTa's bias folded into two q/k
+"""``fold-band`` (``relpos.attention.disentangled``): DeBERTa's bias folded into two q/k
 channels outside the band where its table rows change, the band gathered, merged by
 log-sum-exp.
 
@@ -117,7 +117,7 @@ def test_fold_deberta_equals_eager_in_float64(options, rows, monkeypatch):
             kw.update(q_pos=torch.arange(lq), k_pos=torch.arange(lk) + (lq - lk))
         elif pos == "shifted":
             kw.update(q_pos=torch.arange(lq) + 100, k_pos=torch.arange(lk) + 3)
-        assert plan(q, k, v, enc, backend="fold", **kw) == ("fold", "fold-deberta")
+        assert plan(q, k, v, enc, backend="fold", **kw) == ("fold", "fold-band")
         ref, ref_g = _run(enc, q, k, v, "eager", **kw)
         out, out_g = _run(enc, q, k, v, "fold", **kw)
         label = f"{options} {lq}x{lk} hkv={hkv} causal={causal} {pos}"
@@ -166,7 +166,7 @@ def test_fold_deberta_gradcheck():
 def test_auto_takes_fold_deberta_where_it_folds_enough_pairs():
     enc = relpos.create("deberta", num_heads=H, head_dim=D)  # 256 buckets, saturation 506
     x = torch.zeros(1, H, 2048, D)
-    assert plan(x, x, x, enc) == ("fold", "fold-deberta")
+    assert plan(x, x, x, enc) == ("fold", "fold-band")
     short = torch.zeros(1, H, 600, D)  # no pair at |d| >= 506 worth folding: the old path
     backend, _ = plan(short, short, short, enc)
     assert backend != "fold"
@@ -175,7 +175,7 @@ def test_auto_takes_fold_deberta_where_it_folds_enough_pairs():
     )
     assert not disentangled_fold_pays(call)
     wide = torch.zeros(6, H, 600, D)  # above the dense-bias size: the band alone beats tiles
-    assert plan(wide, wide, wide, enc) == ("fold", "fold-deberta")
+    assert plan(wide, wide, wide, enc) == ("fold", "fold-band")
     mask = torch.ones(2048, 2048, dtype=torch.bool)
     assert plan(x, x, x, enc, mask=mask)[1] == "tile"  # a user mask: the tile path
 

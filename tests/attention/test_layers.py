@@ -42,3 +42,33 @@ def test_no_fast_attention_hook():
     assert not hasattr(Encoding, "fast_attention")
     for name in ("key_segments", "next_break", "positions_from_tokens"):
         assert callable(getattr(Encoding, name)), name
+
+
+def test_the_engine_names_no_encoding():
+    """The engine reads capabilities (flags and hooks), never a concrete encoding: no module of
+    ``relpos.attention`` imports a module that defines a registered encoding."""
+    import importlib
+
+    import relpos
+
+    engine = ENCODINGS.parent / "attention"
+    registered = {relpos.registry.encoding_class(name) for name in relpos.available()}
+    offenders = {}
+    for path in engine.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            module = node.module
+            if node.level:
+                parts = ["relpos", *path.relative_to(ENCODINGS.parent).with_suffix("").parts]
+                module = ".".join(parts[: len(parts) - node.level] + [module])
+            if not module.startswith("relpos.encodings"):
+                continue
+            defined = {
+                cls.__name__
+                for cls in registered
+                if cls.__module__ == importlib.import_module(module).__name__
+            }
+            if defined:
+                offenders[str(path.relative_to(engine))] = (module, sorted(defined))
+    assert offenders == {}

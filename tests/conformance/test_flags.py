@@ -270,14 +270,14 @@ def test_adds_to_input_matches_embed(name):
 @functools.cache
 def _listing_rows() -> tuple[dict, ...]:
     """``relpos list``'s rows, built once per worker (they build every encoding)."""
-    from relpos.cli import encoding_rows
+    from relpos_lab.cli import encoding_rows
 
     return tuple(encoding_rows())
 
 
 def test_relpos_list_reports_instance_flags(name):
     """``relpos list`` (and so the README table) shows the flags of a default instance."""
-    from relpos.cli import LIST_HEAD_DIM, LIST_HEADS
+    from relpos_lab.cli import LIST_HEAD_DIM, LIST_HEADS
 
     enc = relpos.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM)
     (row,) = [r for r in _listing_rows() if r["name"] == name]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import relpos
-from relpos.efficient import LinearState
+from relpos.attention.linear.state import LinearState
 from relpos.nn import LayerCache
 
 from .common import B, D, H, _adapt, attention, make_encoding, scores

@@ -24,7 +24,7 @@ from relpos.functional import apply_rotary, rope_angles  # noqa: E402
 from relpos.interop import ModelNotInstalledError, load_gguf, smollm2_path  # noqa: E402
 from relpos.interop.gguf import SMOLLM2_INSTALL_HINT  # noqa: E402
 from relpos.interop.rope_layout import interleaved_to_half  # noqa: E402
-from relpos.lab.passkey import passkey_prompt, random_key, run_passkey  # noqa: E402
+from relpos_lab.training.passkey import passkey_prompt, random_key, run_passkey  # noqa: E402
 
 try:
     GGUF_PATH = smollm2_path()
@@ -164,7 +164,7 @@ def test_context_extension_methods_match_transformers_rope_scaling(smollm2, hf, 
     """The longctx methods applied to the loaded model equal HF's ``rope_parameters`` on the
     same weights. Dynamic NTK only acts past the trained length: both sides are told a
     trained length of 16 tokens so that a short text triggers it."""
-    from relpos.lab.longctx import METHODS
+    from relpos_lab.longctx import METHODS
 
     model, tokenizer, _ = smollm2
     hf_model, _ = hf
@@ -324,7 +324,7 @@ def test_yarn_at_16k_matches_transformers_on_the_longctx_passkey_prompt(smollm2,
     where the issue's reference (other random prompts) found it. transformers' own model with
     the same ``rope_parameters`` on the very prompt ``relpos longctx`` used agrees with relpos:
     same next-token logits (fp32 over 16K tokens and 30 layers), same top 5."""
-    from relpos.lab.longctx import METHODS, trial_keys
+    from relpos_lab.longctx import METHODS, trial_keys
 
     model, tokenizer, _ = smollm2
     hf_model, _ = hf

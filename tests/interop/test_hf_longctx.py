@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("transformers")
 
-from relpos.cli import main  # noqa: E402
 from relpos.interop.hf import HFCausalLM, load_hf, to_hf  # noqa: E402
-from relpos.lab.longctx import random_tiny_model  # noqa: E402
+from relpos_lab.cli import main  # noqa: E402
+from relpos_lab.longctx import random_tiny_model  # noqa: E402
 
 ARGS = ("longctx", "--lengths", "300", "--depths", "0.5", "--ppl-tokens", "16", "--no-progress")
 
@@ -42,8 +42,8 @@ def tiny_folder(tmp_path_factory) -> Path:
 
 def measure(tmp_path, data_file, model_name):
     """``run_longctx`` (the command's measurements, without its plot) on ``--model``."""
-    from relpos.lab.longctx import load_model, plan_longctx, run_longctx
-    from relpos.lab.longctx.run import heldout_text
+    from relpos_lab.longctx import load_model, plan_longctx, run_longctx
+    from relpos_lab.longctx.run import heldout_text
 
     plan = plan_longctx(
         methods="baseline,self-extend",

@@ -13,7 +13,7 @@ pytest.importorskip("tokenizers")
 
 from relpos.interop import ModelNotInstalledError, load_gguf, smollm2_path  # noqa: E402
 from relpos.interop.hf import load_hf  # noqa: E402
-from relpos.lab.longctx import METHODS, heldout_text  # noqa: E402
+from relpos_lab.longctx import METHODS, heldout_text  # noqa: E402
 
 try:
     smollm2_path()

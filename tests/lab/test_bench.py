@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from relpos.cli import main
-from relpos.lab import bench
+from relpos_lab import bench
+from relpos_lab.cli import main
 
 TINY = ["--lengths", "16,32", "--repeats", "1", "--warmup", "0", "--heads", "2", "--head-dim", "8"]
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import relpos
-from relpos.lab.train import TrainConfig, learning_rate
+from relpos_lab.training.train import TrainConfig, learning_rate
 
 PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lm_quality.py"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relpos.cli import main
+from relpos_lab.cli import main
 
 TINY_ARGS = (
     "--encodings",
@@ -318,12 +318,12 @@ def test_resuming_with_more_steps_is_a_note_not_a_python_warning(capsys, finishe
 def test_an_out_that_cannot_be_created_is_refused_before_the_data_loads(
     capsys, tmp_path, data_file, monkeypatch
 ):
-    import relpos.lab.data
+    import relpos_lab.training.data
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the data was loaded before --out was checked")
 
-    monkeypatch.setattr(relpos.lab.data, "load_corpus", no_loading)
+    monkeypatch.setattr(relpos_lab.training.data, "load_corpus", no_loading)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     for out in (blocker / "run", blocker / "deeper" / "run", blocker):
@@ -336,14 +336,14 @@ def test_an_out_that_cannot_be_created_is_refused_before_the_data_loads(
 def test_an_out_without_write_permission_is_refused_first(capsys, tmp_path, data_file, monkeypatch):
     import os
 
-    import relpos.io
+    import relpos_lab.io
 
     real = os.access
     locked = tmp_path / "locked"
     locked.mkdir()
     # as root every folder is writable; simulate the permission the check asks about
     monkeypatch.setattr(
-        relpos.io.os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode)
+        relpos_lab.io.os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode)
     )
     argv = ["extrapolate", "--data", str(data_file), *TINY_ARGS, "--out", str(locked / "run")]
     one_line_error(capsys, argv, "permission denied", locked / "run")
@@ -371,7 +371,7 @@ def test_sigterm_checkpoints_and_exits_143(capsys, tmp_path, data_file, monkeypa
     import os
     import signal
 
-    trainer = importlib.import_module("relpos.lab.train")  # the module, not lab.train()
+    trainer = importlib.import_module("relpos_lab.training.train")  # the module, not lab.train()
     real = trainer.sample_batch
     calls = []
 
@@ -395,7 +395,7 @@ def test_sigterm_checkpoints_and_exits_143(capsys, tmp_path, data_file, monkeypa
 def test_output_files_follow_the_umask(finished_run, tmp_path):
     import os
 
-    from relpos.io import atomic_write
+    from relpos_lab.io import atomic_write
 
     src, _ = finished_run
     for name in ("results.json", "report.md", "ppl_vs_length.png", "alibi/state.json"):
@@ -486,7 +486,7 @@ def test_model_flags_and_seeds_give_one_report_with_intervals(tmp_path, data_fil
 
 
 def test_xtransformers_profile_is_the_peer_configuration():
-    from relpos.lab.profiles import get_profile
+    from relpos_lab.training.profiles import get_profile
 
     p = get_profile("xtransformers")
     assert (p.dim, p.depth, p.num_heads, p.batch_size, p.steps) == (128, 4, 4, 32, 1000)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos.cli import main
-from relpos.lab import checkpoint as ckpt
-from relpos.lab.tasks import jobs as jobs_module
-from relpos.lab.tasks.jobs import Job, run_job
+from relpos_lab.cli import main
+from relpos_lab.tasks import jobs as jobs_module
+from relpos_lab.tasks.jobs import Job, run_job
+from relpos_lab.training import checkpoint as ckpt
 
 TINY = ("--dim", "16", "--depth", "1", "--heads", "2", "--batch", "4", "--steps", "3")
 TINY += ("--train-len", "4", "--test-lengths", "5-6", "--eval-size", "8")
@@ -70,7 +70,7 @@ def test_nope_and_coupling_suites_run_end_to_end(tmp_path):
 def test_scan_is_scored_on_every_test_command(tmp_path):
     assert _run(tmp_path, "--suite", "nope", "--tasks", "scan", "--encodings", "alibi") == 0
     rows = _rows(tmp_path)
-    from relpos.lab.tasks.scan import scan_split
+    from relpos_lab.tasks.scan import scan_split
 
     test = sorted({int(r["length"]) for r in rows if r["test"] == "True"})
     assert test == sorted({len(m) for _, m in scan_split(0)["test"]})  # 26..48, some absent
@@ -192,7 +192,7 @@ def test_bad_flags_are_one_line_naming_the_flag(tmp_path, capsys, args, message)
 
 def test_randomized_range_must_hold_the_longest_test_sequence(tmp_path, capsys):
     # duplicate_string at length 60 is 60 + 120 tokens; quick's L = 256 holds it, 64 does not
-    from relpos.lab.tasks.plan import plan_tasks
+    from relpos_lab.tasks.plan import plan_tasks
 
     with pytest.raises(ValueError, match="longest test sequence has 180 tokens"):
         plan_tasks(
@@ -218,7 +218,7 @@ def test_two_worker_processes_give_the_same_rows_as_one(tmp_path):
 
 
 def test_models_trained_in_this_process_use_one_thread_like_a_worker():
-    from relpos.lab.tasks.jobs import one_thread
+    from relpos_lab.tasks.jobs import one_thread
 
     before = torch.get_num_threads()
     with one_thread():

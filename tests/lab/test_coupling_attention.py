@@ -1,4 +1,4 @@
-"""The coupled-addition attention diagnosis (``relpos.lab.tasks.coupling_attention``) on a
+"""The coupled-addition attention diagnosis (``relpos_lab.tasks.coupling_attention``) on a
 tiny trained model: one row per answer digit, weights that are fractions of one softmax, no
 weight on unseen distances at the training lengths, one-line errors."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from relpos.cli import main
-from relpos.lab.tasks.coupling_attention import digit_attention
-from relpos.lab.tasks.coupling_attention import main as diagnose
+from relpos_lab.cli import main
+from relpos_lab.tasks.coupling_attention import digit_attention
+from relpos_lab.tasks.coupling_attention import main as diagnose
 
 TINY = ("--dim", "16", "--depth", "2", "--heads", "2", "--batch", "4", "--steps", "3")
 TINY += ("--train-len", "4", "--test-lengths", "6,9", "--eval-size", "8")

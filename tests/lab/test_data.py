@@ -1,4 +1,4 @@
-"""relpos.lab.data: the corpus splits, tokenizers, batches and the errors for bad data."""
+"""relpos_lab.training.data: the corpus splits, tokenizers, batches and the errors for bad data."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos.lab import data
-from relpos.lab.data import CorpusNotInstalledError, load_corpus, sample_batch, split_documents
+from relpos_lab.training import data
+from relpos_lab.training.data import (
+    CorpusNotInstalledError,
+    load_corpus,
+    sample_batch,
+    split_documents,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SONNETS = DATA / "sonnets.txt"

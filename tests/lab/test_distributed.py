@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos.lab import distributed
-from relpos.lab.data import load_corpus
-from relpos.lab.train import TrainConfig, load_trained, train
+from relpos_lab.training import distributed
+from relpos_lab.training.data import load_corpus
+from relpos_lab.training.train import TrainConfig, load_trained, train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sonnets.txt"
 TINY = dict(dim=32, depth=2, num_heads=2, seq_len=32, batch_size=8, steps=10, warmup=3)
@@ -24,7 +24,7 @@ TINY.update(checkpoint_every=4, device="cpu")
 def torchrun(out: Path, encoding: str, *extra: str) -> subprocess.CompletedProcess:
     args = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node", "2", "-m", "relpos.lab.torchrun"]
+    command += ["--nproc_per_node", "2", "-m", "relpos_lab.training.torchrun"]
     command += [f"--encoding={encoding}", *args, f"--data={DATA}", f"--out={out}"]
     command += ["--no-progress", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
@@ -76,7 +76,7 @@ def test_the_global_batch_must_split_evenly_over_ranks(monkeypatch):
 
 
 def imported_modules(module: str) -> set[str]:
-    """The relpos.lab modules ``module``'s source imports (at any depth of the file)."""
+    """The relpos_lab modules ``module``'s source imports (at any depth of the file)."""
     import ast
     import importlib.util
 
@@ -90,6 +90,6 @@ def imported_modules(module: str) -> set[str]:
 
 
 def test_the_trainer_and_the_torchrun_entry_point_do_not_import_each_other():
-    assert not {"train", "torchrun"} & imported_modules("relpos.lab.distributed")
-    assert "torchrun" not in imported_modules("relpos.lab.train")
-    assert {"train", "distributed"} <= imported_modules("relpos.lab.torchrun")
+    assert not {"train", "torchrun"} & imported_modules("relpos_lab.training.distributed")
+    assert "torchrun" not in imported_modules("relpos_lab.training.train")
+    assert {"train", "distributed"} <= imported_modules("relpos_lab.training.torchrun")

@@ -1,4 +1,4 @@
-"""relpos.lab.extrapolate: the evaluation protocol, the run plan, and the report files."""
+"""relpos_lab.extrapolate: the evaluation protocol, the run plan, and the report files."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from relpos.lab import extrapolate as ex
-from relpos.lab import report
-from relpos.lab.profiles import PROFILES, get_profile
 from relpos.nn import TransformerLM
+from relpos_lab import extrapolate as ex
+from relpos_lab import report
+from relpos_lab.training.profiles import PROFILES, get_profile
 
 
 class UniformLM(nn.Module):
@@ -160,7 +160,7 @@ def test_profiles_cover_the_headline_encodings():
 
 
 def fake_corpus(n: int = 40_000):
-    from relpos.lab.data import Corpus
+    from relpos_lab.training.data import Corpus
 
     g = torch.Generator().manual_seed(0)
     # a learnable stream: mostly "next = previous + 1 (mod 32)" with some noise

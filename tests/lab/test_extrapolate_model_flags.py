@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from relpos.cli import main
-from relpos.lab.train import TrainConfig, build_model, check_compatible
+from relpos_lab.cli import main
+from relpos_lab.training.train import TrainConfig, build_model, check_compatible
 
 TINY = ("--encodings", "rcmha", "--train-len", "16", "--eval-mult", "1", "--steps", "2",
         "--no-progress", "--dim", "16", "--heads", "2", "--depth", "1")  # fmt: skip

@@ -12,10 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relpos.cli import main
-from relpos.lab import longctx
-from relpos.lab.longctx import METHODS, ByteTokenizer, Method, random_tiny_model
-from relpos.lab.passkey import (
+from relpos.rope_scaling import ntk_scaled_base
+from relpos_lab import longctx
+from relpos_lab.cli import main
+from relpos_lab.longctx import METHODS, ByteTokenizer, Method, random_tiny_model
+from relpos_lab.training.passkey import (
     FINAL_QUESTION,
     GARBAGE,
     TASK_DESCRIPTION,
@@ -25,7 +26,6 @@ from relpos.lab.passkey import (
     landmark_prompt,
     passkey_prompt,
 )
-from relpos.rope_scaling import ntk_scaled_base
 
 # ------------------------------------------------------------------------------ passkey
 
@@ -322,7 +322,7 @@ def test_real_model_finds_the_key_at_4k_with_baseline_and_yarn(tmp_path, capsys)
 
 @pytest.fixture
 def no_model_loading(monkeypatch):
-    import relpos.lab.longctx.command as command
+    import relpos_lab.longctx.command as command
 
     def refuse(name):
         raise AssertionError("the model was loaded before the options were checked")
@@ -349,7 +349,7 @@ def test_lengths_are_checked_before_the_model_loads(
 
 
 def test_lengths_bound_names_what_fits(tmp_path, data_file, capsys, monkeypatch):
-    import relpos.lab.longctx.plan as plan
+    import relpos_lab.longctx.plan as plan
 
     monkeypatch.setattr(plan, "available_memory", lambda: 2**30)  # a 1 GiB machine
     argv = [*TINY, "--data", str(data_file), "--out", str(tmp_path / "run")]
@@ -446,7 +446,7 @@ def test_sigterm_keeps_the_measurements_and_exits_143(tmp_path, data_file, capsy
     import os
     import signal
 
-    import relpos.lab.longctx.command as command
+    import relpos_lab.longctx.command as command
 
     real = command.run_longctx
 

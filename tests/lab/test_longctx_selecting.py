@@ -9,9 +9,14 @@ import math
 
 import pytest
 
-from relpos.cli import main
-from relpos.lab.longctx import ByteTokenizer
-from relpos.lab.passkey import FINAL_QUESTION, TASK_DESCRIPTION, passkey_prompt, passkey_segments
+from relpos_lab.cli import main
+from relpos_lab.longctx import ByteTokenizer
+from relpos_lab.training.passkey import (
+    FINAL_QUESTION,
+    TASK_DESCRIPTION,
+    passkey_prompt,
+    passkey_segments,
+)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -37,7 +42,7 @@ def test_passkey_segments_are_prefix_documents_of_the_filler_and_the_question():
 def test_llama_passes_pine_segments_to_every_layer_and_every_decoding_step():
     import torch
 
-    from relpos.lab.longctx import random_tiny_model
+    from relpos_lab.longctx import random_tiny_model
 
     model, _ = random_tiny_model()
     tokens = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""relpos.lab.multiview: the synthetic multi-view scenes (camera spec §4) and their
+"""relpos_lab.tasks.scenes: the synthetic multi-view scenes (camera spec §4) and their
 correspondence labels (depth-consistent reprojection)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relpos import cameras
-from relpos.lab import multiview
+from relpos_lab.tasks import scenes as multiview
 
 
 @pytest.fixture(scope="module")

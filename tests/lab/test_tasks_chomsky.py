@@ -1,4 +1,4 @@
-"""The Chomsky-suite generators (``relpos.lab.tasks.chomsky``): the spec's worked examples
+"""The Chomsky-suite generators (``relpos_lab.tasks.chomsky``): the spec's worked examples
 (tasks.md §2, recomputed from the official code), the output-length rule, the masks, the
 official quirks, determinism from the generator."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relpos.lab.tasks.chomsky import (
+from relpos_lab.tasks.chomsky import (
     BRACKET_IDS,
     CHOMSKY_TASKS,
     EQUATION_IDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relpos.lab.tasks.plan import plan_tasks
+from relpos_lab.tasks.plan import plan_tasks
 
 
 def _plan(tmp_path, suite="nope", **kwargs):

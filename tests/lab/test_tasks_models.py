@@ -1,4 +1,4 @@
-"""The task models, position schemes and metrics (``relpos.lab.tasks.models``,
+"""The task models, position schemes and metrics (``relpos_lab.tasks.models``,
 ``jobs``, ``metrics``)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from relpos.lab.tasks.chomsky import TaskBatch, chomsky_task
-from relpos.lab.tasks.jobs import Job, _Data, build_model, positions
-from relpos.lab.tasks.metrics import exact_match, masked_accuracy, mean_ci, ood_score
-from relpos.lab.tasks.models import TaskEncoder, check_encoding_for_tasks
-from relpos.lab.tasks.text import DecoderBatch
 from relpos.nn import TransformerLM
+from relpos_lab.tasks.chomsky import TaskBatch, chomsky_task
+from relpos_lab.tasks.jobs import Job, _Data, build_model, positions
+from relpos_lab.tasks.metrics import exact_match, masked_accuracy, mean_ci, ood_score
+from relpos_lab.tasks.models import TaskEncoder, check_encoding_for_tasks
+from relpos_lab.tasks.text import DecoderBatch
 
 
 def test_masked_accuracy_counts_only_masked_outputs():
@@ -114,7 +114,7 @@ def test_encodings_the_task_models_cannot_run_are_refused_by_name():
 
 
 def test_decoder_scores_report_token_accuracy_beside_exact_match(tmp_path):
-    from relpos.lab.tasks.jobs import evaluate_job
+    from relpos_lab.tasks.jobs import evaluate_job
 
     job = _job(
         suite="coupling", task="addition", model="nope", encoding="nope", scheme="default",
@@ -137,7 +137,7 @@ def test_the_chomsky_encoder_uses_the_two_sided_form_of_declared_bidirectional_b
 
 
 def test_learning_rate_schedules_after_the_warmup():
-    from relpos.lab.tasks.jobs import learning_rate
+    from relpos_lab.tasks.jobs import learning_rate
 
     job = _job(steps=100, warmup=10, lr=1e-3, schedule="linear")
     assert learning_rate(job, 0) == pytest.approx(1e-4)  # warmup: (step + 1) / warmup
@@ -157,7 +157,7 @@ def test_learning_rate_schedules_after_the_warmup():
 
 def test_the_nope_study_profiles_decay_the_learning_rate_as_the_official_trainer():
     # configs/trainer/default.jsonnet: warmup_ratio 0.06, lr_scheduler_type polynomial (power 1)
-    from relpos.lab.tasks.profiles import get_task_profile
+    from relpos_lab.tasks.profiles import get_task_profile
 
     for name in ("quick", "full"):
         profile = get_task_profile("nope", name)
@@ -166,7 +166,7 @@ def test_the_nope_study_profiles_decay_the_learning_rate_as_the_official_trainer
 
 
 def test_wilson_interval_matches_the_closed_form_and_is_not_empty_at_the_edges():
-    from relpos.lab.tasks.metrics import wilson_interval
+    from relpos_lab.tasks.metrics import wilson_interval
 
     # 0 of 640 (a collapsed model on the quick copy test set): [0, z^2 / (n + z^2)]
     low, high = wilson_interval(0, 640)
@@ -181,8 +181,8 @@ def test_wilson_interval_matches_the_closed_form_and_is_not_empty_at_the_edges()
 
 
 def test_exact_match_summaries_pool_the_test_examples_of_every_seed():
-    from relpos.lab.tasks.metrics import wilson_interval
-    from relpos.lab.tasks.report import markdown_summary, summarize
+    from relpos_lab.tasks.metrics import wilson_interval
+    from relpos_lab.tasks.report import markdown_summary, summarize
 
     def row(seed, length, acc, n, suite="nope"):
         return {"suite": suite, "task": "copy", "model": "nope", "seed": seed,

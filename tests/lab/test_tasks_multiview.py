@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos.cli import main
-from relpos.lab import checkpoint as ckpt
-from relpos.lab import multiview
-from relpos.lab.tasks import correspondence as cc
-from relpos.lab.tasks import multiview_report as mv_report
-from relpos.lab.tasks import multiview_suite as suite
-from relpos.lab.tasks import nvs
+from relpos_lab.cli import main
+from relpos_lab.tasks import correspondence as cc
+from relpos_lab.tasks import multiview_report as mv_report
+from relpos_lab.tasks import multiview_suite as suite
+from relpos_lab.tasks import nvs
+from relpos_lab.tasks import scenes as multiview
+from relpos_lab.training import checkpoint as ckpt
 
 TINY = ("--dim", "16", "--depth", "1", "--heads", "2", "--batch", "4", "--steps", "3")
 TINY += ("--eval-size", "8", "--jobs", "1", "--no-progress")

@@ -1,5 +1,5 @@
 """SCAN from its grammar, the NoPE study's text formats, and coupled addition
-(``relpos.lab.tasks.scan``, ``nope_study``, ``coupled_addition``, ``text``)."""
+(``relpos_lab.tasks.scan``, ``nope_study``, ``coupled_addition``, ``text``)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from relpos.lab.tasks.coupled_addition import (
+from relpos_lab.tasks.coupled_addition import (
     addition_example,
     coupled_batch_positions,
     coupling_vocab,
     random_start,
 )
-from relpos.lab.tasks.nope_study import NOPE_TASKS, nope_task
-from relpos.lab.tasks.scan import (
+from relpos_lab.tasks.nope_study import NOPE_TASKS, nope_task
+from relpos_lab.tasks.scan import (
     scan_commands,
     scan_meaning,
     scan_split,
     sentence_phrases,
     verb_phrases,
 )
-from relpos.lab.tasks.text import Vocab, decoder_batch, words
+from relpos_lab.tasks.text import Vocab, decoder_batch, words
 
 
 def test_scan_grammar_gives_the_spec_counts():
@@ -114,7 +114,7 @@ def test_decoder_batch_masks_target_and_eos_only():
 
 def test_coupled_addition_reproduces_the_spec_ids():
     vocab = coupling_vocab()
-    from relpos.lab.tasks.text import Example
+    from relpos_lab.tasks.text import Example
 
     ex = Example(tuple("123+045="), tuple("8610"), 3)
     batch = decoder_batch([ex], vocab)

@@ -1,4 +1,5 @@
-"""relpos.lab.train and relpos.lab.checkpoint: resume equality, interrupts, atomic files."""
+"""relpos_lab.training.train and relpos_lab.training.checkpoint: resume equality, interrupts,
+atomic files."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos.lab import checkpoint as ckpt
-from relpos.lab.data import load_corpus
-from relpos.lab.train import (
+from relpos_lab.training import checkpoint as ckpt
+from relpos_lab.training.data import load_corpus
+from relpos_lab.training.train import (
     TrainConfig,
     TrainingInterrupted,
     build_model,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import relpos
-from relpos.efficient import LinearState, PositiveRandomFeatures
+from relpos.attention.linear.feature_maps import PositiveRandomFeatures
+from relpos.attention.linear.state import LinearState
 from relpos.nn import LayerCache, MultiHeadAttention, TransformerLM
 
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import relpos
-from relpos.lab.train import TrainConfig, build_model, check_compatible
 from relpos.nn.transformer import INIT_SCHEMES
+from relpos_lab.training.train import TrainConfig, build_model, check_compatible
 
 DIM = 32
 

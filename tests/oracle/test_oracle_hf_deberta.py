@@ -235,7 +235,7 @@ FOLD_CASES = [
 
 @pytest.mark.parametrize("buckets,max_rel,length,pos_att_type,share", FOLD_CASES)
 def test_fold_deberta_equals_transformers(buckets, max_rel, length, pos_att_type, share) -> None:
-    """``backend="fold"`` (path ``fold-deberta``: the outer regions folded into q/k channels,
+    """``backend="fold"`` (path ``fold-band``: the outer regions folded into q/k channels,
     the band gathered) against the module over a full sequence (an all-ones mask, as the
     encoder passes it without padding): the output and the gradients of the input, of the
     relative table and (shared keys, tied projections) of the module's projections."""
@@ -258,7 +258,7 @@ def test_fold_deberta_equals_transformers(buckets, max_rel, length, pos_att_type
     want, _ = hf(x, ones, rel_embeddings=norm(enc.rel_embeddings))
     want_g = torch.autograd.grad((want * g).sum(), wrt)
     q, k, v = (heads(getattr(hf, n)(x)) for n in ("query_proj", "key_proj", "value_proj"))
-    assert plan(q, k, v, enc, backend="fold") == ("fold", "fold-deberta")
+    assert plan(q, k, v, enc, backend="fold") == ("fold", "fold-band")
     got = relpos.attention(q, k, v, enc, backend="fold").transpose(1, 2).reshape(x.shape)
     got_g = torch.autograd.grad((got * g).sum(), wrt)
 

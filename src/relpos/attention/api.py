@@ -16,7 +16,7 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
   query term plus a key term, folded into two q/k channels; the band gathers its tables), no
   user mask, positions one batch-shared integer range, on CPU, above the dense-bias size or
   when the folded regions hold at least ``FOLD_SHARE`` (1/4) of the pairs -> ``fold`` (path
-  ``fold-deberta``);
+  ``fold-band``);
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
@@ -41,7 +41,7 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
 ``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
-``"fold-sdpa"``, ``"fold-passes"``, ``"fold-deberta"``; the linear backend's
+``"fold-sdpa"``, ``"fold-passes"``, ``"fold-band"``; the linear backend's
 ``"linear-scan"``, ``"linear-sum"``, ``"linear-decay"``, ``"linear-fft"``), without running it.
 """
 
@@ -53,8 +53,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..efficient.feature_maps import FeatureMap, create_feature_map
-from ..efficient.state import LinearState
 from ..encodings.base import Encoding
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
@@ -69,7 +67,9 @@ from .fold import (
     fold_refusal,
     fold_rounding_bound,
 )
-from .linear import linear_attention, linear_path, prepare_linear_call
+from .linear.backend import linear_attention, linear_path, prepare_linear_call
+from .linear.feature_maps import FeatureMap, create_feature_map
+from .linear.state import LinearState
 from .query_split import split_call
 from .sdpa import sdpa_attention
 
@@ -204,17 +204,17 @@ def _check_backend(backend: object, encoding: Encoding | None, feature_map: obje
         if feature_map is None:
             raise ValueError(
                 "backend 'linear' computes kernelized attention: pass feature_map ('elu1', "
-                "'relu', 'prf' or a relpos.efficient.FeatureMap)"
+                "'relu', 'prf' or a relpos.attention.linear.feature_maps.FeatureMap)"
             )
         return
     if backend == "fold" and "fold" not in supported_backends(encoding):
         name = "no encoding" if encoding is None else f"encoding {encoding.name!r}"
         raise ValueError(
             f"backend 'fold' cannot run {name}: it folds biases that are piecewise linear in "
-            f"q_pos - k_pos (ALiBi) and DeBERTa's outside its band into q/k channels; for "
-            f"other biases use "
-            f"relpos.efficient.folded_attention(..., rank=r) (a low-rank fold with its measured "
-            f"weight error) or backend 'auto' or one of {supported_backends(encoding)}"
+            f"q_pos - k_pos (ALiBi) and two-sided table biases (DeBERTa's) outside their band "
+            f"into q/k channels; for other biases use "
+            f"relpos.attention.fold.folded_attention(..., rank=r) (a low-rank fold with its "
+            f"measured weight error) or backend 'auto' or one of {supported_backends(encoding)}"
         )
     if backend != "auto" and backend not in (ok := supported_backends(encoding)):
         assert encoding is not None
@@ -343,14 +343,16 @@ def attention(
             queries attend to every cached key. Default positions continue the cache
             (``cache.length ..``). The engine stores keys rotated when the encoding allows
             (``cache_rotated_keys``) and rotates the whole cache on every call otherwise.
-            Kernelized attention also takes a ``relpos.efficient.LinearState`` (causal, no
+            Kernelized attention also takes a ``relpos.attention.linear.state.LinearState``
+            (causal, no
             bias): the recurrent sums, O(1) per decoded token.
         feature_map: ask for kernelized attention ``phi(q) . phi(k)`` instead of softmax:
             ``"elu1"``, ``"relu"``, ``"prf"`` (Performer's positive random features with
-            default options) or a ``relpos.efficient.FeatureMap``. Runs on backend
+            default options) or a ``relpos.attention.linear.feature_maps.FeatureMap``. Runs on
+            backend
             ``linear`` (``auto`` picks it): rotary encodings rotate the features (RoFormer
             eq. 19), distance-only biases multiply the kernel by ``exp(b)`` through an FFT
-            (Luo et al. 2021); see ``relpos.attention.linear``.
+            (Luo et al. 2021); see ``relpos.attention.linear.backend``.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.

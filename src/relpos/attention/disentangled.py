@@ -1,5 +1,5 @@
-"""DeBERTa's disentangled attention folded outside its band: backend ``fold``, path
-``fold-deberta``.
+"""Two-sided table biases (``TwoSidedTableBias``: DeBERTa's disentangled attention) folded
+outside their band: backend ``fold``, path ``fold-band``.
 
 DeBERTa's logit (``relpos.encodings.contextual.deberta``) is
 
@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..encodings.contextual.deberta import DeBERTa, DeBERTaData
+from ..encodings.contextual.table import TwoSidedTableBias
 from .call import AttentionCall
 from .dense import empty_attention
 from .flash import kernel_backward, kernel_forward, merge_partials, use_flash
@@ -71,8 +71,16 @@ BLOCK_ROWS = 128
 
 
 def folds_disentangled(encoding: object) -> bool:
-    """The encoding's bias is DeBERTa's (a band plus two separable outer regions)."""
-    return isinstance(encoding, DeBERTa)
+    """The encoding declares a ``TwoSidedTableBias`` (``folds_outside_band``: a band plus two
+    separable outer regions; DeBERTa's c2p + p2c)."""
+    return bool(getattr(encoding, "folds_outside_band", False))
+
+
+def _two_sided(call: AttentionCall) -> TwoSidedTableBias | None:
+    """The call's bias as a ``TwoSidedTableBias``, or None (no such encoding or data)."""
+    if not folds_disentangled(call.encoding) or call.ctx is None:
+        return None
+    return call.encoding.two_sided_bias(call.ctx)
 
 
 def _position_offset(call: AttentionCall) -> int | None:
@@ -87,14 +95,11 @@ def _position_offset(call: AttentionCall) -> int | None:
 
 
 def disentangled_refusal(call: AttentionCall) -> str | None:
-    """Why this DeBERTa call cannot run as ``fold-deberta`` (naming what stops it), or None."""
+    """Why this DeBERTa call cannot run as ``fold-band`` (naming what stops it), or None."""
     if call.has_user_mask:
         return "backend 'fold' takes causal=True/False only, not a mask or mask_mod"
     empty = call.q.shape[2] == 0 or call.k.shape[2] == 0
-    if not empty and (
-        _position_offset(call) is None
-        or not isinstance(getattr(call.ctx, "data", None), DeBERTaData)
-    ):
+    if not empty and (_position_offset(call) is None or _two_sided(call) is None):
         return (
             "backend 'fold' needs q_pos and k_pos that are one batch-shared integer range "
             "(e.g. the defaults); got other positions"
@@ -149,18 +154,17 @@ class _Regions:
 
 
 def _regions(call: AttentionCall, rows: int | None = None) -> _Regions:
-    enc = call.encoding
-    assert isinstance(enc, DeBERTa)
+    bias = _two_sided(call)
     c0 = _position_offset(call)
-    assert c0 is not None
-    lo, hi = enc.saturation()
+    assert bias is not None and c0 is not None
+    lo, hi = bias.saturation
     Lq, Lk = call.q.shape[2], call.k.shape[2]
     rows = BLOCK_ROWS if rows is None else rows
     return _Regions(lo, hi, c0, call.causal_offset, call.causal, Lq, Lk, max(1, rows))
 
 
 def disentangled_fold_pays(call: AttentionCall, min_share: float = FOLD_SHARE) -> bool:
-    """``auto`` takes ``fold-deberta``: it applies, runs on CPU (the fused kernel with its
+    """``auto`` takes ``fold-band``: it applies, runs on CPU (the fused kernel with its
     log-sum-exp) and folds at least ``min_share`` of the visible pairs."""
     if disentangled_refusal(call) is not None or not use_flash(call.q):
         return False
@@ -195,17 +199,16 @@ class _Columns:
 
 
 def _columns(call: AttentionCall, regions: _Regions) -> _Columns:
-    data: DeBERTaData = call.ctx.data
-    rows = data.rows
+    bias = _two_sided(call)
+    assert bias is not None
+    rows = bias.rows
     n = rows.lookup.shape[0]
-    enc = call.encoding
-    assert isinstance(enc, DeBERTa)
 
     def column(d: int, sign: int = 1) -> int:
         d = sign * d
         return int(rows.lookup[min(max(d, rows.lo), rows.hi) - rows.lo])
 
-    if enc.paper_p2c:
+    if bias.key_reads_negated:
         # lookup_p[d - dmin] = column of -d (both signs are in the rows' domain)
         d = torch.arange(rows.lo, rows.lo + n, device=rows.lookup.device)
         lookup_p = rows.lookup[(-d).clamp(rows.lo, rows.hi) - rows.lo]
@@ -397,18 +400,19 @@ def _band_bias(
 
 
 def disentangled_fold_attention(call: AttentionCall) -> Tensor:
-    """``fold-deberta`` (module docstring) in query blocks of ``BLOCK_ROWS``: ``(B, H, Lq, Dv)``.
+    """``fold-band`` (module docstring) in query blocks of ``BLOCK_ROWS``: ``(B, H, Lq, Dv)``.
     Refuses by name a call it cannot fold (``disentangled_refusal``)."""
     reason = disentangled_refusal(call)
     if reason is not None:
         raise ValueError(reason)
     if call.q.shape[2] == 0 or call.k.shape[2] == 0:
         return empty_attention(call)
-    data: DeBERTaData = call.ctx.data
+    bias = _two_sided(call)
+    assert bias is not None
     regions = _regions(call)
     columns = _columns(call, regions)
-    C = data.c2p.compute() if data.c2p is not None else None
-    P = data.p2c.compute() if data.p2c is not None else None
+    C = bias.query_read.compute() if bias.query_read is not None else None
+    P = bias.key_read.compute() if bias.key_read is not None else None
     k, v = call.expanded_kv()
     if P is not None and P.shape[1] != call.q.shape[1]:  # a shared table read by grouped keys
         P = P.repeat_interleave(call.q.shape[1] // P.shape[1], dim=1)

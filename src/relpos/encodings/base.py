@@ -183,9 +183,6 @@ class Encoding(nn.Module):
     #: declared constructor options of this class (merged into ``option_specs``)
     options: ClassVar[dict[str, OptionSpec]] = {}
     option_specs: ClassVar[dict[str, OptionSpec]] = {}
-    #: options the lab fills from the corpus or tokenizer: ``{option: what it needs}``
-    #: (BiPE: ``{"separators": "token ids that end a segment"}``)
-    corpus_options: ClassVar[dict[str, str]] = {}
 
     # capability flags: class defaults, set per instance where options change them
     relative: bool = True
@@ -221,6 +218,10 @@ class Encoding(nn.Module):
     #: the schedule's ``piece_index`` (-1) is its causal mask: ``causal=True`` means that mask
     #: instead of "key index <= query index" (PINE: documents see each other)
     own_causal_mask: bool = False
+    #: the bias is a ``TwoSidedTableBias`` (``two_sided_bias``; DeBERTa's c2p + p2c): outside
+    #: a band around the diagonal it is a query term plus a key term, which the ``fold``
+    #: backend folds into q/k channels
+    folds_outside_band: bool = False
     #: parameters initialise themselves: models must not re-initialise them
     keeps_own_init: bool = False
     #: submodules (by name, as in ``named_modules``) that keep their own init even when the

@@ -31,10 +31,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..registry import register
 from ..validation import check_float, check_int
 from .base import Encoding
 from .options import Float
+from .registry import register
 
 __all__ = ["EchoBandEmbedding", "band_centres"]
 

@@ -7,8 +7,8 @@ alone, ``(B, H, Lq, Lk)``; a causal mask alone leaks position. Family ``"none"``
 
 from __future__ import annotations
 
-from ..registry import register
 from .base import Encoding
+from .registry import register
 
 __all__ = ["NoPE"]
 

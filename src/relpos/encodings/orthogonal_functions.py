@@ -17,10 +17,10 @@ import math
 import torch
 from torch import Tensor
 
-from ..registry import register
 from ..validation import check_int
 from .base import Encoding
 from .options import Bool, Float, Int
+from .registry import register
 
 __all__ = [
     "OrthogonalFunctionPE",

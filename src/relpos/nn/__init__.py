@@ -5,15 +5,15 @@ from .cache import KVCache, LayerCache
 from .camera_adapter import CameraAdapter
 from .convolution import ConvolutionAttention
 from .dual_kernel import DualKernelAttention
-from .gateloop import GateLoop
-from .lightnet import MDTPE, LightNetAttention
 from .llama import LlamaConfig, LlamaLM
 from .location import DirectionMix, LocationAttention, reverse_align
 from .memory import SegmentRecurrence
+from .mixers.gateloop import GateLoop
+from .mixers.lightnet import MDTPE, LightNetAttention
+from .mixers.relflexformer import RelFlexformerAttention
+from .mixers.rola import RoLAAttention
+from .mixers.sparse_lowrank import SparseLowRankAttention
 from .qkv_convolution import CausalDepthwiseConv
-from .relflexformer import RelFlexformerAttention
-from .rola import RoLAAttention
-from .sparse_lowrank import SparseLowRankAttention
 from .syntax_embedding import SyntaxEmbedding
 from .transformer import TransformerLM
 

@@ -9,11 +9,11 @@ from torch import Tensor, nn
 
 from ..attention import attention, plan
 from ..attention.call import MaskMod
-from ..efficient.feature_maps import FeatureMap, create_feature_map
-from ..efficient.state import LinearState
+from ..attention.linear.feature_maps import FeatureMap, create_feature_map
+from ..attention.linear.state import LinearState
 from ..encodings.base import Encoding
 from ..encodings.contextual.tra import LAYER_INPUT  # filled by this layer (TRA's gate)
-from ..registry import create
+from ..encodings.registry import create
 from ..validation import check_int
 from .cache import LayerCache
 from .qkv_convolution import CausalDepthwiseConv
@@ -53,7 +53,8 @@ class MultiHeadAttention(nn.Module):
         encoding_options: keyword options for ``relpos.create`` when ``encoding`` is a name.
         backend: passed to ``relpos.attention``.
         feature_map: kernelized (linear) attention instead of softmax: ``"elu1"``,
-            ``"relu"``, ``"prf"`` or a ``relpos.efficient.FeatureMap`` for ``head_dim``
+            ``"relu"``, ``"prf"`` or a ``relpos.attention.linear.feature_maps.FeatureMap`` for
+            ``head_dim``
             (``relpos.attention(..., feature_map=...)``, backend ``linear``). A name builds
             one map owned by the layer (its random projection is in the ``state_dict``).
         feature_map_options: constructor options of a feature map given by name
@@ -72,7 +73,7 @@ class MultiHeadAttention(nn.Module):
     With a ``LayerCache`` the new tokens get positions ``cache.length ..`` (unless ``pos`` is
     given; on every axis for m-D encodings), keys/values are appended, and the queries attend
     to the whole cache. With a ``feature_map`` the cache may also be a
-    ``relpos.efficient.LinearState`` (the recurrent sums: O(m Dv) per decoded token);
+    ``relpos.attention.linear.state.LinearState`` (the recurrent sums: O(m Dv) per decoded token);
     ``new_cache()`` gives the one that applies (``LinearState`` when the call has a
     recurrent form: no bias or a geometric one, keys rotated the same in every call).
     ``inputs`` are the encoding's per-call tensors (graphs, boxes); an

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..efficient.state import LinearState
+from ..attention.linear.state import LinearState
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LayerCache:
 @dataclass
 class KVCache:
     """One cache per layer of a ``TransformerLM``: a ``LayerCache``, or for kernelized
-    attention with a recurrent form a ``relpos.efficient.LinearState``
+    attention with a recurrent form a ``relpos.attention.linear.state.LinearState``
     (``MultiHeadAttention.new_cache``).
 
     ``position_state``: what an encoding that derives positions from token ids needs to

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.base import BiasContext, Encoding
-from ..registry import create
+from ..encodings.registry import create
 from ..validation import check_float, check_int
 from .attention import MultiHeadAttention
 from .cache import LayerCache

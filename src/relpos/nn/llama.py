@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..encodings.base import Encoding
 from ..encodings.options import Refused
-from ..registry import create, encoding_class
+from ..encodings.registry import create, encoding_class
 from ..validation import check_int, check_token_ids
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache

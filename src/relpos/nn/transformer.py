@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.call import MaskMod
-from ..efficient.feature_maps import FeatureMap
-from ..efficient.state import LinearState
+from ..attention.linear.feature_maps import FeatureMap
+from ..attention.linear.state import LinearState
 from ..encodings.base import Encoding
 from ..validation import check_int, check_token_ids
 from .attention import MultiHeadAttention, build_encoding
@@ -78,7 +78,8 @@ class TransformerLM(nn.Module):
         backend: attention backend ("auto" picks per call).
         feature_map: kernelized (linear) attention in every layer instead of softmax
             (``MultiHeadAttention``: ``"elu1"``, ``"relu"``, ``"prf"`` or a
-            ``relpos.efficient.FeatureMap``, one per layer); ``feature_map_options`` for a
+            ``relpos.attention.linear.feature_maps.FeatureMap``, one per layer);
+            ``feature_map_options`` for a
             name. ``new_cache()`` then holds each layer's recurrent ``LinearState`` where the
             encoding allows (O(1) work per decoded token), a ``LayerCache`` otherwise.
         qkv_conv: causal depth-wise convolutions of q, k, v with this kernel size in every

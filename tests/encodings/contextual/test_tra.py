@@ -248,7 +248,7 @@ def test_options_are_checked_by_name():
 
 
 def test_the_task_models_run_tra_with_their_own_layer_input():
-    from relpos.lab.tasks.models import TaskEncoder, check_encoding_for_tasks
+    from relpos_lab.tasks.models import TaskEncoder, check_encoding_for_tasks
 
     check_encoding_for_tasks("tra", "random", causal=False)  # the layer input is not "per-call"
     torch.manual_seed(0)

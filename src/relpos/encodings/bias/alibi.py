@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import alibi_slopes
-from ...registry import register
 from ...validation import check_choice
 from ..options import Bool, Custom, Int
+from ..registry import register
 from .distance import DistanceBias, LinearPiece
 
 __all__ = ["ALiBi"]

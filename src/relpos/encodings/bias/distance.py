@@ -32,7 +32,7 @@ class LinearPiece:
     """One linear piece of a piecewise-linear distance bias: ``b_h(d) = slope_h * (d - gamma)``
     for distances ``low <= d <= high`` (``None``: unbounded), ``slope (H,)``.
 
-    A bias made of such pieces folds exactly into extra q/k channels (``relpos.efficient.fold``:
+    A bias made of such pieces folds exactly into extra q/k channels (``relpos.attention.fold``:
     ``slope_h * d`` is ``slope_h * q_pos`` minus ``slope_h * k_pos``, a row term the softmax
     ignores plus a rank-1 term), one fused-kernel pass per piece."""
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Bool, Choice, Int
+from ..registry import register
 from .tabulated import TabulatedDistanceBias
 
 __all__ = ["DynamicPositionBias"]

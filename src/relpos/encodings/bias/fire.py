@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Float, Int
+from ..registry import register
 from .piecewise_linear import evaluate_pieces, relu_mlp_pieces
 
 __all__ = ["FIRE"]

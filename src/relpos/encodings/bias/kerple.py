@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ...validation import check_finite_tensor, check_float, check_float_sequence
 from ..options import Custom
+from ..registry import register
 from .distance import DistanceBias
 
 __all__ = ["KerpleLog", "KerplePower"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Bool, Int
 from ..orthogonal_functions import legendre_series
+from ..registry import register
 from .distance import DistanceBias
 
 __all__ = ["LegendreBias"]

@@ -12,9 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import sinusoidal_table
-from ...registry import register
 from ..base import Encoding
 from ..options import Choice, Int
+from ..registry import register
 
 __all__ = ["PositionalAttention"]
 

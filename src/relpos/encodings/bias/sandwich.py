@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...registry import register
 from ..options import Float, Int
+from ..registry import register
 from .distance import accurate_dtype
 from .tabulated import TabulatedDistanceBias
 

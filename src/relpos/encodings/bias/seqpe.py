@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Bool, Choice, Float, Int
+from ..registry import register
 from .seqpe_encoder import SequentialPositionEncoder, check_digit_positions
 
 __all__ = ["SeqPE", "SeqPE2D", "SeqPEData", "SeqPEBlock"]

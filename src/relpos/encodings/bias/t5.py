@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import t5_bucket
-from ...registry import register
 from ..options import Bool, Int
+from ..registry import register
 from .distance import DistanceBias
 
 __all__ = ["T5Bias"]

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from ...cameras import camera_centers, invert_se3
-from ...registry import register
 from ..options import FloatSequence, Refused
+from ..registry import register
 from .frames import CameraFrames, FrameState
 
 __all__ = ["CaPE6DoF", "CaPE4DoF", "spherical_pose"]

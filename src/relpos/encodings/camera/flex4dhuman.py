@@ -38,9 +38,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ...registry import register
 from ...validation import check_int
 from ..options import Float, FloatSequence, Int, IntSequence, Refused
+from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
 from .frames import CameraFrames
 from .prope import PRoPE

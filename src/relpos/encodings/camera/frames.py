@@ -19,7 +19,7 @@ An encoding is one choice of ``M`` (``camera_blocks``) and of its RoPE sections
 Engine hooks: ``prepare_rotary(q_pos, k_pos, inputs)`` reads the per-call cameras once and
 returns a ``FrameState`` (the query blocks ``M_i`` and the key inverses ``M_j^-1``, float64);
 the engine passes it to ``rotate(x, pos, role, state)`` for q, k, v and the output. Without a
-state (``rotate`` called directly, e.g. by ``relpos.analysis``) every token has the identity
+state (``rotate`` called directly, e.g. by ``relpos_lab.analysis``) every token has the identity
 camera block: for encodings whose blocks depend on the camera only (PRoPE, GTA, CaPE,
 StereoWorld) that is the reduction for identical cameras, whose logits and outputs equal
 those of any shared camera; UCPE's per-ray frames also read the pixel, so there it is only

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Bool, Float, Int, IntSequence
+from ..registry import register
 from .frames import CameraFrames, FrameState
 from .wigner import wigner_d
 

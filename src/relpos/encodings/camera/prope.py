@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ...cameras import invert_K, invert_se3, normalize_K
-from ...registry import register
 from ..options import Choice, Float, FloatSequence, Refused
+from ..registry import register
 from .frames import CameraFrames
 
 __all__ = ["PRoPE", "StereoWorld", "lift"]

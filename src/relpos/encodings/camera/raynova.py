@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from ...cameras import camera_centers, pixel_rays
-from ...registry import register
 from ..options import Bool, Float, FloatSequence, IntSequence, Refused
+from ..registry import register
 from .frames import CameraFrames, FrameState
 
 __all__ = ["RayNova", "ray_coordinates"]

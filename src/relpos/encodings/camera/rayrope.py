@@ -54,10 +54,10 @@ import torch
 from torch import Tensor
 
 from ...cameras import camera_centers, invert_K, invert_se3, normalize_K
-from ...registry import register
 from ...validation import check_finite_tensor
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
+from ..registry import register
 from .frames import CameraFrames
 from .groups import row_camera_groups
 from .prope import lift

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from ...functional import apply_rotary
-from ...registry import register
 from ...validation import check_int
 from ..options import Float, FloatSequence, Int, Refused
+from ..registry import register
 from ..rotary.nd import split_pairs
 from .frames import FrameState, apply_proj4
 from .prope import PRoPE

@@ -41,9 +41,9 @@ import torch
 from torch import Tensor, nn
 
 from ...cameras import check_intrinsics, check_viewmats, invert_se3, patch_centers
-from ...registry import register
 from ...validation import check_float, check_float_sequence, check_int
 from ..options import Float, FloatSequence, IntSequence, Refused
+from ..registry import register
 from .prope import PRoPE
 
 __all__ = [

@@ -67,10 +67,10 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import apply_rotary
-from ...registry import register
 from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
+from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
 from .frames import CameraFrames
 from .groups import query_camera_groups

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..bias.distance import accurate_dtype
 from ..options import Bool, Float, Int
+from ..registry import register
 
 __all__ = ["Cable", "CableContext"]
 

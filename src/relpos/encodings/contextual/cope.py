@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Bool, Int
+from ..registry import register
 
 __all__ = ["CoPE", "CoPEData", "interpolate_position_logits"]
 

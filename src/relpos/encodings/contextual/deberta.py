@@ -18,10 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext
 from ..options import Bool, Custom, Float, Int
-from .table import DistanceRows, TableData, TableEncoding, TableRead, scaled_sum
+from ..registry import register
+from .table import (
+    DistanceRows,
+    TableData,
+    TableEncoding,
+    TableRead,
+    TwoSidedTableBias,
+    scaled_sum,
+)
 from .transformer_xl import DROPOUT
 
 __all__ = [
@@ -233,11 +240,12 @@ class DeBERTa(TableEncoding):
 
     Far from the diagonal the row stops changing (``saturation``: ``|d| >= 506`` for 256
     buckets over 512 positions), so the bias is a query term plus a key term there: the
-    ``fold`` backend (path ``fold-deberta``, ``relpos.attention.disentangled``) folds those
+    ``fold`` backend (path ``fold-band``, ``relpos.attention.disentangled``) folds those
     regions into two extra q/k channels and gathers only the band.
     """
 
     paper = "He et al. 2021 (DeBERTa)"
+    folds_outside_band = True
     options = {
         "position_buckets": Int(minimum=-1, doc="log buckets (-1 or 0: none, plain clipping)"),
         "max_relative_positions": Int(minimum=1, doc="span without buckets; log range"),
@@ -361,6 +369,14 @@ class DeBERTa(TableEncoding):
             self.clamp_buckets,
             self._log_ratio,
         )
+
+    def two_sided_bias(self, ctx: BiasContext) -> TwoSidedTableBias | None:
+        """c2p and p2c as a ``TwoSidedTableBias`` (the p2c column at ``idx(-d)`` with
+        ``paper_p2c``), None when the call's data is not DeBERTa's."""
+        data = getattr(ctx, "data", None)
+        if not isinstance(data, DeBERTaData):
+            return None
+        return TwoSidedTableBias(data.c2p, data.p2c, data.rows, self.paper_p2c, self.saturation())
 
     def saturation(self) -> tuple[int, int]:
         """Distances ``(lo, hi)`` (``lo <= 0 <= hi``) outside which *both* position terms read

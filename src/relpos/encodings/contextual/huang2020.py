@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Int
+from ..registry import register
 from .embedding_table import RelativeEmbeddingTable
 
 __all__ = ["Huang2020Method3", "Huang2020Method4"]

@@ -48,11 +48,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
+from ...positions_nd import grid_positions
 from ...validation import check_float, check_int, check_str
 from ..base import BiasContext, Encoding
 from ..options import Bool, Choice, Custom, Float, Int
-from ..spatial.grid import grid_coordinates
+from ..registry import register
 from .table import RowIndex, TableRead, query_block_context
 from .table_ops import weighted_rows
 
@@ -172,7 +172,7 @@ def irpe_bucket_ids_2d(
     check_int(height, "height")
     check_int(width, "width")
     check_int(skip, "skip", minimum=0)
-    pos = grid_coordinates((height, width))
+    pos = grid_positions(height, width)
     ids = irpe_bucket(pos[:, None, :] - pos[None, :, :], method, ratio)
     n = irpe_num_buckets(method, ratio)
     if skip == 0:
@@ -187,7 +187,7 @@ def irpe_positions(height: int, width: int, skip: int = 0) -> Tensor:
     extra tokens (position ``(0, 0)``, ignored by iRPE) then the patches in row-major order
     (the official ``get_absolute_positions``)."""
     check_int(skip, "skip", minimum=0)
-    grid = grid_coordinates((height, width))
+    grid = grid_positions(height, width)
     return torch.cat([grid.new_zeros(skip, 2), grid])
 
 

@@ -7,8 +7,8 @@ the class itself is a ``LearnedRelativeTable`` (``embedding_table.py``).
 
 from __future__ import annotations
 
-from ...registry import register
 from ..options import Bool, Int
+from ..registry import register
 from .embedding_table import LearnedRelativeTable
 
 __all__ = ["MusicTransformerRelative"]

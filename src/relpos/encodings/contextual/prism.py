@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...functional import alibi_slopes
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Choice, Int
+from ..registry import register
 
 __all__ = [
     "PRISM",

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext
 from ..options import Int
+from ..registry import register
 from .embedding_table import EmbeddingTableData, LearnedRelativeTable
 from .table import DistanceRows, TableRead, scaled_sum
 

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from ...functional import sinusoidal_table
-from ...registry import register
 from ...validation import check_int
 from ..options import Bool, Custom, Int
+from ..registry import register
 from .embedding_table import LearnedRelativeTable, RelativeEmbeddingTable
 
 __all__ = ["ShawRelative", "NezhaRelative"]

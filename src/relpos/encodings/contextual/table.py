@@ -75,6 +75,7 @@ __all__ = [
     "TableRead",
     "TableData",
     "TableEncoding",
+    "TwoSidedTableBias",
     "query_block_context",
     "distance_range",
     "scaled_sum",
@@ -310,6 +311,26 @@ def scaled_sum(terms: list[Tensor], scale: float) -> Tensor:
     return out.mul_(scale)
 
 
+@dataclass(frozen=True)
+class TwoSidedTableBias:
+    """A bias read from a relative table once by the query and once by the key::
+
+        bias(b, h, i, j) = C[b, h, i, col(d)] + P[b, h, j, col'(d)],   d = q_pos[i] - k_pos[j]
+
+    ``query_read`` gives ``C (B, H, Lq, R)`` and ``key_read`` ``P (B, H|Hkv, Lk, R)`` (either
+    None when its term is off); ``col(d) = rows.lookup[d - rows.lo]`` and ``col'`` the same at
+    ``-d`` when ``key_reads_negated``. Outside ``saturation = (lo, hi)`` both columns stop
+    changing, so there the bias is a query term plus a key term: what the ``fold`` backend
+    folds into two extra q/k channels (``relpos.attention.disentangled``). An encoding whose
+    bias has this form sets ``folds_outside_band`` and returns it from ``two_sided_bias``."""
+
+    query_read: TableRead | None
+    key_read: TableRead | None
+    rows: DistanceRows
+    key_reads_negated: bool
+    saturation: tuple[int, int]
+
+
 class TableEncoding(Encoding):
     """Base of the contextual encodings that read relative tables at a distance-given row.
 
@@ -324,6 +345,11 @@ class TableEncoding(Encoding):
     has_bias = True
     relative = True
     both_signs: bool = False
+
+    def two_sided_bias(self, ctx: BiasContext) -> TwoSidedTableBias | None:
+        """This call's bias as a ``TwoSidedTableBias`` when it has that form (encodings with
+        ``folds_outside_band``), else None."""
+        return None
 
     def table_row(self, distance: Tensor) -> Tensor:
         """Table row (int64) selected by ``distance = q_pos - k_pos``; ``NO_ROW`` for none."""

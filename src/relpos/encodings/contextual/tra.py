@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...functional import alibi_slopes
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Bool, Choice, Float, Int
+from ..registry import register
 
 __all__ = ["TRA", "TRAData", "TRABlock", "LAYER_INPUT"]
 

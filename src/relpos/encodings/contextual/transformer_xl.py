@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...functional import sinusoidal_table
-from ...registry import register
 from ...validation import check_int
 from ..base import BiasContext
 from ..options import Custom, Float, Int
+from ..registry import register
 from .table import DistanceRows, TableData, TableEncoding, TableRead, scaled_sum
 
 __all__ = ["TransformerXL", "TransformerXLData", "DROPOUT"]

@@ -13,10 +13,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext
 from ..bias.distance import DistanceBias, distance_range
 from ..options import Float, Int
+from ..registry import register
 
 __all__ = ["URPE", "urpe_bucket"]
 

@@ -19,11 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import t5_bucket
-from ...registry import register
 from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import BiasContext
 from ..contextual.table import RowIndex, TableRead, query_block_context
 from ..options import Bool, Custom, Float, Int
+from ..registry import register
 from .boxes import BoxEncoding, box_centres, padding_boxes
 from .layoutlmv2 import T5_BUCKET_OPTIONS, check_t5_bucket_range
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ...functional import t5_bucket
-from ...registry import register
 from ..base import BiasContext
 from ..options import Bool, Int
+from ..registry import register
 from .boxes import BoxEncoding
 
 __all__ = ["T5_BUCKET_OPTIONS", "check_t5_bucket_range", "LayoutLMv2Data", "LayoutLMv2Bias"]

@@ -58,9 +58,9 @@ import torch
 from torch import Tensor, nn
 
 from ...graphs import check_adjacency
-from ...registry import register
 from ..base import Encoding
 from ..options import Bool, Choice, Float, FloatSequence, Int
+from ..registry import register
 from .base import DEFAULT_MAX_NODES
 from .walk_transport import WalkGraph, exact_transport, sparse_transport, walk_coefficients
 

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from ...graphs import check_adjacency
-from ...registry import register
 from ..base import BiasContext
 from ..options import Bool, Int
+from ..registry import register
 from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_forest
 
 __all__ = ["NO_EDGE", "ReadingOrderBias", "reading_order_codes"]

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from ...graphs import random_walk_probabilities
-from ...registry import register
 from ..options import Bool, Int
+from ..registry import register
 from .base import (
     DEFAULT_MAX_NODES,
     GraphEncoding,

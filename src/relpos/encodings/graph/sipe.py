@@ -49,19 +49,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ... import registry
 from ...graphs import tree_relations
-from ...registry import register
 from ...validation import check_int
+from .. import registry
 from ..base import BiasContext
 from ..options import Bool, Custom, Int, Str
-from .base import (
-    DEFAULT_MAX_NODES,
-    GraphEncoding,
-    GraphStructure,
-    check_structure,
-    example_forest,
-)
+from ..registry import register
+from .base import DEFAULT_MAX_NODES, GraphEncoding, GraphStructure, check_structure, example_forest
 
 __all__ = ["SyntaxPriorBias", "check_parse", "syntax_relations", "syntax_features"]
 

@@ -14,9 +14,9 @@ from torch import Tensor
 
 from ...functional import alibi_slopes
 from ...graphs import shortest_path_distances
-from ...registry import register
 from ...validation import check_float
 from ..options import Custom, Int
+from ..registry import register
 from .base import (
     DEFAULT_MAX_NODES,
     GraphEncoding,

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from ...graphs import tree_relations
-from ...registry import register
 from ..options import Int
+from ..registry import register
 from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_relations
 
 __all__ = ["TreeRelationBias"]

@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ...registry import register
 from ...schedules.bilevel import bilevel_positions
 from ..absolute import LearnedAbsolute
 from ..options import Custom, Int
+from ..registry import register
 from .rope import RoPE
 
 
@@ -89,8 +89,6 @@ class BiPERoPE(RoPE):
             ``max_position_embeddings`` of ``rope`` (declared there; every scaling composes:
             it rescales the RoPE on segment indices).
 
-    ``corpus_options``: the lab fills ``separators`` from its tokenizer.
-
     Shapes: ``rotate(x (B, H, L, D), pos (B|1, L))`` with segment indices;
     ``embed(pos (B|1, L) intra offsets, dim) -> (B|1, L, dim)``;
     ``positions_from_tokens(tokens (B, L), state (B|1, 2) | None) -> TokenPositions``.
@@ -121,7 +119,6 @@ class BiPERoPE(RoPE):
         "max_intra": Int(minimum=1, doc="rows of the intra-segment table"),
         "dim": Int(minimum=1, optional=True, doc="width of the intra-segment table"),
     }
-    corpus_options = {"separators": "token ids that end a segment (sentence ends, newline)"}
 
     def __init__(
         self,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Float, Refused
+from ..registry import register
 from .headwise import group_mean, repeat_heads
 from .rope import RoPE, rotate_pairs
 

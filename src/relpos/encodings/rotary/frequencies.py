@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import rope_frequencies
-from ...registry import register
 from ..options import Float, Int, Refused
+from ..registry import register
 from .rope import RoPE
 
 __all__ = ["LeRoPE", "FrequencyMaskRoPE", "HoPE", "PRoPE", "high_frequency_pairs"]

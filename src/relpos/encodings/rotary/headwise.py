@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Refused
+from ..registry import register
 from .lie import skew_part
 from .rope import RoPE
 

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import apply_rotary, rope_angles
-from ...registry import register
 from ..base import Encoding
 from ..options import Float, Int, OptionSpec, Refused
+from ..registry import register
 
 # --------------------------------------------------------------------------- shared helpers
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...registry import register
 from ..base import BiasContext
 from ..options import Bool, Int
+from ..registry import register
 from .schedules import Piece, PiecewiseRoPE, _floor_div
 
 __all__ = ["LongHeads", "LongHeadsSelection"]

@@ -46,11 +46,11 @@ import torch
 from torch import Tensor, nn
 
 from ...functional import EXACT_ANGLE_LIMIT, rope_frequencies
-from ...registry import register
 from ...rope_scaling import is_length_dependent
 from ...validation import check_float, check_float_sequence
 from ..base import Encoding
 from ..options import Bool, Choice, Custom, Float, Int, IntSequence, Refused
+from ..registry import register
 from .rope import ROPE_OPTIONS, RoPE, rotate_pairs
 
 

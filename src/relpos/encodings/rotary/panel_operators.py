@@ -61,8 +61,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Bool, Int
+from ..registry import register
 from .headwise import group_mean
 from .nd import RoPEAxial
 from .rope import RoPE, refuse_length_dependent, rotate_pairs, scaling_option

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...registry import register
 from ..base import BiasContext
+from ..registry import register
 from .rope import rotate_pairs
 from .schedules import PiecewiseRoPE
 

@@ -38,10 +38,10 @@ from ...functional import (
     rope_angles,
     rope_frequencies,
 )
-from ...registry import register
 from ...rope_scaling import is_length_dependent, validate_scaling
 from ..base import Encoding
 from ..options import Choice, Custom, Float, Int
+from ..registry import register
 
 
 def check_scaling_dict(value: object, name: str) -> dict:

@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ...registry import register
 from ..base import KeySegment
 from ..options import Bool, Float, Int
+from ..registry import register
 from .rope import RoPE
 
 Piece = tuple[Tensor, Tensor]  # rotary positions (query, key) of one piece

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ...registry import register
+from ..registry import register
 from .rope import ROPE_OPTIONS, RoPE, refuse_length_dependent, scaling_option
 
 __all__ = ["RoVE"]

@@ -40,8 +40,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..options import Float
+from ..registry import register
 from .rope import RoPE, rotate_pairs
 
 __all__ = ["XPos", "HyperbolicRoPE", "envelope_budget"]

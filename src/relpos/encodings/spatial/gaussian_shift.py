@@ -26,9 +26,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext, Encoding
 from ..options import Bool, Float, Int
+from ..registry import register
 
 __all__ = ["GaussianShiftBias", "convolution_shifts"]
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from ...positions_nd import grid_positions
 from ...validation import check_int, check_int_sequence
 from ..base import BiasContext, Encoding
 from ..options import OptionSpec
@@ -41,10 +41,9 @@ def grid_size(value: object, dims: int, name: str, minimum: int = 1) -> tuple[in
 
 def grid_coordinates(size: Sequence[int]) -> Tensor:
     """Coordinates of the cells of a grid of ``size`` in row-major order (the last axis
-    fastest; Swin's token order inside a window): ``(N, m)`` int64, ``N = prod(size)``."""
-    sides = grid_size(tuple(size), len(size), "size")
-    axes = torch.meshgrid(*(torch.arange(w) for w in sides), indexing="ij")
-    return torch.stack([a.reshape(-1) for a in axes], dim=-1)
+    fastest; Swin's token order inside a window): ``(N, m)`` int64, ``N = prod(size)``
+    (``relpos.positions_nd.grid_positions`` of the checked sides)."""
+    return grid_positions(*grid_size(tuple(size), len(size), "size"))
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ...registry import register
 from ...validation import check_int
 from ..base import BiasContext
 from ..contextual.table import RowIndex, TableRead, query_block_context
 from ..options import Bool
+from ..registry import register
 from .grid import GridEncoding, GridSize
 
 __all__ = [

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...registry import register
 from ..base import BiasContext
 from ..options import Int
+from ..registry import register
 from .grid import GridEncoding, GridSize, grid_coordinates, grid_size
 
 __all__ = [

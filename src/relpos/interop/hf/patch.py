@@ -68,8 +68,8 @@ from torch import Tensor, nn
 
 from ...encodings.base import Encoding
 from ...encodings.options import Refused
+from ...encodings.registry import available, create, encoding_class
 from ...optional import require
-from ...registry import available, create, encoding_class
 from .model import ModelFacts, inspect_model
 
 __all__ = ["patch", "PatchHandle", "BASELINE", "BACKENDS", "call_positions"]
