@@ -17,6 +17,7 @@ dict must and may carry, whether it depends on the call's length, whether it rea
 ``relpos.functional.rope_frequencies`` is the entry point the encodings use.
 """
 
+from .frequency_factors import FREQUENCY_FACTORS, freq_factors
 from .methods import (
     ROPE_SCALING,
     default,
@@ -29,7 +30,6 @@ from .methods import (
     proportional,
     yarn,
 )
-from .frequency_factors import FREQUENCY_FACTORS, freq_factors
 from .ntk_variants import NTK_VARIANTS, ntk_alpha, ntk_mixed
 from .scaling_type import COMMON_KEYS, RopeScalingFn, ScalingType
 from .yarn_variants import YARN_VARIANTS, deepseek_yarn
@@ -38,7 +38,12 @@ from .yarn_variants import YARN_VARIANTS, deepseek_yarn
 for _records in (NTK_VARIANTS, YARN_VARIANTS, FREQUENCY_FACTORS):
     ROPE_SCALING.update(_records)
 
-from .validation import LENGTH_DEPENDENT, is_length_dependent, resolve_type, validate_scaling
+from .validation import (  # noqa: E402 - after the table is complete
+    LENGTH_DEPENDENT,
+    is_length_dependent,
+    resolve_type,
+    validate_scaling,
+)
 
 __all__ = [
     "COMMON_KEYS",

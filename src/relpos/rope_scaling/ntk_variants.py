@@ -9,7 +9,10 @@ Both are static (no ``seq_len``); the signature is the one of every type
   (``models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py``,
   ``compute_ntk_alpha_rope_parameters``) and vLLM
   (``vllm/model_executor/layers/rotary_embedding/dynamic_ntk_alpha_rope.py``) both read it as
-  this static base, so ``validate_scaling`` resolves such a dict to ``ntk_alpha``.
+  this static base, so ``validate_scaling`` resolves such a dict to ``ntk_alpha``. Hunyuan's
+  configs also carry ``factor``, ``beta_fast``, ``beta_slow``, ``mscale`` and
+  ``mscale_all_dim``, which neither stack reads: they are accepted and ignored
+  (``HUNYUAN_IGNORED``).
 * ``xdrope``: vLLM's XD-RoPE dict (``xdrope.py``: ``{"rope_type": "xdrope", "alpha": a,
   "xdrope_section": [...]}``): the ``ntk_alpha`` frequencies; the sections say which position
   axis drives each pair (``relpos.encodings.rotary.nd.XDRoPE``). With one position per token
@@ -95,11 +98,19 @@ def _check_mixed(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
     check_number(params, "mixed_b", rope_type, minimum=0.0, strict=True)
 
 
+#: keys Hunyuan's ``dynamic`` + ``alpha`` configs carry and no stack reads
+HUNYUAN_IGNORED = frozenset({"factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"})
+
 #: the records this module adds to ``ROPE_SCALING``
 NTK_VARIANTS: dict[str, ScalingType] = {
-    "ntk_alpha": ScalingType(ntk_alpha, required=frozenset({"alpha"}), check=_check_alpha),
+    "ntk_alpha": ScalingType(
+        ntk_alpha, required=frozenset({"alpha"}), optional=HUNYUAN_IGNORED, check=_check_alpha
+    ),
     "xdrope": ScalingType(
-        ntk_alpha, required=frozenset({"alpha", "xdrope_section"}), check=_check_xdrope
+        ntk_alpha,
+        required=frozenset({"alpha", "xdrope_section"}),
+        optional=HUNYUAN_IGNORED,
+        check=_check_xdrope,
     ),
     "ntk_mixed": ScalingType(
         ntk_mixed,
