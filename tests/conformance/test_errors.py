@@ -3,6 +3,8 @@ never a silent broadcast or an ``IndexError`` from deep inside."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -127,6 +129,19 @@ def test_positions_of_wrong_dtype(enc, which, arg):
             _call(which, enc, q, k, v, **{arg: torch.arange(L, dtype=torch.float32)})
 
 
+@pytest.mark.parametrize("which", CALLS)
+@pytest.mark.parametrize("arg", ["q_pos", "k_pos"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_infinite_positions_are_refused_by_name(enc, which, arg, bad):
+    if not enc.continuous:
+        pytest.skip("integer positions only: a float tensor is refused by dtype")
+    q, k, v = _qkv()
+    pos = torch.arange(L, dtype=torch.float32)
+    pos[L // 2] = bad
+    with pytest.raises(ValueError, match=rf"{arg} must hold finite positions"):
+        _call(which, enc, q, k, v, **{arg: lift_positions(enc, pos)})
+
+
 def test_mask_of_wrong_shape(enc):
     q, k, v = _qkv()
     for mask in (
@@ -166,11 +181,22 @@ def test_encoding_of_wrong_type():
         attention(q, k, v, "rope", causal=True)
 
 
-def test_unknown_encoding_name_lists_known_names():
-    with pytest.raises(ValueError, match="no-such-encoding") as err:
+def test_unknown_encoding_name_says_what_was_meant():
+    with pytest.raises(ValueError, match="no-such-encoding.*relpos.available") as err:
         relpos.create("no-such-encoding", num_heads=H, head_dim=D)
-    for known in ENCODINGS:
-        assert known in str(err.value)
+    assert "did you mean" not in str(err.value)  # nothing is close: no guess
+    assert ENCODINGS[0] not in str(err.value).split(";", 1)[1]  # no list of all names
+    for wrong, meant in [
+        ("RoPE", "'rope'"),
+        ("ALiBi", "'alibi'"),
+        ("kerple_log", "'kerple-log'"),
+        ("MViT2", "'mvitv2'"),  # an alias of a renamed encoding, in another case
+        ("alibbi", "'alibi'"),
+        ("yarn", 'create("rope", ..., scaling={"rope_type": "yarn"'),
+        ("Llama3", '"rope_type": "llama3", "factor": ...'),
+    ]:
+        with pytest.raises(ValueError, match=f"did you mean .*{re.escape(meant)}"):
+            relpos.create(wrong, num_heads=H, head_dim=D)
     with pytest.raises(TypeError):
         relpos.create(None, num_heads=H, head_dim=D)
 
@@ -239,3 +265,9 @@ def test_model_past_learned_table(name):
     with pytest.raises(ValueError, match="max_positions"):
         pos = torch.arange(enc.max_positions - 2, enc.max_positions + 2)[None]
         model(toks, pos=lift_positions(enc, pos))
+
+
+def test_nan_positions_in_a_layer_are_refused_by_name():
+    attn = relpos.nn.MultiHeadAttention(16, 2, encoding="rope")
+    with pytest.raises(ValueError, match="must hold finite positions, got nan"):
+        attn(torch.randn(1, 3, 16), pos=torch.tensor([0.0, float("nan"), 2.0]))

@@ -29,8 +29,13 @@ def test_list_without_rich_prints_plain_text(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "rich.table", None)
     code, out, _ = run(capsys, "list")
     assert code == 0
-    lines = out.splitlines()
+    title, header, rule, *lines = out.splitlines()
+    assert title == f"relpos encodings ({len(relpos.available())})"
+    assert header.split() == ["name", "family", "relative", "hooks", "paper"]
+    assert set(rule) == {"-", " "}
     assert [line.split()[0] for line in lines] == relpos.available()
+    starts = {line.index(line.split()[1], len(line.split()[0])) for line in lines}
+    assert len(starts) == 1  # the family column starts at one place: aligned
 
 
 def test_list_markdown(capsys):
@@ -98,3 +103,16 @@ def test_demo_runs_attention(capsys):
     assert [r[-2] for r in rows] == ["sdpa", "sdpa", "chunked", "chunked"]
     for r in rows:  # last column: max |auto - eager|
         assert float(r[-1]) < 1e-4
+
+
+def test_list_name_prints_the_encodings_card(capsys):
+    import relpos
+
+    code, out, _ = run(capsys, "list", "kerple-log")
+    assert code == 0 and out.strip() == relpos.describe("kerple-log")
+
+
+def test_list_of_an_unknown_name_suggests_one_line(capsys):
+    code, out, err = run(capsys, "list", "Alibi")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "did you mean 'alibi'" in err

@@ -380,7 +380,7 @@ def test_a_gguf_model_without_gguf_is_one_line_before_any_work(tmp_path, capsys,
     out = tmp_path / "run"
     code, stdout, err = run(capsys, "longctx", "--model", "smollm2", "--out", str(out))
     assert code == 2 and err.count("\n") == 1 and not out.exists() and stdout == ""
-    assert "needs gguf" in err and "pip install gguf" in err
+    assert "needs gguf" in err and "pip install 'relpos[gguf]'" in err
 
 
 def test_without_matplotlib_longctx_writes_all_but_the_png(

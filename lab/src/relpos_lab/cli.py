@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
+
+from relpos.optional import OptionalDependencyError
 
 from .listing import LIST_HEAD_DIM, LIST_HEADS, encoding_rows, markdown_table
 
@@ -96,11 +99,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        return COMMANDS[args.command].run(args)
-    except (ValueError, TypeError) as err:
+        code = COMMANDS[args.command].run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except (ValueError, TypeError, OptionalDependencyError) as err:
         message = " ".join(str(err).split())
         print(f"relpos: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader stopped (`relpos list | head -1`): what it read is the answer, not an
+        # error; stdout goes to devnull so the interpreter's final flush cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only the quick forward pass of relpos.attention (seconds), no training",
     )
     parser.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted demo in --out (by default the demo starts afresh)",
+    )
 
 
 def attention_demo() -> int:
@@ -47,13 +52,16 @@ def attention_demo() -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``relpos demo``: ``--attention-only``, or ``relpos extrapolate --out OUT --force``."""
+    """``relpos demo``: ``--attention-only``, or ``relpos extrapolate --out OUT --force``
+    (``--resume``: ``relpos extrapolate --out OUT --resume``, what the interrupt hint says)."""
     if args.attention_only:
+        if args.resume:
+            raise ValueError("--resume continues the training demo; --attention-only has none")
         return attention_demo()
     from .extrapolate import command
 
     parser = argparse.ArgumentParser(prog="relpos extrapolate")
     command.add_arguments(parser)
-    ns = parser.parse_args(["--out", args.out, "--force"])
+    ns = parser.parse_args(["--out", args.out, "--resume" if args.resume else "--force"])
     ns.argv = getattr(args, "argv", ["demo"])
     return command.run_command(ns)

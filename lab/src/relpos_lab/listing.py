@@ -1,4 +1,5 @@
-"""``relpos list``: the registered encodings with their family, flags and paper.
+"""``relpos list``: the registered encodings with their family, flags and paper;
+``relpos list NAME`` one encoding's card (``relpos.describe``: paper and options).
 
 ``encoding_rows`` reads each encoding's flags from an instance with default options (the
 instance is the truth); ``markdown_table`` is the README's encoding table (``make docs``).
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 
 from relpos import registry
+
+from .terminal import Table, print_table
 
 __all__ = ["LIST_HEADS", "LIST_HEAD_DIM", "encoding_rows", "markdown_table"]
 
@@ -72,28 +75,28 @@ def markdown_table(family: str | None = None) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``relpos list``."""
+    parser.add_argument(
+        "name", nargs="?", help="one encoding: its paper and options (relpos.describe)"
+    )
     parser.add_argument("--markdown", action="store_true", help="print the README's table")
     parser.add_argument("--family", help="only encodings of this family (e.g. rotary, bias)")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``relpos list``: a rich table (plain text without rich) or the README's markdown."""
+    """``relpos list [NAME]``: one encoding's card, the table (rich on a terminal it fits,
+    aligned text otherwise) or the README's markdown."""
+    if args.name is not None:
+        if args.markdown or args.family:
+            raise ValueError("relpos list NAME takes neither --markdown nor --family")
+        print(registry.describe(args.name))
+        return 0
     if args.markdown:
         print(markdown_table(args.family))
         return 0
     rows = encoding_rows(args.family)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        width = max(len(r["name"]) for r in rows) if rows else 4
-        for r in rows:
-            print(f"{r['name']:<{width}}  {r['family']:<8}  {r['relative']:<3}  {r['paper']}")
-        return 0
-    table = Table(title=f"relpos encodings ({len(rows)})")
-    for column in ("name", "family", "relative", "hooks", "paper"):
-        table.add_column(column, no_wrap=column != "paper")
-    for r in rows:
-        table.add_row(r["name"], r["family"], r["relative"], r["hooks"], r["paper"])
-    Console().print(table)
+    columns = ("name", "family", "relative", "hooks", "paper")
+    table = Table(
+        f"relpos encodings ({len(rows)})", columns, [[r[c] for c in columns] for r in rows]
+    )
+    print_table(table)
     return 0

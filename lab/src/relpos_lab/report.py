@@ -19,7 +19,6 @@ import io
 import json
 import os
 import platform
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ from .io import (
     check_output_dir,
     save_figure,  # PNG via atomic_write, then closed
 )
+from .terminal import Table
+from .terminal import print_table as print_table_text
 
 MODE_TITLES = {
     "nonoverlapping": "non-overlapping windows (every token scored)",
@@ -260,42 +261,32 @@ def markdown_tables(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], file: Any = None) -> None:
-    """The perplexity tables in the terminal (rich when installed)."""
+    """The perplexity tables in the terminal (``relpos_lab.terminal``: rich on a terminal
+    wide enough, aligned text otherwise), one per evaluation mode."""
     if not rows:
         return
     train_len = int(rows[0]["train_len"])
     lengths = _lengths(rows)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        out = file or sys.stdout
-        for mode in _modes(rows):
-            print(f"perplexity, {MODE_TITLES.get(mode, mode)}", file=out)
-            print("  " + f"{'encoding':<14}" + "".join(f"{n:>9}" for n in lengths), file=out)
-            for name, values in ppl_grid(rows, mode).items():
-                cells = "".join(
-                    f"{values[n]:>9.2f}" if n in values else f"{'-':>9}" for n in lengths
-                )
-                print(f"  {name:<14}{cells}", file=out)
-        return
-    console = Console(file=file) if file is not None else Console()
     for mode in _modes(rows):
         title = "non-overlapping" if mode == "nonoverlapping" else mode
         seeds = _n_seeds(rows)
         over = f", mean ± 95% CI over {seeds} seeds" if seeds > 1 else ""
-        table = Table(title=f"perplexity, {title} windows (trained at L={train_len}){over}")
-        table.add_column("encoding", no_wrap=True)
-        for n in lengths:
-            table.add_column(f"{n}\n{n / train_len:g}L", justify="right")
-        table.add_column(f"{max(lengths)} / {train_len}", justify="right")
-        ci, seeds = ppl_ci(rows, mode), _n_seeds(rows)
+        columns = ["encoding", *(f"{n} ({n / train_len:g}L)" for n in lengths)]
+        columns.append(f"{max(lengths)} / {train_len}")
+        ci = ppl_ci(rows, mode)
+        body = []
         for name, values in ppl_grid(rows, mode).items():
             ratio = _ratio(values, train_len)
             cells = [_cell(values[n], ci[name][n], seeds) if n in values else "-" for n in lengths]
             style = "green" if ratio is not None and ratio <= 1.15 else "red"
-            table.add_row(name, *cells, f"[{style}]{ratio:.2f}x[/]" if ratio else "-")
-        console.print(table)
+            body.append([name, *cells, f"[{style}]{ratio:.2f}x[/]" if ratio else "-"])
+        table = Table(
+            f"perplexity, {title} windows (trained at L={train_len}){over}",
+            columns,
+            body,
+            right=frozenset(range(1, len(columns))),
+        )
+        print_table_text(table, file)
 
 
 # ------------------------------------------------------------------------------ files

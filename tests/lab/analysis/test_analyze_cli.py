@@ -158,4 +158,5 @@ def test_table_without_rich_is_plain_text(capsys, tmp_path, monkeypatch):
     lines = stdout.splitlines()
     assert lines[1].startswith("RoPE base lower bound")
     assert lines[2].split()[:2] == ["context", "lower"]
-    assert lines[3].split()[:2] == ["1,024", "4,299.0"]
+    assert set(lines[3]) == {"-", " "}  # the rule under the header
+    assert lines[4].split()[:2] == ["1,024", "4,299.0"]

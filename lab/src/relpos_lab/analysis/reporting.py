@@ -14,6 +14,8 @@ from relpos.optional import missing_plot_note
 
 from ..arguments import parse_names
 from ..io import check_output_dir
+from ..terminal import Table
+from ..terminal import print_table as print_table_text
 
 __all__ = ["output_dir", "parse_encodings", "print_table", "write_outputs"]
 
@@ -42,24 +44,9 @@ def output_dir(value: str) -> Path:
 def print_table(
     title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str = ""
 ) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-        for r in rows:
-            print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-        if caption:
-            print(caption)
-        return
-    table = Table(title=title, caption=caption or None)
-    for n, c in enumerate(columns):
-        table.add_column(c, justify="left" if n == 0 else "right", no_wrap=True)
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    """A mode's table in the terminal (``relpos_lab.terminal``); numbers right-aligned."""
+    table = Table(title, columns, rows, caption, right=frozenset(range(1, len(columns))))
+    print_table_text(table)
 
 
 def write_outputs(

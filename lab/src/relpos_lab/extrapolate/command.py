@@ -19,7 +19,7 @@ from .. import report
 from ..arguments import optional_int, parse_int
 from ..io import check_output_dir
 from ..training.profiles import add_training_arguments, get_profile, seeds_flag, training_overrides
-from ..training.runtime import exit_code
+from ..training.runtime import exit_code, resume_command
 from .plan import EvalPlan, check_out_dir
 from .run import run_extrapolation
 
@@ -176,7 +176,8 @@ def run_command(args: argparse.Namespace) -> int:
                 on_plan=on_plan if k == 0 else None,
             )
     except KeyboardInterrupt as stop:
-        print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
+        hint = resume_command(getattr(args, "argv", None), "extrapolate")
+        print(f"relpos: interrupted; continue with: {hint}", file=sys.stderr)
         return exit_code(getattr(stop, "signum", None))
     meta["wall_seconds"] = time.perf_counter() - t0
     meta["seeds"] = [first_seed + k for k in range(seeds)]

@@ -13,7 +13,7 @@ from relpos.optional import missing_plot_note
 
 from ..arguments import optional_int
 from ..report import run_metadata
-from ..training.runtime import RaiseOnSignal, exit_code
+from ..training.runtime import RaiseOnSignal, exit_code, resume_command
 from .methods import METHODS, ROPE_SCALINGS
 from .models import load_model
 from .plan import plan_longctx
@@ -151,7 +151,8 @@ def run_command(args: Any) -> int:
             )
     except KeyboardInterrupt as stop:
         save(state, final=True)
-        print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
+        hint = resume_command(getattr(args, "argv", None), "longctx")
+        print(f"relpos: interrupted; continue with: {hint}", file=sys.stderr)
         return exit_code(getattr(stop, "signum", None))
     save(state, final=True)
     print_table(state.rows, config.max_position_embeddings)

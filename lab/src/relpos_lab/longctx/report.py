@@ -15,6 +15,8 @@ from typing import Any
 from relpos.optional import installed
 
 from .. import report as lab_report
+from ..terminal import Table
+from ..terminal import print_table as print_table_text
 from .methods import METHODS
 from .run import RunState
 
@@ -107,28 +109,13 @@ def _length_label(n: int, trained: int | None, sep: str = " ") -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], trained: int | None = None, file: Any = None):
-    """The passkey and perplexity tables in the terminal (rich when installed)."""
+    """The passkey and perplexity tables in the terminal (``relpos_lab.terminal``)."""
     if not rows:
         return
     lengths = _lengths(rows)
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(markdown_tables(rows, trained), file=file)
-        return
-    console = Console(file=file) if file is not None else Console()
     passkey, ppl = _grid(rows, "passkey_trials"), _grid(rows, "ppl")
     parts = [p for p, grid in (("passkey", passkey), ("ppl", ppl)) if grid]
-    table = Table(
-        title=" and ".join(
-            {"passkey": "passkey (correct/trials)", "ppl": "perplexity"}[p] for p in parts
-        ),
-        caption=f"trained context {trained} tokens" if trained else None,
-    )
-    table.add_column("method", no_wrap=True)
-    for n in lengths:
-        table.add_column(_length_label(n, trained, "\n"), justify="right")
+    body = []
     for name in dict.fromkeys(r["method"] for r in rows):
         out = []
         for n in lengths:
@@ -142,8 +129,17 @@ def print_table(rows: Sequence[dict[str, Any]], trained: int | None = None, file
             if "ppl" in parts:
                 cells.append(_cell(ppl.get(name, {}).get(n), "ppl"))
             out.append("  ".join(cells))
-        table.add_row(name, *out)
-    console.print(table)
+        body.append([name, *out])
+    table = Table(
+        " and ".join(
+            {"passkey": "passkey (correct/trials)", "ppl": "perplexity"}[p] for p in parts
+        ),
+        ["method", *(_length_label(n, trained) for n in lengths)],
+        body,
+        caption=f"trained context {trained} tokens" if trained else "",
+        right=frozenset(range(1, len(lengths) + 1)),
+    )
+    print_table_text(table, file)
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:

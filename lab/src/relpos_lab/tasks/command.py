@@ -16,7 +16,7 @@ from relpos.optional import missing_plot_note
 from .. import report as lab_report
 from ..arguments import optional_int, parse_int, parse_int_list
 from ..training.profiles import add_training_arguments, seeds_flag, training_overrides
-from ..training.runtime import exit_code
+from ..training.runtime import exit_code, resume_command
 from . import report
 from .plan import TaskPlan
 from .profiles import SUITES, get_task_profile
@@ -167,7 +167,8 @@ def run_command(args: argparse.Namespace) -> int:
             on_plan=on_plan,
         )
     except KeyboardInterrupt as stop:
-        print(f"relpos: interrupted; continue with: {command} --resume", file=sys.stderr)
+        hint = resume_command(getattr(args, "argv", None), "tasks")
+        print(f"relpos: interrupted; continue with: {hint}", file=sys.stderr)
         return exit_code(getattr(stop, "signum", None))
     meta["wall_seconds"] = time.perf_counter() - t0
     paths = report.write_report(out, rows, meta)

@@ -20,7 +20,6 @@ with rich.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from typing import Any
 from relpos.optional import installed
 
 from ..report import _write_text, save_figure, write_csv, write_json_file
+from ..terminal import Table
+from ..terminal import print_table as print_table_text
 from .chomsky import CHOMSKY_TASKS
 from .metrics import mean_ci, wilson_interval
 from .references import REFERENCE_NOTES, reference
@@ -144,25 +145,21 @@ def markdown_summary(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def print_table(summary: Sequence[dict[str, Any]], file: Any = None) -> None:
-    """The summary in the terminal (rich when installed)."""
+    """The summary in the terminal (``relpos_lab.terminal``)."""
     if not summary:
         return
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        out = file or sys.stdout
-        for s in summary:
-            print(f"{s['task']:<28}{s['model']:<22}{_cell(s):>18}{s['max']:>8.3f}", file=out)
-        return
-    table = Table(title="test-length score: mean ± 95% CI over seeds (max), published")
-    for name in ("task", "model", "mean ± CI", "max", "train", "published"):
-        table.add_column(name, justify="left" if name in ("task", "model") else "right")
+    rows = []
     for s in summary:
         ref = "-" if s["reference"] is None else f"{s['reference']:.3f}"
         train = "-" if s["train_mean"] is None else f"{s['train_mean']:.3f}"
-        table.add_row(s["task"], s["model"], _cell(s), f"{s['max']:.3f}", train, ref)
-    (Console(file=file) if file is not None else Console()).print(table)
+        rows.append([s["task"], s["model"], _cell(s), f"{s['max']:.3f}", train, ref])
+    table = Table(
+        "test-length score: mean ± 95% CI over seeds (max), published",
+        ("task", "model", "mean ± CI", "max", "train", "published"),
+        rows,
+        right=frozenset(range(2, 6)),
+    )
+    print_table_text(table, file)
 
 
 def plot_task(path: Path, rows: Sequence[dict[str, Any]], task: str) -> None:

@@ -14,11 +14,29 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
+from collections.abc import Sequence
 from typing import Any, Self
 
-__all__ = ["SignalStop", "RaiseOnSignal", "Interrupted", "Progress", "exit_code"]
+__all__ = [
+    "SignalStop",
+    "RaiseOnSignal",
+    "Interrupted",
+    "Progress",
+    "exit_code",
+    "resume_command",
+]
+
+
+def resume_command(argv: Sequence[str] | None, command: str) -> str:
+    """The command line that continues an interrupted run: ``relpos ARGV`` without
+    ``--force`` (which would start afresh) and with ``--resume`` (once)."""
+    args = [a for a in (argv or [command]) if a != "--force"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return "relpos " + shlex.join(args)
 
 
 def exit_code(signum: int | None) -> int:
