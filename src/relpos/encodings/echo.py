@@ -1,8 +1,8 @@
 """ECHO's Nyquist-normalised band embedding for machine signals (``echo``).
 
-Zhang et al. 2025, ECHO, a band-split foundation model for machine signals (seed 50;
-official code yucongzh/ECHO, ``models/ECHO/audioMAE_band_upgrade.py``, ``models/ECHO/utils.py``
-``get_sincos_encoding_1d``). Spec: ``../shared/spec/remaining.md`` section 8 (authority A).
+Zhang et al. 2025, ECHO, a band-split foundation model for machine signals (official code
+yucongzh/ECHO, ``models/ECHO/audioMAE_band_upgrade.py``, ``models/ECHO/utils.py``
+``get_sincos_encoding_1d``, read).
 Its "relative frequency positional embedding" is *relative to the sampling rate* (each band's
 centre frequency over the Nyquist frequency), not a relative attention term: an absolute
 embedding over two axes, added to the patch tokens.

@@ -21,7 +21,7 @@ once and shared by every query (``relpos.attention.linear.kernelized``):
 * ``HeadwiseLowRankFeatures`` — the same with one ``W_h (r, d)`` per head (RoPeSLR's
   head-wise low-rank branch, ``relpos.nn.mixers.ropeslr``).
 
-Stability (``docs/numerics.md`` spirit; efficient.md §1): the PRF exponent ``W x - |x|^2/2``
+Stability (``docs/numerics.md`` spirit): the PRF exponent ``W x - |x|^2/2``
 overflows for large ``|x|``. Any per-query constant cancels in the ratio of kernelized
 attention, so queries subtract their own row maximum; a per-key constant does *not* cancel,
 so keys subtract one maximum per (batch, head) and report it as ``log_offset``: the true key

@@ -1,8 +1,8 @@
 """Kernelized attention with a Toeplitz RPE, computed with an FFT (Luo et al. 2021).
 
 Paper: Luo, Li, Cai, Ke, He, Wang, Liu, "Stable, Fast and Accurate: Kernelized Attention with
-Relative Positional Encoding", NeurIPS 2021 (seed 2). No official code exists; this follows
-the paper's math (efficient.md §1, formulas-bias.md §19, authority C) and is exact for the
+Relative Positional Encoding", NeurIPS 2021, arXiv 2106.12566. No official code exists; this
+follows the paper's math (reconstructed, not checked against code) and is exact for the
 kernelized model: tested against the O(L^2) kernelized reference ``kernelized_reference``.
 
 Model. Features ``phi_q (B, H, Lq, m)``, ``phi_k (B, H, Lk, m)`` (``relpos.efficient.

@@ -1,11 +1,10 @@
 """Reading-order relative positions on a document's word graph (``reading-order``).
 
-C.-Y. Lee, Li, Dozat, Perot, Su, Hua, Ainslie, Pfister ("ROPE: Reading Order Equivariant
-Positional Encoding for Graph-based Document Information Extraction", ACL 2021, arXiv
-2106.10786, seed 62). Spec: ``../shared/spec/remaining.md`` section 9, **authority C**: no
-code; the abstract and introduction only. The claim: each neighbour of a target word gets a
-code of its reading order *relative to the target among the target's neighbours*, which
-improves GCNs on form understanding (FUNSD, payment documents) by up to 8.4 F1.
+C.-Y. Lee, Li, Dozat, Perot, Su, Hua, Ainslie, Pfister ("ROPE: Reading Order Equivariant Positional
+Encoding for Graph-based Document Information Extraction", ACL 2021, arXiv 2106.10786). No code was
+found; only the abstract and introduction were read. The claim: each neighbour of a target word gets
+a code of its reading order *relative to the target among the target's neighbours*, which improves
+GCNs on form understanding (FUNSD, payment documents) by up to 8.4 F1.
 
 Reconstruction (assumed where the text was not reachable): sort ``N(t) ∪ {t}`` by reading
 index; the code of neighbour ``u`` is ``r(t, u) = rank(u) - rank(t)`` (so ``r(t, t) = 0``). It is

@@ -23,8 +23,8 @@ def inverse_softplus(y: float) -> float:
 
 @register("carope")
 class CARoPE(RoPE):
-    """CARoPE, context-aware RoPE (Veisi et al. 2025, arXiv 2507.23083; spec §16,
-    Authority B: paper text, no code).
+    """CARoPE, context-aware RoPE (Veisi et al. 2025, arXiv 2507.23083; from
+    the paper's text, no code published).
 
     Token-dependent frequencies: ``f_t = 1 / (softplus(z_t) + 1)`` in ``(0, 1)`` per head,
     pair ``i`` turns at ``f_t^i`` (RoPE is ``f = theta_1 = base^(-2/d)``, as

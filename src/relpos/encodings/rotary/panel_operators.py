@@ -1,8 +1,7 @@
 """OPRO: orthogonal panel-relative operators composed onto a frozen RoPE (S. Lee, M. Lee, Shin,
 Kim, Choi, Choo 2026, "OPRO: Orthogonal Panel-Relative Operators for Panel-Aware In-Context
-Image Generation", arXiv 2603.27637; seed 69; spec ``../shared/spec/remaining.md`` section 10,
-**Authority C**: no code was found, and only the abstract and the introduction of the paper
-could be read, so the operator's form below is a reconstruction).
+Image Generation", arXiv 2603.27637; no code was found, and only the abstract and the
+introduction of the paper could be read, so the operator's form below is a reconstruction).
 
 What the abstract states: learnable, panel-specific orthogonal operators are composed onto
 the backbone's frozen positional encoding; they are isometric (norms and the geometry of the
@@ -214,8 +213,8 @@ class PanelOperators:
 
 @register("opro")
 class PanelOperatorRoPE(PanelOperators, RoPE):
-    """OPRO over a frozen 1-D RoPE (Lee et al. 2026, arXiv 2603.27637; Authority C, see the
-    module): pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
+    """OPRO over a frozen 1-D RoPE (Lee et al. 2026, arXiv 2603.27637; a reconstruction, see
+    the module): pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
 
     Args:
         panels: number of panels (ids ``0 .. panels - 1`` in ``inputs["panel"]``).

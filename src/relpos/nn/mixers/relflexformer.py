@@ -1,9 +1,9 @@
 """RelFlexformer: masked linear attention over tokens at arbitrary (non-uniform) m-D positions.
 
-Paper: Kim, Sehanobish, Dubey, Oh, Choromanski, "RelFlexformer" (2026, arXiv 2605.10706;
-seed 3). Authority C (efficient.md §2): only the abstract was read. It names an integrable
-modulation ``f`` of relative positions, the NU-FFT and O(L log L); the construction below is
-the spec's, with a dense reference defining correctness. Assumed (not read in the paper): the
+Paper: Kim, Sehanobish, Dubey, Oh, Choromanski, "RelFlexformer" (2026, arXiv 2605.10706).
+Only the abstract was read. It names an integrable modulation ``f`` of relative positions, the
+NU-FFT and O(L log L); the construction below is a reconstruction, with a dense reference
+defining correctness. Assumed (not read in the paper): the
 RPE multiplies the kernel of linear attention (``c_ij = f(r_i - r_j) >= 0``, as Luo et al.'s
 Toeplitz RPE does on a uniform grid), the numerator and the denominator carry the same ``f``,
 one modulation scale per head, and the quadrature grid is chosen per call from a tolerance.
@@ -48,9 +48,8 @@ Shapes: ``phi_q (B, H, Lq, m_f)``, ``phi_k (B, H, Lk, m_f)``, ``v (B, H, Lk, Dv)
 positions ``(B|1, L, m)`` float; output ``(B, H, Lq, Dv)``.
 
 The layer: ``RelFlexformerAttention``: linear attention over tokens at arbitrary m-D positions with
-a
-learnable integrable modulation of relative positions (seed 3; ``relpos.efficient.
-relflexformer`` holds the math, the NUFFT path and the build-time checks).
+a learnable integrable modulation of relative positions (the functions above hold the math, the
+NUFFT path and the build-time checks).
 """
 
 from __future__ import annotations
@@ -654,7 +653,7 @@ def relflexformer_attention(
 
 
 class RelFlexformerAttention(ProjectedHeads, nn.Module):
-    """Multi-head RelFlexformer attention (Kim et al. 2026, seed 3; authority C).
+    """Multi-head RelFlexformer attention (Kim et al. 2026, arXiv 2605.10706; a reconstruction).
 
     ``z_i = sum_j f_h(r_i - r_j) (phi(q_i) . phi(k_j)) v_j / sum_j f_h(r_i - r_j)
     (phi(q_i) . phi(k_j))`` per head, with ``q, k, v`` linear projections of ``x``, a
