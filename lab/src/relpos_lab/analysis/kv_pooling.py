@@ -1,7 +1,7 @@
 """Needle retrieval through a chunked (stride-s window pooled) KV cache: the real-model half
-of the phase-sensitivity diagnostic (seed 82; ``kv_phase.py`` holds the sanity kernel).
+of the phase-sensitivity diagnostic (``kv_phase.py`` holds the sanity kernel).
 
-Authority C (the abstract; the paper was not located, ``shared/spec/remaining.md`` D5): a
+Known from an abstract only (the paper itself was not located; a reconstruction): a
 cache compressed in windows of ``s`` tokens gives each token a *phase*
 ``φ(p) = (p - offset) mod s``; retrieval of a needle then varies with its phase.
 

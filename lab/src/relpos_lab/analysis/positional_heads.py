@@ -1,11 +1,9 @@
 """Positional heads: dimension-level analysis of rotary attention (Hong et al. 2024, "On the
-Token Distance Modeling Ability of Higher RoPE Attention Dimension", arXiv 2410.08703; seed
-113).
+Token Distance Modeling Ability of Higher RoPE Attention Dimension", arXiv 2410.08703).
 
-Authority C: no code was found; the metric is reconstructed (``shared/spec/remaining.md``
-D2). The claim: correlating each RoPE dimension's share of the score with the token distance
-identifies "positional heads", which put long-range attention on the high (low-frequency)
-dimensions.
+No code was found; the metric is reconstructed from the abstract. The claim: correlating each RoPE
+dimension's share of the score with the token distance identifies "positional heads", which put
+long-range attention on the high (low-frequency) dimensions.
 
 For rotated queries and keys ``q̃, k̃`` of one head, per rotary pair c (channels ``(2c, 2c+1)``
 interleaved, ``(c, c + d/2)`` half-split):
