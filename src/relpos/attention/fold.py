@@ -26,7 +26,7 @@ piecewise linear in the distance ``d = q_pos - k_pos`` with fixed breakpoints
 * several pieces (symmetric, asymmetric, shifted ALiBi) are several passes, each restricted to
   the band of ``j - i`` where its piece holds, merged by log-sum-exp **after restoring the
   dropped row term of each pass** (``lse_p += scale c_h (j0 + gamma - I_i)``, ``I_i`` the
-  query's position in key-index units): forgetting it gives an error of 1.33 (spec, L = 257).
+  query's position in key-index units): forgetting it gives an error of 1.33 (L = 257).
   A band is cut into query blocks of ``FOLD_BLOCK_ROWS`` rows: keys every row of a block sees
   run unmasked, the band's edges with a small ``(T, T)`` mask. On CPU the passes use the
   flash kernel's log-sum-exp (``aten._scaled_dot_product_flash_attention_for_cpu``) with its
@@ -35,7 +35,7 @@ piecewise linear in the distance ``d = q_pos - k_pos`` with fixed breakpoints
   ``dO . o_p - (dO . o) W_p``); elsewhere the same blocks run as explicit logits.
 
 *Low-precision positions.* ``w(j) = j`` is not representable in bf16 above 256 (fp16: 2048):
-a naive bf16 fold errs by 3.7 at L = 4096 (spec). For half types the key index is split into
+a naive bf16 fold errs by 3.7 at L = 4096. For half types the key index is split into
 base-64 digits ``j = sum_t 64^t a_t`` (channels ``a_t 2^(3t)``, query constants
 ``c 2^(3t)``: every product is exact in the kernel's fp32 accumulator), with ``c`` rounded to
 the dtype *first* so that the fold is exactly ``c j`` (a slope that differs from ``a_h`` by the

@@ -11,7 +11,7 @@ once and shared by every query (``relpos.attention.linear.kernelized``):
   the norms of Gaussian vectors so each row keeps its chi(d) length). Then
   ``E_W[phi(q) . phi(k)] = exp(q . k * scale)``. Seeded (``seed``) and redrawable
   (``redraw(generator)``, as Performer redraws during training). Luo et al. 2021 l2-normalise
-  q and k before the features (``normalize=True``, the default here as in the spec; the kernel
+  q and k before the features (``normalize=True``, the default here; the kernel
   is then ``exp(scale * cos(q, k))`` in expectation).
 * ``EluPlusOne`` — ``elu(x) + 1`` (Katharopoulos et al. 2020), ``m = d``, deterministic.
 * ``ReLUFeatures`` — ``relu(x)``, ``m = d``, deterministic (rows can have an all-zero

@@ -5,8 +5,8 @@
 * ``prope.py`` — ``prope`` (PRoPE) and ``stereoworld``; ``ucpe.py`` — ``ucpe`` (per-ray
   frames) and UCPE's absolute orientation map (``orientation_map``, ``OrientationEmbedding``);
   ``gta.py`` — ``gta``; ``cape.py`` — ``cape-6dof``, ``cape-4dof`` (EscherNet);
-  ``rerope.py`` — ``rerope``, ``flex4dhuman.py`` — ``flex4dhuman`` (assumed forms, Authority
-  C: existing RoPE sections + a camera section).
+  ``rerope.py`` — ``rerope``, ``flex4dhuman.py`` — ``flex4dhuman`` (assumed forms from the
+  abstracts: existing RoPE sections + a camera section).
 * ``raynova.py`` — ``raynova``: axial RoPE of fixed-frame ray coordinates (not invariant).
 * ``rayrope.py`` — ``rayrope``, ``worldrope.py`` — ``worldrope`` (abstract only): query-grouped
   (keys encoded in each query camera; ``groups.py`` finds the query cameras of a call).

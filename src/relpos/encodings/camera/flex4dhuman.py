@@ -21,11 +21,11 @@ relying on the split): a per-token frame (``frames.CameraFrames``) with channel 
 * **view** (``view_pairs`` pairs; default ``max(1, D // 32)``): the same RoPE over the view
   index, its own spectrum.
 
-With one camera and one view index for every token the camera blocks cancel (``P_i P_j^-1 =
-I``) and the view rotations are equal, so the logits are Wan's 3-D RoPE on its channels plus
-plain dot products on the others (the spec's check). Values are not re-framed by default
-(``rotate_values=False``: Wan's attention with RoPE on q and k only); ``True`` also re-frames
-values and outputs (PRoPE's ``v' = T^-1 v``, ``o' = T o``).
+With one camera and one view index for every token the camera blocks cancel (``P_i P_j^-1 = I``) and
+the view rotations are equal, so the logits are Wan's 3-D RoPE on its channels plus plain dot
+products on the others (a check of the reconstruction). Values are not re-framed by default
+(``rotate_values=False``: Wan's attention with RoPE on q and k only); ``True`` also re-frames values
+and outputs (PRoPE's ``v' = T^-1 v``, ``o' = T o``).
 
 Shapes: ``x (B, H, L, D)`` with even ``D``; ``pos (B|1, L, 4)`` = (t, h, w, view) (float
 positions are accepted); inputs ``k_viewmats (B, Lk, 4, 4)`` world-to-camera, optional

@@ -9,12 +9,12 @@ each axis its own spectrum ``theta_j = base^(-j / n_a)``, pairs split ``split_pa
 3)``) is kept, except for the lowest-frequency *temporal* pairs, which barely turn over a clip:
 the temporal pairs with ``theta_j (frames - 1) < epsilon`` (an even number of them, the last
 ones of the temporal section: whole 4-channel chunks) carry PRoPE's camera block
-``Proj4(P_i)``, ``P = lift(K~) w2c`` (``relpos.encodings.camera.prope``) instead of their
-rotation. q gets ``P^T``, k ``P^-1`` (and, with ``rotate_values=True``, v ``P^-1`` and the
-output ``P``, values also turning with the RoPE pairs); queries and keys turn by
-``+theta p`` (HF sign). With one camera for every frame the band is the identity: the base
-model with those pairs set to identity (spec's check). Invariant to a rigid change of world
-coordinates (the RoPE pairs read patch positions only).
+``Proj4(P_i)``, ``P = lift(K~) w2c`` (``relpos.encodings.camera.prope``) instead of their rotation.
+q gets ``P^T``, k ``P^-1`` (and, with ``rotate_values=True``, v ``P^-1`` and the output ``P``,
+values also turning with the RoPE pairs); queries and keys turn by ``+theta p`` (HF sign). With one
+camera for every frame the band is the identity: the base model with those pairs set to identity (a
+check of the reconstruction). Invariant to a rigid change of world coordinates (the RoPE pairs read
+patch positions only).
 
 Shapes: ``x (B, H, L, D)``, ``pos (B|1, L, 3)`` = (t, h, w); inputs as in ``frames``
 (``k_viewmats``, optional ``k_Ks`` with ``image_size``, ``q_viewmats``, ``q_Ks``).

@@ -7,8 +7,8 @@ primitives in the world (depth hypotheses, depth uncertainty, the finite extent 
 patch frustum); a key's primitives projected into the query view give a distribution over
 where the key appears in the query image, and the rotary operator is integrated over it in
 closed form: rotations at the projected centres, mixed by the weights, attenuated by the
-covariance; a point support gives deterministic RoPE. What is assumed here (the spec's
-proposal, made concrete; check against the paper before relying on the details):
+covariance; a point support gives deterministic RoPE. What is assumed here (a reconstruction,
+made concrete; check against the paper before relying on the details):
 
 * **2-D RoPE** of patch coordinates (x = column, y = row, in patch units of a ``grid=(Px,
   Py)`` grid on a ``(W, H)`` image): rotary pair ``p`` turns by ``omega_p^T x``, axial
@@ -21,7 +21,7 @@ proposal, made concrete; check against the paper before relying on the details):
   0, 1]]``: depth doubt ``sigma_m`` along the ray and, with ``patch_extent=True``, the patch
   footprint (a uniform pixel over the patch has variance ``(W/Px)^2 / 12``, so ``s_x =
   (W/Px) / (fx sqrt 12)``), moved to the world by the key's ``c2w``.
-* **Projection** into the query camera ``c`` (first order, the spec): centre ``mu_m =
+* **Projection** into the query camera ``c`` (first order): centre ``mu_m =
   pi_c(X_m)`` in patch units, covariance ``J Sigma_m J^T`` with ``J`` the Jacobian of
   ``pi_c`` at ``X_m``. A primitive with depth ``<= near`` in camera ``c`` is not seen there and
   contributes nothing (its rotation integrates to zero). Against quadrature over the true

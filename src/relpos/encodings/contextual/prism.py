@@ -162,8 +162,8 @@ class PRISM(Encoding):
     Positions are not read (shift-invariant). The learned kernel starts near counting
     (``W = 0``, ``c`` puts probability ~0.98 on shift 1).
 
-    Correction step (``correction="learned"``, off by default so the registered method is
-    the prediction-only filter above): the spec's ``pi * l(x_t)`` as the measurement update of
+    Correction step (``correction="learned"``, off by default so the registered method is the
+    prediction-only filter above): the reconstruction's ``pi * l(x_t)`` as the measurement update of
     a histogram (discrete Bayes) filter,
 
         l_t       = softmax_b(sum_r (k_t U_h)_r psi_r(b))     (bins,) token t's likelihood

@@ -100,7 +100,7 @@ class TRA(Encoding):
     the scores: that belongs to the model, not to this encoding.
 
     Options beyond the authors' code: ``forget="head"`` (one learned gate per head, ``delta_h =
-    log sigmoid(f_h)``, ``f_h`` starting at ALiBi's slopes: the reconstruction of the spec,
+    log sigmoid(f_h)``, ``f_h`` starting at ALiBi's slopes: the first reconstruction,
     kept for models without a layer input); ``keep_own`` (the query's own key, equal
     positions, is always kept: no self-attention row is empty); ``threshold``; ``gate``:
     ``"hard"`` (default; the keep decision has no gradient, the kept logits and the gate

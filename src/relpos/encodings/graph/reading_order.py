@@ -14,7 +14,7 @@ the attention from ``t`` (query) to ``u`` (key): ``b_h(t, u) = W_h[clip(r(t, u),
 adjacent pairs (and the diagonal); other pairs are masked (message passing over the word
 graph, the default) or get one learned bias per head (``mask_non_adjacent=False``). The
 paper embeds the code by a sinusoid or a table into the edge message of a GCN; the table form
-as an attention bias is the relpos mapping of the spec.
+as an attention bias is relpos's mapping.
 
 Inputs (per call): ``adjacency (B, N, N)`` and ``reading_order (B, N)`` (each node's reading
 index, distinct within a graph), or the precomputed ``reading_codes (B, N, N)``
@@ -45,7 +45,8 @@ def reading_order_codes(adjacency: Tensor, order: Tensor) -> Tensor:
     """``r (B, N, N)`` int64: ``r[b, t, u] = rank(u) - rank(t)`` in the reading order of
     ``N(t) ∪ {t}`` for adjacent ``u`` (0 for ``u = t``), ``NO_EDGE`` elsewhere.
     ``adjacency (B, N, N)`` (``check_adjacency``), ``order (B, N)`` reading indices (distinct
-    within a graph). Spec: target 3 with neighbours {1, 4, 5} gets codes {1: -1, 4: +1, 5: +2}."""
+    within a graph). Example: target 3 with neighbours {1, 4, 5} gets codes
+    {1: -1, 4: +1, 5: +2}."""
     adj = check_adjacency(adjacency, "inputs['adjacency']")
     B, N, _ = adj.shape
     if not isinstance(order, Tensor) or order.is_complex() or order.dtype == torch.bool:

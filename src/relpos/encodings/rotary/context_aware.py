@@ -35,8 +35,8 @@ class CARoPE(RoPE):
     * ``z_t = k_t . w_h + c_h``: the frequency is read from the token's *pre-rotation key*
       (the paper projects the layer input ``x_t W``, ``W (d_model, H)``, no bias);
       ``w = freq_weight (H, D)`` ~ N(0, 0.02^2) and ``c = freq_bias (H,)`` with
-      ``f = theta_1`` at ``z = c``, so the encoding starts near RoPE (the spec's "RoPE at
-      init" needs such a bias).
+      ``f = theta_1`` at ``z = c``, so the encoding starts near RoPE (starting as RoPE
+      needs such a bias).
     * Phases integrate over positions: ``phi_i(j) = sum_{t <= j} f_t^i (p_t - p_{t-1})``
       with ``p_{-1} = 0`` (0-based, including the token itself). With unit steps from 0 this
       is the paper's ``sum_{t=1}^{m} f_t^i``; with ``f = theta_1`` it is RoPE at any

@@ -38,7 +38,7 @@ class LeRoPE(RoPE):
     (RoPE at init) and ``theta0`` RoPE's frequencies after the options (``base``,
     ``partial_rotary_factor``, ``scaling``: the learned scale multiplies the scaled
     frequencies, the attention factor applies). Assumed, since the abstract states only "a
-    scalar per frequency": a multiplicative scale in log space (the spec's recommendation;
+    scalar per frequency": a multiplicative scale in log space (relpos's choice;
     it keeps gradients well-scaled and the frequencies positive), shared by all heads of a
     layer. Any ``theta`` keeps the score relative. Angles as for RoPE; the gradient of
     ``u_i`` grows with the position.

@@ -34,7 +34,7 @@ Grouped-query attention: one operator per key head exists, so with ``Hkv < H`` t
 the ``H / Hkv`` query heads of a group are averaged (``headwise.group_mean``) and used for the
 group's queries and its key alike (same-panel invariance needs the same operator on both).
 
-Reference (spec, one pair, theta = 0.7, q = (1, .5), k = (.3, -1.2), m = 5, n = 2, phases
+Reference (one pair, theta = 0.7, q = (1, .5), k = (.3, -1.2), m = 5, n = 2, phases
 {0: 0, 1: 0.4}): panels (0, 0) and (1, 1) give -1.013879 (RoPE); (0, 1) -1.300094; (1, 0)
 -0.567594.
 

@@ -91,7 +91,7 @@ def _check_segments(segments: object, length: int) -> None:
 def document_shifts(order: Tensor, lengths: Tensor) -> Tensor:
     """``shift (..., N)``: the summed lengths of the documents ranked before each document,
     for rankings ``order (..., N)`` (document ids, most important first) and ``lengths
-    (..., N)`` (broadcasting). Spec: ranking ``[2, 0, 1]`` of lengths ``[3, 2, 4]`` gives
+    (..., N)`` (broadcasting). Example: ranking ``[2, 0, 1]`` of lengths ``[3, 2, 4]`` gives
     ``[4, 7, 0]``."""
     lengths = lengths.expand(order.shape)
     ranked = lengths.gather(-1, order)

@@ -31,13 +31,13 @@ Each column ``x`` of ``phi(k) (x) v`` (``m_f Dv`` columns) and of ``phi(k)`` (``
 
 Build-time checks (``plan_grid``): the quadrature is periodic with period ``1/h`` on each
 axis (Poisson summation: it sums ``f(D + n/h)`` over all n), so ``h`` must make
-``f`` negligible at the nearest image of every pair (``aliasing``: ``sum_{n != 0}
-f(|max(|n_a|/h - span_a, 0)|)`` over the images of the positions' bounding box); ``Omega``
-must leave the spectrum's tail mass outside ``[-Omega, Omega]^m`` negligible
-(``truncation``). Both estimates are relative to ``f(0) = 1``: with them the quadrature error
-is at most ``(aliasing + truncation) sum_j |x_j|``. Given ``h`` / ``Omega`` that break the
-tolerance raise ``ValueError`` (the spec's h = 0.6 case); omitted ones are chosen as the
-largest ``h`` and smallest ``Omega`` that meet it.
+``f`` negligible at the nearest image of every pair (``aliasing``:
+``sum_{n != 0} f(|max(|n_a|/h - span_a, 0)|)`` over the images of the positions' bounding box);
+``Omega`` must leave the spectrum's tail mass outside ``[-Omega, Omega]^m`` negligible
+(``truncation``). Both estimates are relative to ``f(0) = 1``: with them the quadrature error is at
+most ``(aliasing + truncation) sum_j |x_j|``. Given ``h`` / ``Omega`` that break the tolerance raise
+``ValueError`` (e.g. h = 0.6 on the unit-cube test case); omitted ones are chosen as the largest
+``h`` and smallest ``Omega`` that meet it.
 
 Modulations (per head scale ``s``, learnable): Gaussian ``f = exp(-|D|^2 / (2 s^2))``,
 ``f_hat(w) = (2 pi s^2)^(m/2) exp(-2 pi^2 s^2 |w|^2)``; Cauchy (the m-D Cauchy density,
