@@ -33,11 +33,11 @@ change it):
   *digit accuracy* = the first digit is the argmax (margin > 0), a softer retrieval measure
   for caches that lose the exact key.
 
-``phase_gap = max_φ acc - min_φ acc`` per depth, averaged over depths (the spec's number),
+``phase_gap = max_φ acc - min_φ acc`` per depth, averaged over depths,
 for the accuracy, the digit accuracy and the margin.
 Per (layer, head), the attention mass that the query predicting the key's first digit puts
-on the cache entries overlapping the information line is kept too (the spec's "per-head
-needle attention against φ").
+on the cache entries overlapping the information line is kept too (per-head
+needle attention against φ).
 One prefill per prompt serves every pooling (the pooled caches are built from it).
 """
 

@@ -35,7 +35,7 @@ above gives 0.6 % there too); and at 45-65 deg the unit ball fills only the cent
 image and whose spheres are comparable to a patch: 64 spheres of radius 0.25, fov 30-40 deg
 (the ball's angular radius at 3 units is 19.5 deg), which gives about 25 % labelled target
 tokens (84 % see a sphere) with about 5.5 same-colour context tokens per labelled target
-(appearance alone is right about 1 time in 5). The spec's numbers are all still options.
+(appearance alone is right about 1 time in 5). The first design's numbers are all still options.
 
 ``make_scenes(S, ...) -> dict`` of tensors (float64 geometry, ``T = views * grid^2`` tokens):
 
