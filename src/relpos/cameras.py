@@ -1,14 +1,13 @@
 """Camera and ray utilities for the camera encodings (``relpos.encodings.camera``).
 
-Conventions, stated once (spec camera §1; every function here and every camera encoding
-follows them):
+Conventions, stated once (every function here and every camera encoding follows them):
 
 * ``viewmats`` are **world-to-camera** (w2c) 4x4 matrices ``[R | t; 0 0 0 1]`` with OpenCV
   axes (x right, y down, z forward): a world point ``X`` has camera coordinates
   ``R X + t``. The camera-to-world matrix is ``c2w = invert_se3(w2c) = [R^T | -R^T t]``
   and the camera centre is ``c2w[:3, 3]``. Feeding c2w where w2c is expected is the
   commonest bug: the camera encodings then lose their invariance to a rigid change of world
-  coordinates (spec R.1: 6.8 logits of damage). ``check_viewmats`` rejects non-rigid
+  coordinates (logits change by several units). ``check_viewmats`` rejects non-rigid
   matrices but cannot tell w2c from c2w (both are rigid); ``camera_centers`` and
   ``look_at`` make the direction explicit.
 * ``Ks`` are 3x3 pixel intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]`` without skew;
@@ -22,7 +21,7 @@ follows them):
 
 Inverses are closed-form (``R^T, -R^T t``; ``invert_K``), never ``torch.linalg.inv``.
 Computations run in the dtype of the inputs; pass float64 for re-anchoring far from the
-origin (``anchor``; spec P3).
+origin (``anchor``).
 
 Shapes: ``viewmats (..., 4, 4)``, ``Ks (..., 3, 3)``, points and rays ``(..., 3)``.
 """
@@ -199,9 +198,9 @@ def look_at(
 ) -> Tensor:
     """World-to-camera matrices of cameras at ``centre (..., 3)`` looking at ``target``
     (default the origin): ``z = normalize(target - centre)``, ``x = normalize(z x up)``,
-    ``y = z x x``, ``R_c2w = [x y z]``, ``w2c = [R_c2w^T | -R_c2w^T centre]`` (spec R
-    setup; with ``up = (0, 1, 0)`` the image y axis points to world -y, OpenCV style for a
-    y-up world). ``(..., 4, 4)`` in the dtype of ``centre``."""
+    ``y = z x x``, ``R_c2w = [x y z]``, ``w2c = [R_c2w^T | -R_c2w^T centre]`` (with
+    ``up = (0, 1, 0)`` the image y axis points to world -y, OpenCV style for a y-up world).
+    ``(..., 4, 4)`` in the dtype of ``centre``."""
     centre = _tensor(centre, "centre", "(..., 3)")
     if centre.shape[-1:] != (3,):
         raise ValueError(f"centre must have shape (..., 3), got {tuple(centre.shape)}")
@@ -246,8 +245,8 @@ def anchor(viewmats: Tensor, index: int = 0, dim: int = -3) -> Tensor:
     camera axis of ``(..., C, 4, 4)``): ``w2c_k <- w2c_k c2w_index``, computed in float64 and
     returned in the input dtype. An exact gauge for the SE(3)-invariant encodings (the
     common transform cancels in ``T_i T_j^-1``), and the fix for float32 far from the
-    origin (spec P3, R.3: 1.2e-3 -> 2.5e-7 at |t| = 1e4). Camera ``index`` becomes the
-    identity."""
+    origin (float32 logit errors shrink by orders of magnitude at ``|t| = 1e4``). Camera
+    ``index`` becomes the identity."""
     m = check_viewmats(viewmats, "viewmats")
     check_int(index, "index", minimum=None)
     d = m.to(torch.float64)
@@ -306,8 +305,8 @@ def plucker(
     """Plücker coordinates ``[o x d, d]`` (moment first, CameraCtrl / UCPE convention) of the
     patch-centre rays: ``(..., C * Px * Py, 6)``. ``frame="first"`` first re-expresses every
     camera relative to camera 0 (``anchor``: invariant to a global rigid transform but
-    dependent on the reference camera); ``"world"`` is not invariant (spec R.13:
-    ``d' = R d``, ``m' = R m + t x R d``). Independent of the point chosen on the ray."""
+    dependent on the reference camera); ``"world"`` is not invariant
+    (``d' = R d``, ``m' = R m + t x R d``). Independent of the point chosen on the ray."""
     if frame not in ("world", "first"):
         raise ValueError(f"frame must be 'world' or 'first', got {frame!r}")
     if frame == "first":
@@ -319,8 +318,8 @@ def plucker(
 def ray_plucker(origins: Tensor, directions: Tensor) -> Tensor:
     """Plücker coordinates ``[o x d, d]`` of rays through ``origins (..., 3)`` with unit
     ``directions (..., 3)``: ``(..., 6)``. The moment ``o x d`` is the same for every point
-    ``o + s d`` of the ray (spec R.10); under a rigid ``G = [R | t]``: ``d' = R d``,
-    ``m' = R m + t x R d`` (R.13)."""
+    ``o + s d`` of the ray; under a rigid ``G = [R | t]``: ``d' = R d``,
+    ``m' = R m + t x R d``."""
     return torch.cat((torch.linalg.cross(origins, directions), directions), -1)
 
 

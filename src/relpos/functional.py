@@ -1,7 +1,7 @@
 """Pure functions shared by every encoding: frequencies, rotations, slopes, buckets.
 
 Nothing here holds state; encodings and backends compose these. Each function states its
-paper and the exact formula it implements (see ``../shared/spec``).
+paper and the exact formula it implements.
 """
 
 from __future__ import annotations

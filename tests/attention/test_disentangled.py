@@ -4,9 +4,10 @@ log-sum-exp.
 
 Specification: the saturation distances are where ``deberta_relative_index`` stops changing
 (checked by brute force over the bucket function, and pinned for the default 256 / 512
-configuration: bucket 255 is reached at |d| = 506, spec §11's reference table has
-bucket(510) = 255); the folded regions only hold pairs whose rows are the folds' constant
-rows; forward and gradients equal the eager backend (the materialised formula) in float64 to
+configuration: bucket 255 is reached at |d| = 506, the reference buckets of
+tests/encodings/contextual/test_deberta.py have bucket(510) = 255); the folded regions only hold
+pairs whose rows are the folds' constant rows; forward and gradients equal the eager backend (the
+materialised formula) in float64 to
 rounding, for every option that changes the bias (c2p / p2c subsets, paper p2c, no buckets,
 unclamped buckets), causal and not, Lq != Lk, dead rows, grouped keys, one-row and several-row
 query blocks. transformers' ``DisentangledSelfAttention`` is the oracle in

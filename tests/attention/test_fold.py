@@ -1,4 +1,4 @@
-"""Folded biases (spec efficient.md section 3): the exact ALiBi folds against the
+"""Folded biases (FlashBias, arXiv 2505.12044): the exact ALiBi folds against the
 materialised bias, the bf16 digit split, the log-sum-exp merge with its row correction,
 gradients, auto's rounding rule, and the low-rank folds with their weight error."""
 
@@ -105,7 +105,7 @@ def test_bf16_fold_splits_positions_into_digits():
 
 @pytest.mark.slow
 def test_bf16_spec_values_at_4096():
-    """Spec check (2): L = 4096, d = 64, H = 2, m = 1/2, 1/64, seed 0, q, k, v ~ N(0, 1) in
+    """Reference check: L = 4096, d = 64, H = 2, m = 1/2, 1/64, seed 0, q, k, v ~ N(0, 1) in
     that order: split fold 0.014 / 0.008, equal to bf16 SDPA with a materialised bias."""
     L = 4096
     torch.manual_seed(0)
@@ -172,7 +172,7 @@ def test_auto_keeps_long_steep_folds_off_by_their_rounding_bound():
 
 def test_low_rank_fold_reports_the_weight_error_that_the_bias_error_hides():
     """A steep ALiBi head without a causal mask: a small bias error (relative Frobenius)
-    hides a large error in the attention weights (spec table: 0.84 at L = 1024, rank 8;
+    hides a large error in the attention weights (reference: 0.84 at L = 1024, rank 8;
     here L = 128). Smooth heads fold well; more rank helps."""
     enc = alibi([0.5, 1 / 256], form=True)
     f8 = low_rank_fold(enc, 128, rank=8)
@@ -202,7 +202,7 @@ def test_low_rank_folded_attention_errs_within_its_weight_error():
 
 
 def test_fourier_fold_of_a_causal_kerple_head():
-    """Spec: a mass-weighted Fourier fit suits causal smooth heads (KERPLE-log 1, 1 at
+    """A mass-weighted Fourier fit suits causal smooth heads (KERPLE-log 1, 1 at
     L = 1024: TV 0.26 / 0.14 / 0.04 for rank 7 / 15 / 31); more frequencies, less error."""
     enc = relpos.create("kerple-log", num_heads=1, head_dim=8)
     e = [float(low_rank_fold(enc, 256, rank=r, method="fourier", causal=True).weight_error[0])
@@ -230,8 +230,9 @@ def test_folded_attention_refuses_inexact_folds_unless_rank_is_given():
 
 @pytest.mark.slow
 def test_low_rank_svd_weight_errors_match_the_spec_table():
-    """Spec table (L = 1024, non-causal ALiBi, SVD): m = 1/2: 0.84 / 0.68 / 0.50, m = 1/16:
-    0.30 / 0.18 / 0.09, m = 1/256: 0.013 / 0.005 / 0.002 at rank 8 / 16 / 32."""
+    """Reference table (computed independently in float64; L = 1024, non-causal ALiBi, SVD):
+    m = 1/2: 0.84 / 0.68 / 0.50, m = 1/16: 0.30 / 0.18 / 0.09, m = 1/256: 0.013 / 0.005 / 0.002
+    at rank 8 / 16 / 32."""
     enc = alibi([0.5, 1 / 16, 1 / 256], form=True)
     expected = {8: [0.84, 0.30, 0.013], 16: [0.68, 0.18, 0.005], 32: [0.50, 0.09, 0.002]}
     for rank, values in expected.items():

@@ -1,12 +1,12 @@
 """Conformance: every encoding that reads cameras (``"k_viewmats"`` in ``required_inputs``).
 
-Properties (spec camera §3), from flags and the public API only:
+Properties, from flags and the public API only:
 
 * C1 gauge invariance: moving every camera by one rigid transform of the world leaves
   scores and outputs unchanged (``se3_invariant``), to 1e-10 in float64 and to 1e-4 in
   float32 after re-anchoring (``relpos.cameras.anchor``); an encoding without the flag
   changes under it (the documented failure);
-* C1/P1 regression: camera-to-world matrices fed as world-to-camera break the invariance;
+* C1 regression: camera-to-world matrices fed as world-to-camera break the invariance;
 * C2 identical cameras: the logits and outputs of any shared camera equal the
   identity-camera reduction (``rotate`` without a state);
 * C3 round trip: the output rotation undoes the key rotation of the same token;

@@ -12,7 +12,7 @@ options (``"scaling" in option_specs``), each option value below is either refus
 * ``partial_rotary_factor``: half the pairs rotate; parameter-free encodings pass the other
   channels through;
 * ``layout``: the rotation changes; for parameter-free encodings the scores equal the other
-  layout's on permuted channels (spec P1: ``half(x[perm]) == interleaved(x)[perm]``).
+  layout's on permuted channels (``half(x[perm]) == interleaved(x)[perm]``).
 
 Written from flags and ``option_specs`` only: encodings registered later are covered.
 """

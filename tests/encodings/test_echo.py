@@ -1,5 +1,5 @@
-"""ECHO's band embedding (seed 50; spec remaining.md section 8, authority A): the band centres
-at three sampling rates and the frequency code, against the spec's reference values."""
+"""ECHO's band embedding (official code yucongzh/ECHO): the band centres at three sampling rates
+and the frequency code, against reference values worked out from the official code."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Orthogonal-function PEs (Y. Li 2025, seed 73): the spec's Legendre reference values
-(remaining.md section 2), orthogonality on the grid (continuous Legendre is not, discrete and
+"""Orthogonal-function PEs (Y. Li 2025, arXiv 2506.06398): known Legendre polynomial values,
+orthogonality on the grid (continuous Legendre is not, discrete and
 Haar are), the clamp beyond the window, and use in a model."""
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def test_half_layout_with_unpermuted_rows_gives_the_same_logits(smollm2):
 
 
 def test_unpermuted_rows_with_half_rope_equal_stored_rows_with_interleaved_rope():
-    """The convention itself (spec P1), on random weights: interleaved RoPE on rows as
+    """The convention itself, on random weights: interleaved RoPE on rows as
     llama.cpp stores them == rotate-half RoPE on the un-permuted rows, up to a fixed channel
     permutation, so attention scores agree."""
     g = torch.Generator().manual_seed(0)

@@ -1,7 +1,7 @@
-"""relpos.interop.rope_layout: q/k rows between interleaved and half-split RoPE (spec P1).
+"""relpos.interop.rope_layout: q/k rows between interleaved and half-split RoPE.
 
-The reference permutations are written out from the spec (P1's ``perm`` and the GGUF
-un-permute of evaluation.md section 3), never taken from relpos.
+The reference permutations are written out here (the pair permutation ``perm`` and the
+un-permute of llama.cpp's GGUF converter, ``convert_hf_to_gguf.py``), never taken from relpos.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from relpos.interop.rope_layout import (
 
 
 def _gguf_unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """evaluation.md section 3: ``w.reshape(n_head, d_head//2, 2, d_in).swapaxes(1, 2)``."""
+    """llama.cpp's un-permute: ``w.reshape(n_head, d_head//2, 2, d_in).swapaxes(1, 2)``."""
     d_head = w.shape[0] // n_head
     tail = w.shape[1:]
     return w.reshape(n_head, d_head // 2, 2, *tail).swapaxes(1, 2).reshape(w.shape)
@@ -30,7 +30,7 @@ def test_permutation_is_the_spec_p1_perm():
 
 
 def test_spec_p1_identity_half_of_permuted_equals_permuted_interleaved():
-    # half(x[perm]) == interleaved(x)[perm] (spec P1, checked there on d = 8).
+    # half(x[perm]) == interleaved(x)[perm]
     x = torch.randn(1, 1, 5, 8)
     pos = torch.arange(3, 8)[None]
     perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])

@@ -207,7 +207,7 @@ def test_demo_attention_only_is_quick(capsys):
 
 
 # ------------------------------------------------------------------------------ run folders
-# Issue 10, "the command line and run folders": nothing lost, nothing half-written.
+# the command line and run folders: nothing lost, nothing half-written.
 
 
 def copy_run(finished_run, tmp_path) -> tuple[Path, str]:

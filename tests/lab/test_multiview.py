@@ -1,4 +1,4 @@
-"""relpos_lab.tasks.scenes: the synthetic multi-view scenes (camera spec §4) and their
+"""relpos_lab.tasks.scenes: the synthetic multi-view scenes and their
 correspondence labels (depth-consistent reprojection)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_label_rate_is_useful_at_the_defaults_and_not_at_the_spec_settings():
     rate = multiview.label_rate(multiview.make_scenes(64, seed=0))
     assert rate >= 0.20, rate  # measured 0.25 on 256 scenes
     spec = multiview.make_scenes(16, points=512, point_radius=0.07, fov_deg=(45, 65), seed=0)
-    assert multiview.label_rate(spec) < 0.02  # the §4 settings: under 1 % labelled
+    assert multiview.label_rate(spec) < 0.02  # the first design's settings: under 1 % labelled
 
 
 def test_labels_point_at_visible_context_tokens_that_see_the_same_sphere(scene):

@@ -1,6 +1,6 @@
-"""The Chomsky-suite generators (``relpos_lab.tasks.chomsky``): the spec's worked examples
-(tasks.md §2, recomputed from the official code), the output-length rule, the masks, the
-official quirks, determinism from the generator."""
+"""The Chomsky-suite generators (``relpos_lab.tasks.chomsky``): worked examples recomputed from the
+official code (google-deepmind/neural_networks_chomsky_hierarchy), the output-length rule, the
+masks, the official quirks, determinism from the generator."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from relpos_lab.tasks.chomsky import (
     termination_mask,
 )
 
-#: the spec's T_out rule of every task for an input length T
+#: the official T_out rule of every task for an input length T
 T_OUT = {
     "even_pairs": lambda t: 1,
     "modular_arithmetic": lambda t: 1,
@@ -41,7 +41,7 @@ T_OUT = {
     "compute_sqrt": lambda t: -(-t // 2),
     "bucket_sort": lambda t: t,
 }
-VOCAB = {  # (V_in, V_out) of the spec's table
+VOCAB = {  # (V_in, V_out) of every official task
     "even_pairs": (2, 2),
     "modular_arithmetic": (9, 5),
     "parity_check": (2, 2),

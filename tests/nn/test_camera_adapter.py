@@ -1,4 +1,4 @@
-"""The zero-initialised camera branch of UCPE and StereoWorld (camera spec §2.5, §2.6)."""
+"""The zero-initialised camera branch of UCPE and StereoWorld (their official code)."""
 
 from __future__ import annotations
 

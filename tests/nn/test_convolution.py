@@ -1,6 +1,6 @@
 """``relpos.nn.ConvolutionAttention``: MHSA computing a given convolution through its relative
-encoding (S. Li et al. 2021, seed 43; Cordonnier et al. 2020's construction). Reference values
-from ../shared/spec/remaining.md section 15; ``F.conv{1,2,3}d`` as the oracle."""
+encoding (S. Li et al. 2021, arXiv 2111.01353; Cordonnier et al. 2020's construction), with
+``F.conv{1,2,3}d`` as the oracle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DK-VLM's dual-kernel attention (camera spec §2.13, Authority C): a semantic kernel with
+"""DK-VLM's dual-kernel attention (a reconstruction from the abstract): a semantic kernel with
 native RoPE and a geometric kernel (3-D point distances or camera frames), gated."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Their frequencies follow the largest position of a call. relpos re-rotates the cached keys
 each step, so decoding step t equals a full forward over the first t + 1 tokens (never a mix
-of two bases, spec P3 of formulas-rotary.md).
+of two bases, which HF's cache gives).
 """
 
 import pytest

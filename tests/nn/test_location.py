@@ -1,5 +1,6 @@
-"""Location / bi-relative cross-attention (Ray Chowdhury & Caragea 2023, seed 114): the spec's
-reference values (../shared/spec/remaining.md section 5) and the mixing rules."""
+"""Location / bi-relative cross-attention (Ray Chowdhury & Caragea 2023, arXiv 2305.20019):
+reference values worked out from the official code (JRC1995/MonotonicLocationAttention) and
+the mixing rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """RCMHA's causal depth-wise q/k/v convolutions (``relpos.nn.qkv_convolution``,
-``MultiHeadAttention(qkv_conv=K)``) against the spec (../shared/spec/remaining.md section 7,
-Authority A: hermansh-id/rcmha ``SpatialDepthWiseConvolution``): the spec's taps, the padded and
+``MultiHeadAttention(qkv_conv=K)``) against the official code (hermansh-id/rcmha
+``SpatialDepthWiseConvolution``): worked taps, the padded and
 trimmed ``Conv1d`` the official layer uses, a float64 reference of the whole RCMHA layer
 written from the formula, and causal decoding through the KV cache.
 """

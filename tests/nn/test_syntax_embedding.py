@@ -1,4 +1,4 @@
-"""SiPE's encoder form (seed 72, spec remaining.md section 11, authority C): each token's depth
+"""SiPE's encoder form (a reconstruction from the abstract): each token's depth
 and head relation from a dependency parse, embedded and added to the token embeddings."""
 
 from __future__ import annotations

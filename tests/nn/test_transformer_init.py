@@ -1,4 +1,4 @@
-"""TransformerLM's weight initialisations (issue 13): "gpt2" (the default) and "fan-in"
+"""TransformerLM's weight initialisations: "gpt2" (the default) and "fan-in"
 (x-transformers' defaults), and what they leave alone."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_unknown_init_is_refused_by_name():
 def test_lab_configs_record_init_and_those_saved_before_it_rebuild_the_gpt2_model():
     saved = TrainConfig(encoding="alibi", dim=DIM, depth=2, init="fan-in").to_json()
     assert build_model(TrainConfig.from_json(saved), 256).init == "fan-in"
-    del saved["init"]  # a state.json written before issue 13
+    del saved["init"]  # a state.json written before the "init" field
     old = TrainConfig.from_json(saved)
     assert old.init == "gpt2" and build_model(old, 256).logit_scale == 1.0
 
@@ -98,7 +98,7 @@ def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
 
     config = TrainConfig(encoding="alibi", init="fan-in")
     saved = TrainConfig(encoding="alibi").to_json()
-    del saved["init"]  # written before issue 13: a gpt2 model
+    del saved["init"]  # written before the "init" field: a gpt2 model
     state = {
         "config": saved,
         "vocab_size": 256,

@@ -1,7 +1,7 @@
 """relpos ``shaw`` (keys only) against Hugging Face ``transformers``' ``relative_key`` attention.
 
 BERT's ``position_embedding_type="relative_key"`` / ``"relative_key_query"`` (Shaw keys and
-Huang et al. 2020 method 4, spec §13) are gone from ``transformers`` 5.x (5.24 here has no
+Huang et al. 2020 method 4) are gone from ``transformers`` 5.x (5.24 here has no
 ``distance_embedding`` in ``models/bert``), so method 4 has no installed oracle; its dense
 reference is in tests/encodings/contextual/test_embedding_table.py. The same Shaw key term lives on
 in Wav2Vec2-BERT's ``position_embeddings_type="relative_key"`` (``nn.Embedding(left + right

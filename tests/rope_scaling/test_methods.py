@@ -1,8 +1,9 @@
-"""RoPE frequency scaling against the spec's reference values, and its validation.
+"""RoPE frequency scaling against reference values, and its validation.
 
-Expected values are copied from ../shared/spec/formulas-rotary.md (sections 3-8, 14 and R.1-R.6,
-R.9; float32 from HF transformers 5.24.0); the NTK-aware bases of section 4 are re-derived
-here in float64 from the formula, never from relpos. Tolerance: rtol 1e-6 as the spec asks.
+Expected values are the float32 outputs of HF ``transformers`` 5.24.0's ``modeling_rope_utils``
+(``_compute_*_parameters``), computed independently of relpos; the static NTK-aware bases are
+re-derived here in float64 from the formula (jquesnelle/yarn), never from relpos. Tolerance:
+rtol 1e-6.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from relpos.rope_scaling import (
     validate_scaling,
 )
 
-# R.1: default, b = 1e4, d = 64.
+# default, b = 1e4, d = 64.
 R1 = [
     1, 0.749894202, 0.562341332, 0.421696514, 0.316227764, 0.237137362, 0.177827939, 0.133352146,
     0.100000001, 0.0749894157, 0.0562341288, 0.0421696492, 0.0316227786, 0.0237137359,
@@ -30,7 +31,7 @@ R1 = [
     0.000562341302, 0.000421696488, 0.000316227786, 0.000237137385, 0.00017782794, 0.00013335215,
 ]  # fmt: skip
 
-# R.2: linear, factor 4 (same config as R.1).
+# linear, factor 4 (same config as R1).
 R2 = [
     0.25, 0.18747355, 0.140585333, 0.105424128, 0.079056941, 0.0592843406, 0.0444569848,
     0.0333380364, 0.0250000004, 0.0187473539, 0.0140585322, 0.0105424123, 0.00790569466,
@@ -40,7 +41,7 @@ R2 = [
     5.92843462e-05, 4.44569851e-05, 3.33380376e-05,
 ]  # fmt: skip
 
-# R.3: dynamic, b = 1e4, d = 64, max_position_embeddings 2048, seq_len 8192.
+# dynamic, b = 1e4, d = 64, max_position_embeddings 2048, seq_len 8192.
 R3_FACTOR2 = [
     1, 0.70426929, 0.495995313, 0.349314272, 0.246011317, 0.173258215, 0.122020461, 0.0859352648,
     0.0605215691, 0.0426234864, 0.0300184153, 0.0211410467, 0.0148889907, 0.0104858596,
@@ -58,7 +59,7 @@ R3_FACTOR4 = [
     1.48590252e-05, 1.02578579e-05,
 ]  # fmt: skip
 
-# R.4: YaRN, factor 8, original 4096, b = 1e4 (v5: max_position_embeddings 32768).
+# YaRN, factor 8, original 4096, b = 1e4 (v5: max_position_embeddings 32768).
 R4_ATTENTION_FACTOR = 1.2079441541679836
 R4A_D64 = [
     1, 0.749894202, 0.562341332, 0.421696514, 0.316227764, 0.237137362, 0.177827939, 0.133352146,
@@ -81,7 +82,7 @@ R4B_D128 = [
     5.2712061e-05, 4.56467642e-05, 3.95284733e-05, 3.42302446e-05, 2.96421731e-05,
     2.56690619e-05, 2.22284925e-05, 1.92490807e-05, 1.66690188e-05, 1.44347741e-05,
 ]  # fmt: skip
-# R.4c: d = 128, truncate=False: differs from R.4b only at i = 21..45.
+# YaRN, d = 128, truncate=False: differs from R4B_D128 only at i = 21..45.
 R4C_BAND = [
     0.0485985205, 0.0405524112, 0.0337901302, 0.0281120818, 0.0233490914, 0.0193578731,
     0.016017111, 0.0132241333, 0.0108921174, 0.0089476686, 0.00732878828, 0.00598313287,
@@ -90,7 +91,7 @@ R4C_BAND = [
     0.00028863296, 0.000193994769,
 ]  # fmt: skip
 
-# R.5: Llama 3, factor 8, low 1, high 4, original 8192, b = 5e5, d = 128.
+# Llama 3, factor 8, low 1, high 4, original 8192, b = 5e5, d = 128.
 R5 = [
     1, 0.814617217, 0.663601279, 0.540580988, 0.440366626, 0.358730227, 0.292227834, 0.238053814,
     0.193922758, 0.157972813, 0.128687382, 0.10483095, 0.0853971019, 0.0695659518, 0.0566696189,
@@ -105,7 +106,7 @@ R5 = [
     8.55496921e-07, 6.96902532e-07, 5.6770881e-07, 4.6246538e-07, 3.7673226e-07, 3.06892588e-07,
 ]  # fmt: skip
 
-# R.6: LongRoPE (synthetic), d = 64, b = 1e4, original 4096, max 131072.
+# LongRoPE (synthetic), d = 64, b = 1e4, original 4096, max 131072.
 R6_ATTENTION_FACTOR = 1.1902380714238083
 R6_LONG = [
     1, 0.611755788, 0.387390673, 0.251396, 0.166153565, 0.111382708, 0.075515978, 0.0516739562,
@@ -116,7 +117,7 @@ R6_LONG = [
     2.28741337e-05, 1.66690188e-05,
 ]  # fmt: skip
 
-# R.9: proportional (p-RoPE as in Gemma 4), head_dim 16, p = 0.25, b = 1e6.
+# proportional (p-RoPE as in Gemma 4), head_dim 16, p = 0.25, b = 1e6.
 R9 = [1, 0.177827939, 0, 0, 0, 0, 0, 0]
 
 
@@ -243,7 +244,7 @@ def test_yarn_head_dim_64_matches_r4a() -> None:
     )
     _close(inv_freq, R4A_D64)
     assert attention_factor == pytest.approx(R4_ATTENTION_FACTOR, rel=1e-12)
-    # logits carry the square: (0.1 ln 8 + 1)^2 = 1.45913 (spec P5).
+    # logits carry the square: (0.1 ln 8 + 1)^2 = 1.45913 (HF scales cos and sin).
     assert attention_factor**2 == pytest.approx(1.45913, abs=1e-5)
 
 
@@ -361,8 +362,9 @@ def test_proportional_keeps_head_dim_frequencies_and_zeroes_the_rest_r9() -> Non
 
 
 def test_proportional_differs_from_partial_rotary() -> None:
-    # Partial rotary (P4a) spreads the whole range over the rotated channels: 2 frequencies with
-    # exponent over 4 channels; p-RoPE (P4b) keeps head_dim-based ones and spans the head.
+    # Partial rotary (GPT-NeoX's convention) spreads the whole range over the rotated channels: 2
+    # frequencies with exponent over 4 channels; p-RoPE (HF proportional) keeps head_dim-based ones
+    # and spans the head.
     partial, _ = rope_frequencies(16, 1e6, partial_rotary_factor=0.25)
     prop, _ = rope_frequencies(16, 1e6, {"rope_type": "proportional"}, partial_rotary_factor=0.25)
     assert partial.shape == (2,) and prop.shape == (8,)

@@ -1,6 +1,6 @@
-"""``relpos.schedules``: position helpers against the spec's reference values (R.14, R.16, the
-CCA ring map, the position-coupling examples) and hand-checked cases; bad input raises
-errors that name the argument."""
+"""``relpos.schedules``: position helpers against reference values (EndPrompt's positions, BiPE's
+``get_bilevel_ids``, the CCA ring map, the position-coupling examples) and hand-checked cases; bad
+input raises errors that name the argument."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def test_randomized_positions_bad_input(args, kwargs, error, match):
 
 # ----------------------------------------------------------------------------- coupling
 def test_coupled_positions_match_spec_examples():
-    # formulas-rotary.md §32: 653+049=0702, start 1
+    # HanseulJo/position-coupling's example: 653+049=0702, start 1
     assert S.coupled_positions("653+049=0702").tolist() == [4, 3, 2, 1, 4, 3, 2, 6, 5, 4, 3, 2]
-    # formulas-bias.md §23: 123+045= with the answer reversed (8610), start 1
+    # 123+045= with the answer reversed (8610), start 1
     out = S.coupled_positions("123+045=8610", reverse_answer=True).tolist()
     assert out == [4, 3, 2, 1, 4, 3, 2, 1, 2, 3, 4, 5]
 

@@ -1,5 +1,5 @@
 """Dual Chunk Attention, LM-Infinite and Self-Extend against references written from the papers
-and the official code (spec formulas-rotary.md §28-30, formulas-bias.md §21, R.11-R.13).
+and the official code (HKUNLP/ChunkLlama, Glaciohound/LM-Infinite, datamllab/LongLM).
 
 Every reference here is built in float64 from the formulas, pair by pair: the rotary
 positions (query, key) that the method assigns to each (i, j), an explicit rotation of q_i
@@ -372,7 +372,7 @@ def test_lm_infinite_equals_official_lambda_attention(limit):
     close(got[..., local | starting], logits[..., local | starting])
 
 
-# ----------------------------------------------------------------------------- pinned spec values
+# -------------------------------------------------------------------------- pinned reference values
 def effective(enc, q_pos: torch.Tensor, k_pos: torch.Tensor):
     """Per-pair (distance, piece) from the encoding's own schedule: distance = query rotary
     position - key rotary position of the chosen piece (nan where masked)."""

@@ -20,8 +20,8 @@ docs/benchmarks.md (2-core CPU, torch 2.13):
 * a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
   (fastest for small problems);
 * a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
-  distance-only biases: 1.14-1.18x the no-bias SDPA time at L=4096, docs/benchmarks.md),
-  ``flex`` on CUDA. It never builds an L x L bias above the limit.
+  distance-only biases; timings in docs/benchmarks.md, "Bias forward, L = 4096"), ``flex`` on
+  CUDA. It never builds an L x L bias above the limit.
 * a ``mask_mod`` (structured mask) follows the same size rule as a bias: evaluated densely
   for ``sdpa`` when small, per query block (``chunked``) or as a block mask (``flex``) above.
 * a bias whose parameters train (gradients on, e.g. FIRE, T5, KERPLE) and that has a

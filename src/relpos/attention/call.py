@@ -542,7 +542,7 @@ def prepare_call(
     # scales on k_pos.min(), graph encodings read the largest node index).
     if encoding is not None and not (Lq == 0 or Lk == 0):
         if encoding.piecewise:
-            # the raw q/k/v: selecting schedules (G2) choose keys or positions from them
+            # the raw q/k/v: selecting schedules (LongHeads, PINE) choose keys or positions
             pieces, selection = encoding.select_pieces(
                 q, k, v, qp.tensor, kp.tensor, inputs, past_queries=past_queries
             )
@@ -555,7 +555,7 @@ def prepare_call(
         if encoding.needs_context:
             ctx = _prepare(encoding, q, k, positions, inputs)
             ctx.scale = float(scale)
-            if selection is not None:  # a selecting schedule's per-call layout (G2)
+            if selection is not None:  # a selecting schedule's per-call layout
                 ctx.data = selection
     if encoding is not None and encoding.own_causal_mask:
         causal = False  # validated above; the schedule's piece_index is its causal mask

@@ -125,7 +125,7 @@ def _block_mask(call: AttentionCall):
 @lru_cache(maxsize=32)
 def _plain_block_mask(Lq: int, Lk: int, Pq: int, Pk: int, causal: bool, device: str):
     """Block mask over the padded ``(Pq, Pk)``: padded keys masked, and bottom-right
-    aligned causal if ``causal``; built once per shape (building costs ~1 s)."""
+    aligned causal if ``causal``; built once per shape (building one is slow)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = Lk - Lq

@@ -1,6 +1,8 @@
 """Biases folded into extra q/k channels, so a fused (flash) kernel runs them at the speed of
-attention without a bias (spec: efficient.md section 3; FlashBias, Wu et al. 2025; RIB, Lee et
-al. 2026, seed 20).
+attention without a bias (FlashBias: Wu et al. 2025, "FlashBias: Fast Computation of
+Attention with Bias", arXiv 2505.12044, official code thuml/FlashBias; RIB: Lee et al. 2026,
+"Rank-Factorized Implicit Neural Bias: Scaling Super-Resolution Transformer with
+FlashAttention", arXiv 2603.06738).
 
 If ``b(i, j) = f(i) + g(j) + sum_r u_r(i) w_r(j)``, the row term ``f(i)`` is dropped (the
 softmax ignores it) and the rest becomes channels::
@@ -24,7 +26,7 @@ piecewise linear in the distance ``d = q_pos - k_pos`` with fixed breakpoints
 * several pieces (symmetric, asymmetric, shifted ALiBi) are several passes, each restricted to
   the band of ``j - i`` where its piece holds, merged by log-sum-exp **after restoring the
   dropped row term of each pass** (``lse_p += scale c_h (j0 + gamma - I_i)``, ``I_i`` the
-  query's position in key-index units): forgetting it gives an error of 1.33 (spec, L = 257).
+  query's position in key-index units): forgetting it gives an error of 1.33 (L = 257).
   A band is cut into query blocks of ``FOLD_BLOCK_ROWS`` rows: keys every row of a block sees
   run unmasked, the band's edges with a small ``(T, T)`` mask. On CPU the passes use the
   flash kernel's log-sum-exp (``aten._scaled_dot_product_flash_attention_for_cpu``) with its
@@ -33,7 +35,7 @@ piecewise linear in the distance ``d = q_pos - k_pos`` with fixed breakpoints
   ``dO . o_p - (dO . o) W_p``); elsewhere the same blocks run as explicit logits.
 
 *Low-precision positions.* ``w(j) = j`` is not representable in bf16 above 256 (fp16: 2048):
-a naive bf16 fold errs by 3.7 at L = 4096 (spec). For half types the key index is split into
+a naive bf16 fold errs by 3.7 at L = 4096. For half types the key index is split into
 base-64 digits ``j = sum_t 64^t a_t`` (channels ``a_t 2^(3t)``, query constants
 ``c 2^(3t)``: every product is exact in the kernel's fp32 accumulator), with ``c`` rounded to
 the dtype *first* so that the fold is exactly ``c j`` (a slope that differs from ``a_h`` by the
@@ -48,17 +50,16 @@ measured max output error 1e-4 there (the Toeplitz path: 1e-6). ``fold_rounding_
 gives it; ``auto`` uses the fold only when it is exact and this bound is at most
 ``FOLD_LOGIT_TOLERANCE``.
 
-**Low-rank folds** (``low_rank_fold`` / ``LowRankFold``; RIB / FlashBias style) for biases that
-do not fold exactly (T5, KERPLE, FIRE, sharp ALiBi heads without a causal mask): truncated SVD
-of the row-centred bias matrix, or a mass-weighted Fourier fit of a distance-only bias
-(``cos``/``sin`` features of ``d``, rank 2 per frequency, weights ``exp(b(d))`` normalised). A
-fold states its ``rank`` and the error *it makes in the attention weights*: the largest
-total-variation distance, over rows and heads, between ``softmax(b)`` and ``softmax(b~)`` of
-the positional logits (``weight_error``); the relative Frobenius error of the bias
-(``bias_error``) is kept beside it because it hides the weight error (ALiBi m = 1/2, L = 1024,
-rank 8: bias error 1.4e-2, weight error 0.84; spec table). Low-rank folds are never chosen by
-``auto``: ``folded_attention`` refuses a bias that does not fold exactly unless ``rank`` is
-given.
+**Low-rank folds** (``low_rank_fold`` / ``LowRankFold``; RIB / FlashBias style) for biases that do
+not fold exactly (T5, KERPLE, FIRE, sharp ALiBi heads without a causal mask): truncated SVD of the
+row-centred bias matrix, or a mass-weighted Fourier fit of a distance-only bias (``cos``/``sin``
+features of ``d``, rank 2 per frequency, weights ``exp(b(d))`` normalised). A fold states its
+``rank`` and the error *it makes in the attention weights*: the largest total-variation distance,
+over rows and heads, between ``softmax(b)`` and ``softmax(b~)`` of the positional logits
+(``weight_error``); the relative Frobenius error of the bias (``bias_error``) is kept beside it
+because it hides the weight error (ALiBi m = 1/2, L = 1024, rank 8: bias error 1.4e-2, weight error
+0.84; pinned in tests/attention/test_fold.py). Low-rank folds are never chosen by ``auto``:
+``folded_attention`` refuses a bias that does not fold exactly unless ``rank`` is given.
 
 Shapes: q ``(B, H, Lq, D)``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``; factors
 ``u (H, Lq, r)``, ``w (H, Lk, r)``.
@@ -67,7 +68,7 @@ The backend's part, in detail:
 
 The ``fold`` backend: biases that are piecewise linear in ``q_pos - k_pos`` (every ALiBi
 form) folded *exactly* into extra q/k channels, so the fused SDPA kernels run them at the speed
-of attention without a bias (spec: efficient.md section 3). The public surface, the low-rank
+of attention without a bias. The public surface, the low-rank
 folds and the full description are in ``relpos.attention.fold``.
 
 * piece ``b = a_h (d - gamma)`` on ``low <= d <= high`` (``DistanceBias.linear_pieces``):

@@ -206,7 +206,7 @@ class Encoding(nn.Module):
     #: gates over keys (``row_gates`` / ``row_bias``): CoPE's counted positions, TRA
     row_dependent: bool = False
     #: piecewise schedules whose layout is chosen per call from the raw q·k, per head and
-    #: query (LongHeads' chunks, PINE's document order; engine gap G2): ``select_pieces``
+    #: query (LongHeads' chunks, PINE's document order, from the unrotated q·k): ``select_pieces``
     #: returns the selection with the pieces and the engine stores it as ``ctx.data``, which
     #: ``piece_index`` reads. The fused piecewise kernel's layouts assume one layout for every
     #: head, so these run on the probability path (``eager``, ``chunked``).

@@ -1,8 +1,8 @@
 """ECHO's Nyquist-normalised band embedding for machine signals (``echo``).
 
-Zhang et al. 2025, ECHO, a band-split foundation model for machine signals (seed 50;
-official code yucongzh/ECHO, ``models/ECHO/audioMAE_band_upgrade.py``, ``models/ECHO/utils.py``
-``get_sincos_encoding_1d``). Spec: ``../shared/spec/remaining.md`` section 8 (authority A).
+Zhang et al. 2025, ECHO, a band-split foundation model for machine signals (official code
+yucongzh/ECHO, ``models/ECHO/audioMAE_band_upgrade.py``, ``models/ECHO/utils.py``
+``get_sincos_encoding_1d``, read).
 Its "relative frequency positional embedding" is *relative to the sampling rate* (each band's
 centre frequency over the Nyquist frequency), not a relative attention term: an absolute
 embedding over two axes, added to the patch tokens.
@@ -41,7 +41,7 @@ __all__ = ["EchoBandEmbedding", "band_centres"]
 
 def band_centres(sample_rate: float, band_bins: int = 32) -> Tensor:
     """``f_norm (n_bands,)`` float64 of the 32-bin bands of ECHO's STFT at ``sample_rate``
-    (``n_fft = int(0.025 sr)``, ``hop = int(0.01 sr)``). Spec: 16 kHz gives 7 bands
+    (``n_fft = int(0.025 sr)``, ``hop = int(0.01 sr)``). Example: 16 kHz gives 7 bands
     ``[0.0775, 0.2375, .., 0.98]``."""
     check_float(sample_rate, "sample_rate", above=0.0)
     check_int(band_bins, "band_bins")

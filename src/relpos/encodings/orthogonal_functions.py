@@ -1,13 +1,13 @@
 """Orthogonal-function position embeddings: Legendre polynomials and Haar wavelets (Y. Li
 2025, "Positional encoding in transformers: a theory of expressiveness, generalisation and
-extrapolation", arXiv 2506.06398; seed 73).
+extrapolation", arXiv 2506.06398).
 
 Absolute embeddings added to the token embeddings, like ``sinusoidal``: channel ``k`` of
 position ``p`` is the ``k``-th function of an orthogonal basis on the training window
-``[0, max_length)``. Spec: remaining.md section 2 (authority C: only the abstract and the
-introduction were read; no code is published). The formulas below are the reconstruction
-the spec proposes; what the paper does beyond the window (clamping or normalisation) is
-unknown, so it is an option.
+``[0, max_length)``. Only the abstract and the introduction were read and no code is
+published: the formulas below are a reconstruction, checked by
+tests/encodings/test_orthogonal_functions.py; what the paper does beyond the window
+(clamping or normalisation) is unknown, so it is an option.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ class OrthogonalFunctionPE(Encoding):
 
 @register("legendre")
 class LegendrePE(OrthogonalFunctionPE):
-    """Legendre-polynomial position embedding (Y. Li 2025, arXiv 2506.06398; spec
-    remaining.md section 2, authority C: a reconstruction).
+    """Legendre-polynomial position embedding (Y. Li 2025, arXiv 2506.06398; a
+    reconstruction from the abstract).
 
         x = 2 p / (max_length - 1) - 1          (the window [0, max_length - 1] -> [-1, 1])
         PE[p, k] = scale * P_k(x),   k = 0 .. dim - 1
@@ -192,8 +192,8 @@ class LegendrePE(OrthogonalFunctionPE):
 
 @register("wavelet-haar")
 class HaarWaveletPE(OrthogonalFunctionPE):
-    """Haar-wavelet position embedding (Y. Li 2025, arXiv 2506.06398; spec remaining.md
-    section 2, authority C: the paper names wavelets, the Haar family is the spec's choice).
+    """Haar-wavelet position embedding (Y. Li 2025, arXiv 2506.06398; a reconstruction: the
+    abstract names wavelets, the Haar family is relpos's choice).
 
         t = p / max_length
         PE[p, 0] = scale * 1[0 <= t < 1]                                   (scaling function)

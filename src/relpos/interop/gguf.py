@@ -6,7 +6,7 @@ Q8_0, F16, ... -> float32), and builds a ``LlamaLM`` whose attention uses relpos
 encoding; the tokenizer is rebuilt with ``tokenizers`` from the vocabulary and merges stored in
 the file. Nothing is written to disk.
 
-The q/k row trap (../shared/spec/evaluation.md §3): llama.cpp's converter permutes the rows of
+The q/k row trap: llama.cpp's converter (``convert_hf_to_gguf.py``) permutes the rows of
 ``attn_q`` and ``attn_k`` so that RoPE rotates *adjacent* channel pairs ``(2i, 2i+1)``.
 ``layout="interleaved"`` (default) keeps the rows as stored and rotates adjacent pairs;
 ``layout="half"`` un-permutes the rows into Hugging Face's order and rotates ``(i, i + d/2)``

@@ -1,4 +1,4 @@
-"""Convert q/k projection weights between the two RoPE pair layouts (spec formulas-rotary.md P1).
+"""Convert q/k projection weights between the two RoPE pair layouts.
 
 * *interleaved* pairs channels ``(2i, 2i+1)`` (RoFormer, GPT-J, Meta Llama, GGUF files);
 * *half* pairs channels ``(i, i + r/2)`` (GPT-NeoX, Hugging Face Llama).
@@ -9,7 +9,7 @@ channels satisfies ``half(x[perm]) == interleaved(x)[perm]``: permuting the outp
 into the same model for half-split RoPE. Attention scores are unchanged, since q and k are
 permuted alike. Channels ``r..head_dim`` (partial rotary) keep their place. This is the row
 permutation of Hugging Face's Llama weight converter, and for the full head the "un-permute"
-of llama.cpp's GGUF converter (spec evaluation.md section 3):
+of llama.cpp's GGUF converter (``convert_hf_to_gguf.py``):
 ``w.reshape(H, D/2, 2, in).swapaxes(1, 2).reshape(H*D, in)``.
 
 Shapes: ``weight (num_heads * head_dim, in_features)`` (``nn.Linear`` layout) or a bias

@@ -1,7 +1,7 @@
-"""A zero-initialised camera attention branch beside a pretrained attention layer (spec
-camera §2.5 UCPE ``UcpeSelfAttention``, §2.6 StereoWorld ``PropeSelfAttention``; Authority A:
-chengzhag/UCPE src/camera_control.py, VAST-AI-Research/StereoWorld wan_transformer_3d.py,
-read, not copied).
+"""A zero-initialised camera attention branch beside a pretrained attention layer (UCPE's
+``UcpeSelfAttention``, arXiv 2512.07237; StereoWorld's ``PropeSelfAttention``, arXiv
+2603.17375; official code chengzhag/UCPE ``src/camera_control.py``, VAST-AI-Research/StereoWorld
+``wan_transformer_3d.py``, read, not copied).
 
 Both systems keep the pretrained attention (with its own RoPE) and add a parallel branch
 with its own projections and a camera encoding, whose output projection starts at zero, so

@@ -1,12 +1,11 @@
 """Multi-head self-attention that computes a given convolution through its relative encoding.
 
 S. Li, Chen, Zhang, Tan, Xu, Lin 2021 ("Can Vision Transformers Perform Convolution?",
-arXiv 2111.01353, seed 43): one multi-head self-attention layer with a relative positional
+arXiv 2111.01353): one multi-head self-attention layer with a relative positional
 encoding can express any ``K x K`` convolution, and both the heads and the relative encoding
 are essential. The construction is Cordonnier, Loukas & Jaggi's (2020, arXiv 1911.03584,
-``epfml/attention-cnn``, read through copies): spec ``../shared/spec/remaining.md`` section 15
-(authority B for the construction; Li et al.'s lower bound on the number of heads was not
-read, authority C, and is not claimed here).
+``epfml/attention-cnn``, read through copies; Li et al.'s lower bound on the number of heads
+was not read and is not claimed here).
 
 Construction, for a kernel ``W (C_out, C_in, K, ..., K)`` over ``m`` axes (odd ``K``):
 

@@ -1,11 +1,11 @@
-"""DK-VLM's dual-kernel attention (seed 88; spec camera §2.13, **Authority C**: abstract only,
-no code or formula published).
+"""DK-VLM's dual-kernel attention (only the abstract was available, no code or formula is
+published, and the paper's title and arXiv id could not be confirmed: a reconstruction).
 
 The abstract: a *semantic kernel* keeps the pretrained model's native attention and
 positional encoding; a separate *geometric kernel* uses estimated 3-D points and camera
 poses to modulate attention "through point displacements and relative view
-transformations"; a learned gate fuses their outputs. What is assumed here (the spec's
-proposal): two ``relpos.attention`` calls, each a ``MultiHeadAttention`` with its own
+transformations"; a learned gate fuses their outputs. What is assumed here (relpos's
+reconstruction): two ``relpos.attention`` calls, each a ``MultiHeadAttention`` with its own
 projections, and an element-wise gate
 
     o = g * o_sem + (1 - g) * o_geo,    g = sigmoid(W_g x + b_g)   (per token and channel)

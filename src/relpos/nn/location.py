@@ -3,9 +3,9 @@
 Ray Chowdhury & Caragea 2023 ("Monotonic Location Attention for Length Generalization",
 ICML 2023, arXiv 2305.20019; official code JRC1995/MonotonicLocationAttention,
 ``models/attentions/Multiheaded_Monotonic_Attention.py``, ``models/layers/GRUEncoderDecoder.py``,
-``models/utils.py``). Spec: ``../shared/spec/remaining.md`` section 5 (authority A). A module,
-not an ``Encoding``: the location attention's weights are not a softmax of logits (they mix
-a Gaussian over key locations with the content softmax, engine gap G4).
+``models/utils.py``, read). A module, not an ``Encoding``: the location attention's weights
+are not a softmax of logits (they mix a Gaussian over key locations with the content
+softmax).
 
 * ``reverse_align``: the encoder states reversed within each sequence's length
   (``H^rev[j] = H[len - 1 - j]`` for ``j < len``, 0 beyond: flip, then shift by the padding).

@@ -1,11 +1,11 @@
 """Causal depth-wise convolutions of the projected queries, keys and values (RCMHA, MDHA).
 
-Sugiharto, Aradea, Mubarok 2023 ("RCMHA: Relative Convolutional Multi-Head Attention for
-Natural Language Modelling", arXiv 2308.03429; official code hermansh-id/rcmha
-``rcmha/attention.py`` ``SpatialDepthWiseConvolution``; spec ``../shared/spec/remaining.md``
-section 7, Authority A). After each projection, every channel ``c`` of a head is convolved over
-the token axis with a kernel of ``K`` taps (``nn.Conv1d(d_k, d_k, K, groups=d_k, padding=K-1)``
-with its last ``K - 1`` outputs trimmed), **shared by all heads**::
+Sugiharto, Aradea, Mubarok 2023 ("RCMHA: Relative Convolutional Multi-Head Attention for Natural
+Language Modelling", arXiv 2308.03429; official code hermansh-id/rcmha ``rcmha/attention.py``
+``SpatialDepthWiseConvolution``, read). After each projection, every channel ``c`` of a head is
+convolved over the token axis with a kernel of ``K`` taps
+(``nn.Conv1d(d_k, d_k, K, groups=d_k, padding=K-1)`` with its last ``K - 1`` outputs trimmed),
+**shared by all heads**::
 
     y[t, c] = b_c + sum_{s=0}^{K-1} w[c, s] x[t - (K - 1) + s, c]        (x[t < 0] = 0)
 

@@ -1,10 +1,10 @@
 """``SyntaxEmbedding``: SiPE's encoder form, an absolute embedding of each token's place in a
-dependency parse, added to the token embeddings ("Syntax-informed Positional Embeddings",
-seed 72; authority C: abstract only, ``shared/spec/remaining.md`` section 11).
+dependency parse, added to the token embeddings ("Syntax-informed Positional Embeddings";
+only the abstract was available, no code: a reconstruction).
 
 The abstract: a lightweight syntactic prior learned from dependency parses is injected into
-the PE; for encoders it is *added to the input embeddings*. The spec's encoder form is
-``embed(depth, head relation)``; its reconstruction here (assumed: the abstract gives neither
+the PE; for encoders it is *added to the input embeddings*. The encoder form taken here is
+``embed(depth, head relation)``; its reconstruction (assumed: the abstract gives neither
 the features nor how they combine):
 
     e_t = D[min(depth_t, M_d)] + R[head relation of t]                (dim,)
@@ -13,7 +13,7 @@ with the classes of ``relpos.encodings.graph.sipe.syntax_features`` (the depth b
 root, and the head's side and clipped token distance, 0 for a root) and two learned tables
 ``D (M_d + 1, dim)``, ``R (2 M + 1, dim)``, zero-initialised so a model starts as it would
 without the parse. The decoder form, a prior multiplied into a relative bias, is the
-``sipe`` encoding; the rotary form is not built (the spec says not to guess it).
+``sipe`` encoding; the rotary form is not built (no text says what it rotates by).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ dict must and may carry, whether it depends on the call's length, whether it rea
 ``original_max_position_embeddings``, and its range check.
 
 * ``scaling_type.py``: the record and the small shared checks;
-* ``methods.py``: the frequency functions (formulas, spec references) and ``ROPE_SCALING``;
+* ``methods.py``: the frequency functions (formulas, sources) and ``ROPE_SCALING``;
 * ``validation.py``: ``validate_scaling`` (reads only the records) and
   ``is_length_dependent``;
 * ``ntk_variants.py``, ``yarn_variants.py``, ``frequency_factors.py``: the types that

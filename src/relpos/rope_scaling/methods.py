@@ -7,11 +7,11 @@ Every scaling type is a function with one signature, held by its ``ScalingType``
         -> (inv_freq, attention_factor)
 
 ``dim = int(head_dim * partial_rotary_factor)`` is the number of rotated channels (GPT-NeoX
-convention, spec P4a); ``params`` is a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict
+convention); ``params`` is a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict
 checked by ``validate_scaling``; ``inv_freq`` is float32 of shape ``(ceil(dim / 2),)``
 (``head_dim // 2`` for ``proportional``), computed with the same float32 arithmetic as
 ``transformers`` 5.x so HF checkpoints match bit for bit. ``attention_factor`` multiplies
-**both** cos and sin (HF semantics, spec P5), so the logits are scaled by its square.
+**both** cos and sin (HF semantics), so the logits are scaled by its square.
 
 Types (``theta_i = base^(-2i/d)``):
 
@@ -27,11 +27,13 @@ Types (``theta_i = base^(-2i/d)``):
 * ``proportional``: p-RoPE (Barbero et al. 2024, Gemma 4), keep the first ``p * head_dim / 2``
   pairs with head_dim-based frequencies, zero the rest.
 
-Formulas, defaults and reference values: ``../shared/spec/formulas-rotary.md`` sections 3-9, 14
-and R.2-R.6, R.9.
+Sources: HF ``transformers`` ``modeling_rope_utils.py`` (the ``_compute_*_parameters``
+functions; reference values from transformers 5.24.0 are pinned in
+tests/rope_scaling/test_methods.py), jquesnelle/yarn (NTK-aware, YaRN), meta-llama/llama-models
+(Llama 3), microsoft/LongRoPE.
 
-Length dependence and the KV cache (spec P3)
---------------------------------------------
+Length dependence and the KV cache
+----------------------------------
 ``dynamic`` and ``longrope`` depend on ``seq_len`` (the largest position + 1 of the call):
 dynamic NTK recomputes the base from it, LongRoPE switches from ``short_factor`` to
 ``long_factor`` once it exceeds ``original_max_position_embeddings``. Keys cached *after*
@@ -110,7 +112,7 @@ def ntk_scaled_base(base: float, factor: float, dim: int) -> float:
     """NTK-aware base (bloc97): ``base * factor ** (dim / (dim - 2))``.
 
     The highest frequency (i = 0) is unchanged and the lowest is divided by exactly
-    ``factor``. Spec §4: factor 4, dim 64, base 1e4 -> 41829.366.
+    ``factor``. E.g. factor 4, dim 64, base 1e4 -> 41829.366.
     """
     if dim <= 2:
         raise ValueError(
@@ -148,7 +150,7 @@ def linear(
     """Position interpolation (Chen et al. 2023, arXiv 2306.15595) = HF ``"linear"``.
 
     Positions ``p -> p / s`` are the same as ``theta_i -> theta_i / s`` with ``s = factor``.
-    Attention factor 1. Spec §3, R.2.
+    Attention factor 1. As HF ``_compute_linear_scaling_rope_parameters``.
     """
     return _plain_inv_freq(dim, base) / params["factor"], 1.0
 
@@ -165,7 +167,7 @@ def ntk(
     """Static NTK-aware scaling (bloc97; jquesnelle/yarn): a larger base, positions unchanged.
 
     ``b' = b * alpha^(d / (d - 2))`` with ``alpha = factor``; ``theta_i = b'^(-2i/d)``.
-    Not an HF type (HF only has the dynamic form). Attention factor 1. Spec §4.
+    Not an HF type (HF only has the dynamic form). Attention factor 1. As jquesnelle/yarn.
     """
     return _plain_inv_freq(dim, ntk_scaled_base(base, params["factor"], dim)), 1.0
 
@@ -184,7 +186,7 @@ def dynamic(
     ``L = max(seq_len, L_max)`` with ``L_max = max_position_embeddings`` (the *original*
     length) and ``seq_len`` defaulting to ``L_max``; then the NTK base
     ``b' = b * (factor * L / L_max - (factor - 1))^(d / (d - 2))``. At ``L <= L_max`` this is
-    the default RoPE. Attention factor 1. Spec §5, R.3.
+    the default RoPE. Attention factor 1. As HF ``_compute_dynamic_ntk_parameters``.
     """
     if max_position_embeddings is None:
         raise ValueError(
@@ -230,7 +232,8 @@ def yarn(
     * ``attention_factor = 0.1 ln s + 1`` (or ``(0.1 mscale ln s + 1) / (0.1 mscale_all_dim
       ln s + 1)`` when both are given, DeepSeek), unless given explicitly.
 
-    ``factor`` missing or ``None`` means ``max_position_embeddings / L0``. Spec §6, R.4.
+    ``factor`` missing or ``None`` means ``max_position_embeddings / L0``. As HF
+    ``_compute_yarn_parameters``.
     """
     original = _original_length(params, max_position_embeddings, "yarn")
     factor = params.get("factor")
@@ -284,7 +287,7 @@ def llama3(
     uses ``theta_i / factor``; in between (bounds inclusive)
     ``theta_i' = (1 - s) theta_i / factor + s theta_i`` with
     ``s = (L0 / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``.
-    Attention factor 1. Spec §7, R.5.
+    Attention factor 1. As HF ``_compute_llama3_parameters``.
     """
     original = _original_length(params, max_position_embeddings, "llama3")
     factor = params["factor"]
@@ -315,7 +318,7 @@ def longrope(
     ``seq_len > L0 = original_max_position_embeddings``, else ``short_factor`` (also when
     ``seq_len`` is None). ``attention_factor = sqrt(1 + ln s / ln L0)`` (1 if ``s <= 1``) with
     ``s = factor``, or ``max_position_embeddings / L0`` when ``factor`` is not given (Phi-3),
-    unless ``attention_factor`` is given. Spec §8, R.6.
+    unless ``attention_factor`` is given. As HF ``_compute_longrope_parameters``.
     """
     original = _original_length(params, max_position_embeddings, "longrope")
     attention_factor = params.get("attention_factor")
@@ -351,9 +354,10 @@ def proportional(
 
     Keeps the ``r = int(p * head_dim // 2) = dim // 2`` highest frequencies
     ``theta_i = b^(-2i / head_dim)`` (exponent over **head_dim**, not ``2r``: unlike partial
-    rotary, spec P4b) and sets the remaining ``head_dim // 2 - r`` to 0, so cos/sin cover the
+    rotary) and sets the remaining ``head_dim // 2 - r`` to 0, so cos/sin cover the
     whole head and the zero-frequency pairs are identity ("NoPE") channels. Then
-    ``theta /= factor`` (default 1). Returns ``head_dim // 2`` frequencies. Spec §14, R.9.
+    ``theta /= factor`` (default 1). Returns ``head_dim // 2`` frequencies. As HF
+    ``_compute_proportional_rope_parameters``.
     """
     kept = dim // 2
     theta = 1.0 / (base ** (torch.arange(0, 2 * kept, 2, dtype=torch.int64).float() / head_dim))

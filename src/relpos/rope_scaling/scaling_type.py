@@ -51,7 +51,7 @@ class ScalingType:
             -> (inv_freq, attention_factor)``; calling the record calls it.
         required / optional: the keys of its dict besides ``COMMON_KEYS``.
         length_dependent: its frequencies depend on ``seq_len`` (an encoding must then cache
-            raw keys and re-rotate them, spec P3).
+            raw keys and re-rotate them).
         needs_original: it reads ``original_max_position_embeddings`` (filled from
             ``max_position_embeddings`` when missing, as HF does).
         check: ``check(params, rope_type, *, head_dim, partial_rotary_factor)`` raises

@@ -39,8 +39,8 @@ def bilevel_positions(
     ``separators``: the ids that end a segment (BiPE's Llama setting: ``(869, 13)``).
     ``max_intra``: clip the intra offsets at this value (BiPE: 1023 for its 1024-row table).
 
-    Spec R.16: ids ``[5, 6, 869, 7, 8, 9, 13, 10]`` -> intra ``[0, 1, 2, 0, 1, 2, 3, 0]``,
-    segment ``[0, 0, 0, 1, 1, 1, 1, 2]``.
+    Example (BiPE's ``get_bilevel_ids``): ids ``[5, 6, 869, 7, 8, 9, 13, 10]`` -> intra
+    ``[0, 1, 2, 0, 1, 2, 3, 0]``, segment ``[0, 0, 0, 1, 1, 1, 1, 2]``.
     """
     ids = check_int_tensor(tokens, "tokens")
     seps = [check_int(s, "separators[...]", minimum=None) for s in separators]

@@ -28,7 +28,7 @@ def endprompt_positions(
     its README) and ``F = target_length - 1``.
 
     As in the repo, ``c <= 0`` or ``c >= n`` falls back to ``0 .. n-1``.
-    Example (spec R.14): ``n=30, c=5, T=65536`` -> ``[0..24, 65531..65535]``.
+    Example: ``n=30, c=5, T=65536`` -> ``[0..24, 65531..65535]``.
     """
     n = check_int(length, "length", minimum=0)
     check_int(target_length, "target_length", minimum=1)

@@ -1,4 +1,4 @@
-"""Kernelized attention with a Toeplitz RPE by FFT (Luo et al. 2021; efficient.md §1).
+"""Kernelized attention with a Toeplitz RPE by FFT (Luo et al. 2021, arXiv 2106.12566).
 
 The FFT path is exact for the kernelized model: it is compared with the O(L^2) kernelized
 reference (``A = (phi_q phi_k^T) * C``), never with softmax attention.
@@ -19,7 +19,7 @@ from relpos.attention.linear.kernelized import (
     toeplitz_matvec,
 )
 
-# efficient.md §1 "How to verify": b_t = -0.1|t| + 0.05 t with t = j - i (key minus query);
+# the reference case: b_t = -0.1|t| + 0.05 t with t = j - i (key minus query);
 # the table is indexed by the index distance d = i - j = -t
 DIST = torch.arange(-3, 4, dtype=torch.float64)
 ASYM = -0.1 * DIST.abs() - 0.05 * DIST
@@ -57,14 +57,14 @@ def test_toeplitz_matvec_matches_the_spec_values_and_catches_the_transposed_bug(
         atol=1e-6,
         rtol=0,
     )
-    symmetric = toeplitz_matvec(torch.exp(-0.1 * DIST.abs()), x).flatten()  # formulas-bias §19
+    symmetric = toeplitz_matvec(torch.exp(-0.1 * DIST.abs()), x).flatten()
     expected = torch.tensor([8.22914, 8.894273, 9.247755, 9.092792], dtype=torch.float64)
     torch.testing.assert_close(symmetric, expected, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("method", ["auto", "fft"])
 def test_kernelized_attention_matches_the_spec_values(method):
-    """The spec's tables decay geometrically on both sides: ``auto`` runs the decayed scan,
+    """The reference tables decay geometrically on both sides: ``auto`` runs the decayed scan,
     ``fft`` the FFT; both give the reference values."""
     assert geometric_halves(ASYM[None], 4, 4, causal=False) is not None
     bidirectional = torch.tensor([2.439077, 2.146939, 2.621074, 2.438567], dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""RoPE in linear attention (RoFormer eq. 19; efficient.md §4): rotate after the feature map,
+"""RoPE in linear attention (RoFormer eq. 19, arXiv 2104.09864): rotate after the feature map,
 keep the denominator unrotated; causal by prefix sums / the recurrent state."""
 
 from __future__ import annotations

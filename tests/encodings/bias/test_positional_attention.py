@@ -1,5 +1,5 @@
-"""Positional attention (Back de Luca et al. 2025, seed 68): the spec's previous-token head
-(remaining.md section 14), weights independent of the content, the two bases."""
+"""Positional attention (Back de Luca et al. 2025, arXiv 2410.01686): a hand-built
+previous-token head, weights independent of the content, the two bases."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""SeqPE (H. Li et al. 2025, ghrua/seqpe): the spec's reference values (remaining.md section
-3): digit sequences, the causal digit encoder with the CLS vector last, the channels path
-equal to the bias path with the original scale (engine gap G5), contrastive labels, the
+"""SeqPE (H. Li et al. 2025, arXiv 2506.13277; ghrua/seqpe): reference values from the official
+code: digit sequences, the causal digit encoder with the CLS vector last, the channels path
+equal to the bias path with the original scale (``d^-1/2`` of the head), contrastive labels, the
 losses, position checks, m-D positions and decoding."""
 
 from __future__ import annotations

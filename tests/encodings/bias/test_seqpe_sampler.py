@@ -1,5 +1,5 @@
 """SeqPE's contrastive candidate sampler (``relpos.encodings.bias.seqpe_sampler``) against the
-official ``SeqPeContrstiveDataSampler`` (ghrua/seqpe, spec remaining.md section 3, authority A):
+official ``SeqPeContrstiveDataSampler`` (ghrua/seqpe, read):
 determinism from a seed, the candidate rules (distinct, never the pivot, the nearest one the
 label, hard negatives farther than every surviving uniform candidate, windows), the pivots of an
 epoch, 2-D positions, and the loss fed with sampled batches.

@@ -1,7 +1,8 @@
 """T5 relative-position buckets (Raffel et al. 2020) against the published bucket table.
 
-Expected values are copied from ../shared/spec/formulas-bias.md section 2 (``rp = key - query``,
-num_buckets=32, max_distance=128).
+Expected values: the bucket table of HF's port of Mesh-TensorFlow's function
+(huggingface/transformers ``models/t5/modeling_t5.py``), computed independently of relpos
+(``rp = key - query``, num_buckets=32, max_distance=128).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import relpos
 from relpos.functional import t5_bucket
 
-# formulas-bias.md section 2, "Reference buckets".
+# reference buckets, computed from the official function
 RP = [
     -1000, -200, -128, -127, -100, -91, -90, -64, -63, -50, -45, -32, -31, -23, -22, -16, -15,
     -12, -11, -8, -7, -5, -1, 0, 1, 5, 7, 8, 11, 12, 15, 16, 22, 23, 31, 32, 45, 50, 63, 64, 90,
@@ -94,7 +95,7 @@ def test_t5_bucket_rejects_float_relative_positions() -> None:
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_t5_encoding_reads_table_at_bucket_of_key_minus_query(bidirectional: bool) -> None:
     # Fill the table so that its value reveals (bucket, head): B[b, h] = b + 100 h. With zero q/k
-    # the scores are the bias, so they must show the spec's bucket of rp = j - i for each head.
+    # the scores are the bias, so they must show the official bucket of rp = j - i for each head.
     num_heads, length = 3, 300
     enc = relpos.create("t5", num_heads=num_heads, head_dim=8, bidirectional=bidirectional)
     with torch.no_grad():
@@ -113,7 +114,7 @@ def test_t5_encoding_reads_table_at_bucket_of_key_minus_query(bidirectional: boo
 
 
 def test_t5_bidirectional_must_be_a_bool_not_a_truthy_string() -> None:
-    # issue 10: "no" used to become bidirectional=True
+    # regression: "no" used to become bidirectional=True
     with pytest.raises(TypeError, match="bidirectional"):
         relpos.create("t5", num_heads=2, head_dim=8, bidirectional="no")
     with pytest.raises(TypeError, match="bidirectional"):

@@ -1,4 +1,4 @@
-"""The spec's reference scene (camera spec §R): two cameras looking at the origin, 2x2
+"""The reference scene of the camera tests: two cameras looking at the origin, 2x2
 patches per view, D = 16, fixed q and k."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""relpos.cameras: conventions, closed-form inverses, rays and Plücker coordinates (camera
-spec §1, R.3, R.10, R.13)."""
+"""relpos.cameras: conventions, closed-form inverses, rays and Plücker coordinates, against
+hand-worked values."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_anchor_is_the_relative_pose():
     views = torch.stack((camera_a(), camera_b()))[None]
     rel = cameras.anchor(views, 0)
     torch.testing.assert_close(rel[0, 0], torch.eye(4, dtype=torch.float64), atol=1e-15, rtol=0)
-    expected = torch.tensor(  # spec R.2: w2c_B c2w_A = inverse of w2c_A c2w_B
+    expected = torch.tensor(  # w2c_B c2w_A = inverse of w2c_A c2w_B
         [
             [0.707107, -0.123091, 0.696311, -2],
             [0, 0.984732, 0.174078, -0.5],
@@ -77,7 +77,7 @@ def test_plucker_coordinates_match_the_spec():
     )
     # independent of the point on the ray
     torch.testing.assert_close(cameras.ray_plucker(o + 2.7 * d, d), p, atol=1e-15, rtol=0)
-    # after the world change: d' = R d, m' = R m + t x R d (R.13)
+    # after the world change: d' = R d, m' = R m + t x R d
     G = world_G()
     p2 = cameras.ray_plucker(G[:3, :3] @ o + G[:3, 3], G[:3, :3] @ d)
     torch.testing.assert_close(
@@ -113,7 +113,7 @@ def test_plucker_of_patch_rays_world_and_first_camera_frames():
 
 
 def test_float32_drift_far_from_the_origin_and_the_anchor_fix():
-    """Spec R.3: float32 logits drift with |t|; re-anchoring in float64 removes it."""
+    """float32 logits drift with |t|; re-anchoring in float64 removes it."""
     t = tokens()
     enc64 = relpos.create("prope", num_heads=1, head_dim=16, image_size=(32, 32)).double()
     enc32 = relpos.create("prope", num_heads=1, head_dim=16, image_size=(32, 32))

@@ -1,4 +1,4 @@
-"""EscherNet CaPE 6-DoF: equals EscherNet's row-vector formula (camera spec §2.4, R.5)."""
+"""EscherNet CaPE 6-DoF: equals EscherNet's row-vector formula (kxhit/EscherNet)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Flex4DHuman (Authority C, assumed form): Wan's 3-D RoPE + a view-index RoPE + PRoPE's
-relative camera section (camera spec §2.12)."""
+"""Flex4DHuman (a reconstruction from the abstract, assumed form): Wan's 3-D RoPE + a view-index
+RoPE + PRoPE's relative camera section."""
 
 from __future__ import annotations
 

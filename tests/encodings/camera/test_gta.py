@@ -1,4 +1,5 @@
-"""GTA: the spec's reference values (camera §R.2, R.12) and claims."""
+"""GTA: reference values computed in float64 from the official formulas (autonomousvision/gta) and
+claims."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Plücker-ray embedding (absolute baseline, camera spec §2.3)."""
+"""The Plücker-ray embedding (the absolute baseline)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PRoPE and StereoWorld: the spec's reference values (camera §R.1, R.2, R.14) and claims."""
+"""PRoPE and StereoWorld: reference values computed in float64 from the official formulas
+(liruilong940607/prope) and claims."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_rope_frequencies_match_the_spec_for_head_dim_64():
 
 def test_identical_cameras_are_nope_plus_2d_rope_with_the_prope_sign():
     """Oracle: relpos rope-axial (per-axis spectrum, base 100) on the RoPE half, with
-    negated positions (spec P4) and its pair layout (pairs (c, c + 4) over 8 channels)."""
+    negated positions and its pair layout (pairs (c, c + 4) over 8 channels)."""
     t = tokens()
     q, k = qk()
     xy = t["xy"]
@@ -85,7 +86,7 @@ def test_identical_cameras_are_nope_plus_2d_rope_with_the_prope_sign():
 
 
 def test_world_scale_and_camera_to_world_mistakes_change_the_logits():
-    """Spec P1, P2: not a symmetry (the spec measures 6.8 and 3.9 logits on random q, k)."""
+    """Neither the world scale nor w2c vs c2w is a symmetry: both change the logits."""
     t = tokens()
     enc = _prope()
     s0 = _scores(enc, {"k_viewmats": t["viewmats"], "k_Ks": t["Ks"]})

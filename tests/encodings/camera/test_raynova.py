@@ -1,4 +1,5 @@
-"""RAYNOVA axial Plücker-ray RoPE: the spec's reference (camera §R.11) and its layout."""
+"""RAYNOVA axial Plücker-ray RoPE: a reference logit computed from the official formula and its
+layout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ReRoPE (Authority C, assumed form): camera blocks in the low-frequency temporal pairs."""
+"""ReRoPE (a reconstruction from the abstract, assumed form): camera blocks in the low-frequency
+temporal pairs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""UCPE relative ray encoding: world-to-ray frames and the UCM lens (camera spec §2.5)."""
+"""UCPE relative ray encoding: world-to-ray frames and the UCM lens (chengzhag/UCPE)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Point-PQAE's VRPE helper (camera spec §2.9)."""
+"""Point-PQAE's VRPE helper (aHapBean/Point-PQAE, arXiv 2509.01250)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WorldRoPE (Authority C, assumed form): expected RoPE over Gaussian key primitives projected
-into the query camera (camera spec §2.11, R.8)."""
+"""WorldRoPE (a reconstruction from the abstract, assumed form): expected RoPE over Gaussian key
+primitives projected into the query camera."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _worldrope(**options):
 
 
 def _scene(depths, sigma=None, weights=None):
-    """Tokens A0..A3, B0..B3 (x fastest) of the spec's scene, with per-token primitives."""
+    """Tokens A0..A3, B0..B3 (x fastest) of the reference scene, with per-token primitives."""
     view = torch.stack([camera_a()] * 4 + [camera_b()] * 4)[None]
     pos = torch.tensor([[0, 0], [1, 0], [0, 1], [1, 1]] * 2, dtype=F64)[None]
     inputs = {"k_viewmats": view, "k_Ks": K_PIX.expand(1, 8, 3, 3), "k_depths": depths}
@@ -42,7 +42,7 @@ def _qk(d=16):
 
 
 def test_gaussian_expected_rotation_matches_the_spec_reference():
-    """R.8: mu = .7, sigma = .4, omega = 3 -> E[e^{i omega x}] = -.2457349803 + .4201691066 i."""
+    """mu = .7, sigma = .4, omega = 3 -> E[e^{i omega x}] = -.2457349803 + .4201691066 i."""
     c, s = gaussian_expected_rotation(
         torch.tensor([[3.0, 0.0]], dtype=F64),
         torch.tensor([[0.7, 0.0]], dtype=F64),

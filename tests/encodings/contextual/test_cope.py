@@ -1,4 +1,4 @@
-"""CoPE (Golovneva et al. 2024): the spec's reference values (remaining.md section 1), the
+"""CoPE (Golovneva et al. 2024): reference values worked out from the paper's listing, the
 counting semantics (masked and future keys add nothing), the zero init, KV-cache decoding and
 the backends (sdpa/flex refuse it by name)."""
 

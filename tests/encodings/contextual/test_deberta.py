@@ -1,8 +1,9 @@
-"""DeBERTa (``relpos.encodings.contextual.deberta``) against the spec
-(../shared/spec/formulas-bias.md §11): the pinned log buckets and c2p indices (bucket_size 256,
-max_position 512); logits of the code form and of the paper form against dense references
-written from the formulas (every (i, j) pair looked up explicitly, an (Lq, Lk, H, D) tensor);
-option checks. The oracle against ``transformers`` is tests/oracle/test_oracle_hf_deberta.py.
+"""DeBERTa (``relpos.encodings.contextual.deberta``) against the official functions
+(microsoft/DeBERTa ``make_log_bucket_position``): the pinned log buckets and c2p indices
+(bucket_size 256, max_position 512); logits of the code form and of the paper form against dense
+references written from the formulas (every (i, j) pair looked up explicitly, an (Lq, Lk, H, D)
+tensor); option checks. The oracle against ``transformers`` is
+tests/oracle/test_oracle_hf_deberta.py.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from relpos.encodings.contextual.deberta import deberta_log_bucket, deberta_rela
 
 B, H, D = 2, 4, 8
 
-# formulas-bias.md §11, "Reference (bucket_size=256, max_pos=512; confirmed with the official
-# function)".
+# reference buckets (bucket_size=256, max_pos=512), confirmed with the official
+# make_log_bucket_position
 DELTA = [
     0, 1, -1, 64, 127, -127, 128, -128, 129, -129, 130, 200, -200, 300, 400, 510, 511, -511, 600,
     1000,
@@ -51,8 +52,8 @@ def test_deberta_c2p_index_matches_spec() -> None:
 
 
 def test_deberta_unclamped_buckets_differ_only_beyond_max_position() -> None:
-    """transformers' buckets (no clamp) agree with the spec up to |delta| = 511; past it the
-    index differs only on the negative side (row 0 instead of 1)."""
+    """transformers' buckets (no clamp) agree with the pinned values up to |delta| = 511; past it
+    the index differs only on the negative side (row 0 instead of 1)."""
     d = torch.arange(-2000, 2001)
     clamped = deberta_log_bucket(d, 256, 512)
     free = deberta_log_bucket(d, 256, 512, clamp=False)
@@ -75,7 +76,7 @@ def test_deberta_without_buckets_clips_at_the_span() -> None:
 
 
 def numpy_bucket(delta: np.ndarray, bucket_size: int, max_position: int) -> np.ndarray:
-    """The formula of spec §11 in float64 numpy (the official numpy version's arithmetic)."""
+    """The bucket formula in float64 numpy (the official numpy version's arithmetic)."""
     delta = np.clip(delta, -(max_position - 1), max_position - 1)
     mid = bucket_size // 2
     a = np.where((delta < mid) & (delta > -mid), mid - 1, np.abs(delta))
@@ -84,7 +85,7 @@ def numpy_bucket(delta: np.ndarray, bucket_size: int, max_position: int) -> np.n
 
 
 def deberta_dense_logits(enc, q, k, q_pos, k_pos, paper: bool) -> torch.Tensor:
-    """Spec §11 pair by pair:
+    """The formula pair by pair:
     ``(q.k + q.K^r[idx(i,j)] + k.Q^r[idx(i,j)]) / sqrt(3d)``, ``idx(j,i)`` in p2c for the paper."""
     span = enc.span
 

@@ -1,8 +1,11 @@
 """Relative-embedding tables (Shaw, Music Transformer, NEZHA, Huang et al. 2020 methods 3/4)
-against the spec (../shared/spec/formulas-bias.md §8, §9, §12, §13) and against dense
-O(L^2 D) references written here from each paper's formula.
+against pinned reference values worked out from the official code (tensorflow/tensor2tensor for
+Shaw and the Music Transformer, huawei-noah/Pretrained-Language-Model for NEZHA, HF BERT's
+``relative_key_query`` for Huang et al.'s method 4) and against dense O(L^2 D) references
+written here from each paper's formula.
 
-* pinned values: the skewing examples of §9, NEZHA's sinusoid rows and index matrix of §12;
+* pinned values: the Music Transformer's skewing examples, NEZHA's sinusoid rows and index
+  matrix;
 * skewing == gather == the dense product, and equals the Music Transformer bias of relpos;
 * every encoding: logits and outputs equal the dense reference (an explicit ``(L, L, D)``
   gather ``a_ij``, then the paper's sums) on ``eager`` and ``chunked`` (production and small
@@ -33,7 +36,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-5, msg:
 
 # ------------------------------------------------------------------------------ pinned values
 def test_skew_matches_spec_masked_reference() -> None:
-    # §9 "Reference (L=3)": R = [[1,2,3],[4,5,6],[7,8,9]] -> [[3,.,.],[5,6,.],[7,8,9]]
+    # Music Transformer skewing, L=3: R = [[1,2,3],[4,5,6],[7,8,9]] -> [[3,.,.],[5,6,.],[7,8,9]]
     out = skew(torch.arange(1.0, 10.0).view(3, 3))
     lower = torch.ones(3, 3, dtype=torch.bool).tril()
     expected = torch.tensor([[3.0, 0, 0], [5, 6, 0], [7, 8, 9]])
@@ -41,13 +44,13 @@ def test_skew_matches_spec_masked_reference() -> None:
 
 
 def test_skew_unmasked_matches_spec_reference() -> None:
-    # §9 "Unmasked: x = arange(1..15).view(3,5) gives [[3,4,5],[7,8,9],[11,12,13]]"
+    # unmasked skewing: x = arange(1..15).view(3,5) gives [[3,4,5],[7,8,9],[11,12,13]]
     out = skew_unmasked(torch.arange(1.0, 16.0).view(3, 5))
     assert torch.equal(out, torch.tensor([[3.0, 4, 5], [7, 8, 9], [11, 12, 13]]))
 
 
 def test_nezha_sinusoid_rows_match_spec() -> None:
-    # §12 reference (d=4, K=2): rows of T for pos 0..4
+    # NEZHA (d=4, K=2): rows of T for pos 0..4
     expected = torch.tensor(
         [
             [0.0, 1.0, 0.0, 1.0],
@@ -63,7 +66,7 @@ def test_nezha_sinusoid_rows_match_spec() -> None:
 
 
 def test_nezha_index_matrix_matches_spec() -> None:
-    # §12: "The index matrix for L=4 is [[2,3,4,4],[1,2,3,4],[0,1,2,3],[0,0,1,2]]" (K=2)
+    # NEZHA: "the index matrix for L=4 is [[2,3,4,4],[1,2,3,4],[0,1,2,3],[0,0,1,2]]" (K=2)
     enc = relpos.create("nezha", num_heads=1, head_dim=4, max_relative_position=2)
     pos = torch.arange(4)
     expected = torch.tensor([[2, 3, 4, 4], [1, 2, 3, 4], [0, 1, 2, 3], [0, 0, 1, 2]])
@@ -71,7 +74,7 @@ def test_nezha_index_matrix_matches_spec() -> None:
 
 
 def test_shaw_index_is_clipped_key_minus_query_plus_k() -> None:
-    # §8: w[clip(j - i, -k, k) + k]; an asymmetric (left, right) window shifts by left
+    # Shaw: w[clip(j - i, -k, k) + k]; an asymmetric (left, right) window shifts by left
     pos = torch.arange(6)
     rel = pos[None, :] - pos[:, None]
     sym = relpos.create("shaw", num_heads=1, head_dim=4, max_relative_position=2)
@@ -82,7 +85,7 @@ def test_shaw_index_is_clipped_key_minus_query_plus_k() -> None:
 
 
 def test_huang2020_index_is_hf_query_minus_key_plus_m_minus_1() -> None:
-    # §13: a_ij = E[(i - j) + max_pos - 1], table 2 max_pos - 1 rows
+    # Huang et al. method 3: a_ij = E[(i - j) + max_pos - 1], table 2 max_pos - 1 rows
     for name in ("huang2020-m3", "huang2020-m4"):
         enc = relpos.create(name, num_heads=2, head_dim=4, max_position_embeddings=5)
         pos = torch.arange(5)
@@ -91,7 +94,7 @@ def test_huang2020_index_is_hf_query_minus_key_plus_m_minus_1() -> None:
 
 
 def test_music_transformer_rows_run_from_minus_n_plus_1_to_0() -> None:
-    # §9: E_r has N rows for relative positions -(N-1) .. 0: row = j - i + N - 1
+    # Music Transformer: E_r has N rows for relative positions -(N-1) .. 0: row = j - i + N - 1
     enc = relpos.create("music-transformer", num_heads=2, head_dim=4, max_relative_position=4)
     assert enc.key_table.shape == (2, 4, 4)  # heads do not share by default (t2t)
     pos = torch.arange(4)

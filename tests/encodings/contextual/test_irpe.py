@@ -1,7 +1,7 @@
-"""iRPE (Wu et al. 2021; microsoft/Cream iRPE) against the spec (../shared/spec/formulas-bias.md
-§14) and against a dense O(L^2 D) reference written here from the official code.
+"""iRPE (Wu et al. 2021; microsoft/Cream iRPE) against values of the official
+``piecewise_index`` and against a dense O(L^2 D) reference written here from the official code.
 
-* pinned values: ``g`` at ratio 1.9 on -20..20 and at ratio 20 (euc) from §14, the bucket
+* pinned values: ``g`` at ratio 1.9 on -20..20 and at ratio 20 (euc), the bucket
   counts of the released DeiT configurations, a product bucket matrix worked out by hand;
 * the official bucket construction (``piecewise_index`` with its boolean masks, ``_rp_2d_*``,
   the ``+ beta`` shift, ``get_bucket_ids_2d``'s extra-token rows) transcribed here equals
@@ -104,7 +104,7 @@ def official_bucket_ids_2d(method: str, height: int, width: int, skip: int, rati
 
 # ------------------------------------------------------------------------------ pinned values
 def test_piecewise_index_matches_spec_at_ratio_1_9() -> None:
-    # §14: x = -20..20 maps to [-3]*17 + [-2,-2,-1,0,1,2,2] + [3]*17
+    # official piecewise_index: x = -20..20 maps to [-3]*17 + [-2,-2,-1,0,1,2,2] + [3]*17
     expected = [-3] * 17 + [-2, -2, -1, 0, 1, 2, 2] + [3] * 17
     x = torch.arange(-20, 21)
     assert piecewise_index(x, 1.9, 3.8, 15.2).tolist() == expected
@@ -114,7 +114,7 @@ def test_piecewise_index_matches_spec_at_ratio_1_9() -> None:
 
 
 def test_euclidean_index_matches_spec_at_ratio_20() -> None:
-    # §14: with ratio 20 (euc), d = 0,5,14,20,21,30,50,100,160,200 gives 0,5,14,20,20,24,29,35,40,40
+    # with ratio 20 (euc), d = 0,5,14,20,21,30,50,100,160,200 gives 0,5,14,20,20,24,29,35,40,40
     d = torch.tensor([0, 5, 14, 20, 21, 30, 50, 100, 160, 200])
     expected = [0, 5, 14, 20, 20, 24, 29, 35, 40, 40]
     assert piecewise_index(d.float(), 20, 40, 160).tolist() == expected
@@ -125,7 +125,7 @@ def test_euclidean_index_matches_spec_at_ratio_20() -> None:
 
 
 def test_bucket_counts_of_the_released_configurations() -> None:
-    # §14: DeiT-Ti product ratio 1.9 with skip=1 -> 49 + 1 = 50; euc ratio 20 -> 81
+    # DeiT-Ti product ratio 1.9 with skip=1 -> 49 + 1 = 50; euc ratio 20 -> 81
     assert irpe_num_buckets("product", 1.9) == 49
     assert irpe_num_buckets("product", 1.9, skip=1) == 50
     assert irpe_num_buckets("euc", 20) == 81
@@ -138,7 +138,7 @@ def test_bucket_counts_of_the_released_configurations() -> None:
 
 
 def test_product_bucket_matrix_of_a_2x2_grid() -> None:
-    # by hand from §14: (g(dr) + 3) * 7 + (g(dc) + 3), g = identity for |x| <= 1.9;
+    # by hand: (g(dr) + 3) * 7 + (g(dc) + 3), g = identity for |x| <= 1.9;
     # tokens (0,0), (0,1), (1,0), (1,1)
     expected = torch.tensor(
         [[24, 23, 17, 16], [25, 24, 18, 17], [31, 30, 24, 23], [32, 31, 25, 24]]

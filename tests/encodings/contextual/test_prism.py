@@ -1,4 +1,4 @@
-"""PRISM (P. Lee 2025, seed 85): the spec's reference values (remaining.md section 4), the
+"""PRISM (P. Lee 2025, arXiv 2506.00920): reference values of the reconstructed formulas, the
 histogram filter's parallel scan against the token-by-token filter, counting = the distance
 function, causality of the histograms, and the refusal of Lq > Lk."""
 

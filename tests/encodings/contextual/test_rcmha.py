@@ -1,9 +1,9 @@
-"""RCMHA's relative scoring (``relpos.encodings.contextual.rcmha``) against the spec
-(../shared/spec/remaining.md section 7, Authority A: hermansh-id/rcmha).
+"""RCMHA's relative scoring (``relpos.encodings.contextual.rcmha``) against the official code
+(hermansh-id/rcmha).
 
 Two references, both float64: the official computation order (the ``(Lq, Lk + Lq)`` products over
 table rows ``P - Lk .. P + Lq - 1``, skewed by a zero-column shift and cut to the last ``Lk``
-columns; the skew is re-implemented here from its description and first checked on the spec's
+columns; the skew is re-implemented here from its description and first checked on worked
 index examples), and the formula pair by pair with clipping.
 """
 

@@ -1,8 +1,8 @@
-"""Transformer-XL (``relpos.encodings.contextual.transformer_xl``) against the spec
-(../shared/spec/formulas-bias.md §10): the sinusoid ``R_t = [sin(t w), cos(t w)]``; logits,
+"""Transformer-XL (``relpos.encodings.contextual.transformer_xl``) against the official code
+(kimiyoung/transformer-xl): the sinusoid ``R_t = [sin(t w), cos(t w)]``; logits,
 outputs and gradients against a dense reference written from the paper formula, on the eager
 and chunked backends, and outputs against the official computation (``_rel_shift`` over
-``klen - 1 .. 0`` with a memory), whose shift is first checked on the spec's example.
+``klen - 1 .. 0`` with a memory), whose shift is first checked on a worked example.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_transformer_xl_matches_dense_formula_forward_and_backward(
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
-    """Transformer-XL's ``_rel_shift`` (spec §10) on ``x (qlen, klen, ...)``: prepend a zero
+    """Transformer-XL's ``_rel_shift`` on ``x (qlen, klen, ...)``: prepend a zero
     column, view as ``(klen + 1, qlen)``, drop the first row, view back."""
     zero = torch.zeros((x.shape[0], 1, *x.shape[2:]), dtype=x.dtype)
     padded = torch.cat((zero, x), dim=1).view(x.shape[1] + 1, x.shape[0], *x.shape[2:])
@@ -108,7 +108,7 @@ def test_rel_shift_of_the_reference_matches_spec_example() -> None:
 
 
 def txl_official_attention(enc, q, k, v, mlen: int) -> torch.Tensor:
-    """Official ``RelPartialLearnableMultiHeadAttn`` order of work (spec §10) for q of the
+    """Official ``RelPartialLearnableMultiHeadAttn`` order of work for q of the
     segment and k, v of memory + segment: ``R`` over ``klen - 1 .. 0`` (clamped to
     ``clamp_len``), ``AC`` + ``_rel_shift(BD)``, causal mask ``triu(1 + mlen)``."""
     qlen, klen = q.shape[2], k.shape[2]

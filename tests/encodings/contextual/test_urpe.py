@@ -1,5 +1,5 @@
 """URPE (Luo et al. 2022) against the official buckets (lsj2408/URPE) and the formula
-``softmax(QK^T/sqrt(d) + B) * C`` (formulas-bias.md section 20), forward and backward."""
+``softmax(QK^T/sqrt(d) + B) * C``, forward and backward."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""AW-RoPE (``aw-rope``, ``aw-rope-exact``; seed 60): the spec's reference values
-(``remaining.md`` section 6), the gauge identity against a walk resolvent built from
+"""AW-RoPE (``aw-rope``, ``aw-rope-exact``; official code jiaqingxie/AW-RoPE): reference values
+worked out from the official operator, the gauge identity against a walk resolvent built from
 networkx's neighbourhoods, routes that reinforce or cancel, permutation equivariance,
 the official head split, non-backtracking walks, padded graphs and input errors."""
 
@@ -42,7 +42,7 @@ def _complex(y):
 
 
 def _path_call(name, **options):
-    """The spec's example: path 0-1-2, coordinate field x = (0, 1, 2) with w = 1 (unbounded),
+    """A worked example: path 0-1-2, coordinate field x = (0, 1, 2) with w = 1 (unbounded),
     omega = 1, z = 0.8, X = 1 (every node holds 1 + 0i)."""
     enc = _encoding(
         name, omega=1.0, field="coordinate", position_dim=1, max_displacement=None, **options

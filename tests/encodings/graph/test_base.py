@@ -63,7 +63,7 @@ NAN_ADJACENCY = path_adjacency(5).float().masked_fill(torch.eye(5, dtype=torch.b
     ids=["nan", "inf", "weighted", "2d", "4d", "list"],
 )
 def test_bad_adjacencies_are_refused_naming_the_input(name, adjacency, exc, match):
-    # issue 10: NaN adjacencies used to count as edges (NaN != 0) and give finite scores
+    # regression: NaN adjacencies used to count as edges (NaN != 0) and give finite scores
     enc = relpos.create(name, num_heads=1, head_dim=8)
     q = torch.zeros(1, 1, 5, 8)
     with pytest.raises(exc, match=match):

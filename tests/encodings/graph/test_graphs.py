@@ -1,5 +1,5 @@
 """``relpos.graphs``: structures against networkx (shortest paths, lowest common ancestors)
-and the spec (§18 GRIT RRWP on a path of three), and their input checks."""
+and GRIT's RRWP (LiamMa/GRIT) on a path of three, and their input checks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Reading-order codes on a word graph (Lee et al. 2021, seed 62; spec remaining.md section 9,
-authority C): the spec's codes, their invariance to inserted non-neighbours, and the bias."""
+"""Reading-order codes on a word graph (Lee et al. 2021, arXiv 2106.10786; a reconstruction from
+the abstract): worked codes, their invariance to inserted non-neighbours, and the bias."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SiPE (``sipe``; seed 72, authority C): a hand-worked parse, the tree relations against
-networkx tree distances, the prior multiplied into its base, and the parse checks."""
+"""SiPE (``sipe``; a reconstruction from the abstract): a hand-worked parse, the tree relations
+against networkx tree distances, the prior multiplied into its base, and the parse checks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Shortest-path ALiBi (``graph-spd``): the spec (§17, a path graph) and the policies for
-unreachable pairs."""
+"""Shortest-path ALiBi (``graph-spd``): ALiBi slopes times hop counts on a path graph, and the
+policies for unreachable pairs."""
 
 from __future__ import annotations
 

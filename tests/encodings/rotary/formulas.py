@@ -1,5 +1,5 @@
-"""Float64 formulas and small helpers shared by the rotary encoding tests (from the spec,
-never from relpos)."""
+"""Float64 formulas and small helpers shared by the rotary encoding tests (from the papers and
+official code, never from relpos)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def ones_scores(enc, length: int, head_dim: int) -> torch.Tensor:
 def rope_fp64(
     x: torch.Tensor, pos: torch.Tensor, theta: torch.Tensor, layout: str, float32_angles=False
 ):
-    """RoPE in float64 from the formula (spec §1): pair (a, b) -> (a c - b s, a s + b c);
-    ``float32_angles``: the angles ``p theta`` rounded to float32 first (HF, spec P2)."""
+    """RoPE in float64 from the formula : pair (a, b) -> (a c - b s, a s + b c);
+    ``float32_angles``: the angles ``p theta`` rounded to float32 first (as HF does)."""
     x = x.double()
     ang = pos.double()[:, None] * theta.double()  # (L, F)
     if float32_angles:

@@ -1,7 +1,7 @@
-"""BiPE-RoPE (``bipe-rope``): the spec's values, the encoding, and ``TransformerLM`` driving it
+"""BiPE-RoPE (``bipe-rope``): reference positions, the encoding, and ``TransformerLM`` driving it
 from token ids.
 
-Spec (formulas-rotary.md §35 and R.16; the reference repo's own ``get_bilevel_ids``, Llama
+Reference (the official repo zhenyuhe00/BiPE, its own ``get_bilevel_ids``, Llama
 separators ``.`` = 869 and newline = 13): ids ``[5, 6, 869, 7, 8, 9, 13, 10]`` -> intra
 ``[0, 1, 2, 0, 1, 2, 3, 0]``, segment ``[0, 0, 0, 1, 1, 1, 1, 2]``, checked through the
 encoding's hook and through the positions a ``TransformerLM`` actually uses (input embedding,
@@ -114,7 +114,8 @@ def test_is_rope_on_segments_plus_learned_intra_table():
 
 
 def test_embed_clips_offsets_and_trains_the_last_row():
-    """relpos does not reproduce the reference's frozen zero row 1023 (spec §35 pitfall): the
+    """relpos does not reproduce the reference's frozen zero row 1023 (a pitfall of the official
+    code): the
     last row is an ordinary trained row that clipped offsets read."""
     enc = relpos.create("bipe-rope", num_heads=2, head_dim=4, max_intra=4)
     pos = torch.tensor([[0, 1, 2, 3, 4, 9, 1000]])
@@ -389,11 +390,11 @@ def test_lab_gives_bipe_the_corpus_separators_and_runs(tmp_path):
     assert len(rows) == 4 and all(math.isfinite(r["ppl"]) for r in rows)
 
 
-# ----------------------------------------------------------------------- spec values (R.16)
+# ------------------------------------------------------------ reference positions (get_bilevel_ids)
 R16_IDS = [5, 6, 869, 7, 8, 9, 13, 10]
 R16_INTRA = [0, 1, 2, 0, 1, 2, 3, 0]
 R16_SEGMENT = [0, 0, 0, 1, 1, 1, 1, 2]
-LLAMA_SEPARATORS = [869, 13]  # spec §35: '.' and newline in the Llama tokenizer
+LLAMA_SEPARATORS = [869, 13]  # '.' and newline in the Llama tokenizer
 TRAIN_SCALE = 1024  # config/bipe_rope.json
 
 
@@ -431,7 +432,7 @@ def test_r16_defaults_match_the_reference_config():
     rows = enc.embed(torch.tensor([[1022, 1023, 1024, 5000]]), 768)
     torch.testing.assert_close(rows[0, 2:], enc.intra.table[1023].expand(2, 768))
     # ... and, unlike the reference (padding_idx = -1 zeroes and freezes row 1023), relpos keeps
-    # row 1023 an ordinary learned row (the documented decision, spec §35 pitfall)
+    # row 1023 an ordinary learned row (the documented decision, unlike the official code)
     assert enc.intra.table[1023].abs().sum() > 0 and enc.intra.table.requires_grad
 
 
@@ -461,7 +462,7 @@ def test_r16_through_the_model_forward():
 
 @torch.no_grad()
 def test_r16_through_kv_cache_decoding():
-    """Token by token, the cache ends up with keys at the R.16 segment positions and the
+    """Token by token, the cache ends up with keys at the reference segment positions and the
     logits equal the full forward (the reference code forbids a cache; relpos continues the
     positions from the cached prefix)."""
     model = r16_model()

@@ -1,5 +1,5 @@
-"""CARoPE (``relpos.encodings.rotary.context_aware``): phases are prefix sums of powers of
-the token frequencies (spec section 16); a constant frequency is RoPE; phase differences
+"""CARoPE (``relpos.encodings.rotary.context_aware``): phases are prefix sums of powers of the token
+frequencies (the paper's formula, arXiv 2507.23083); a constant frequency is RoPE; phase differences
 depend only on the tokens in between; any activation dtype."""
 
 from __future__ import annotations

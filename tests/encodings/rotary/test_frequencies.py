@@ -1,6 +1,6 @@
-"""LeRoPE, HoPE and p-RoPE (``relpos.encodings.rotary.frequencies``): spec reference
-values (sections 12-14, R.1, R.9; expected values copied from
-../shared/spec/formulas-rotary.md or re-derived in float64 from its formulas) and defining
+"""LeRoPE, HoPE and p-RoPE (``relpos.encodings.rotary.frequencies``): reference values (HF
+``transformers`` 5.24.0's float32 frequencies for the default and ``proportional`` types, or
+re-derived in float64 from the formulas) and defining
 properties: HoPE has no low frequencies and no long-term decay; p-RoPE is HF's
 "proportional"; LeRoPE learns its frequencies."""
 
@@ -98,7 +98,7 @@ def test_lerope_learns_its_frequencies():
         torch.testing.assert_close(relpos.scores(q, k, enc), relpos.scores(q, k, rope))
 
 
-# R.1: default, b = 1e4, d = 64.
+# HF default frequencies, b = 1e4, d = 64.
 R1 = [
     1, 0.749894202, 0.562341332, 0.421696514, 0.316227764, 0.237137362, 0.177827939, 0.133352146,
     0.100000001, 0.0749894157, 0.0562341288, 0.0421696492, 0.0316227786, 0.0237137359,
@@ -107,14 +107,14 @@ R1 = [
     0.000562341302, 0.000421696488, 0.000316227786, 0.000237137385, 0.00017782794, 0.00013335215,
 ]  # fmt: skip
 
-# R.9: proportional (p-RoPE as in Gemma 4), head_dim 16, p = 0.25, b = 1e6.
+# HF proportional (p-RoPE as in Gemma 4), head_dim 16, p = 0.25, b = 1e6.
 R9 = [1, 0.177827939, 0, 0, 0, 0, 0, 0]
 
 
 def test_p_rope_frequencies_match_r9():
     enc = relpos.create("p-rope", num_heads=1, head_dim=16, p=0.25, base=1e6)
     torch.testing.assert_close(enc.inv_freq, torch.tensor(R9), rtol=1e-6, atol=0)
-    assert enc.rotary_dim == 16  # cos/sin span the whole head (spec P4b)
+    assert enc.rotary_dim == 16  # cos/sin span the whole head (HF proportional)
 
 
 def test_p_rope_zero_frequency_pairs_pass_through():

@@ -1,6 +1,7 @@
-"""ComplexFormer and HARoPE (``relpos.encodings.rotary.headwise``): the paper formulas in
-float64 (spec sections 17, 20), HARoPE with the identity map is RoPE, and grouped-query calls
-equal the call with keys repeated when the shared parameters agree within each group."""
+"""ComplexFormer and HARoPE (``relpos.encodings.rotary.headwise``): the paper formulas in float64
+(ComplexFormer's and HARoPE's official code), HARoPE with the identity map is RoPE, and
+grouped-query calls equal the call with keys repeated when the shared parameters agree within each
+group."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_grouped_query_call_equals_repeated_keys_when_groups_share_parameters(na
 
 
 def complexformer_scores_fp64(q, k, qp, kp, delta, beta, base=1e4):
-    """s_mn = sum_j r^q r^k cos(delta (phi^q - phi^k) + beta + (m - n) w_j), spec §17."""
+    """ComplexFormer's score,
+    s_mn = sum_j r^q r^k cos(delta (phi^q - phi^k) + beta + (m - n) w_j)."""
     q, k = q.double(), k.double()
     half = q.shape[-1] // 2
     w = theta_fp64(2 * half, base)

@@ -1,9 +1,10 @@
 """Lie-group rotary encodings (``lie.py``): LieRE and MinkowskiPE.
 
-Spec values and formulas (../shared/spec/formulas-rotary.md §19 LieRE, §21 MinkowskiPE, §15
-boosts) re-derived here in float64, never from relpos; the defining properties (identity at
-zero generators, RoPE as 2x2 blocks, relative exactly when the generators commute, boosts along
-time and rotations along space); and the common RoPE options, which both refuse by name.
+Reference values and formulas (LieRE: StanfordMIMI/LieRE ``models/rope_vit.py``; MinkowskiPE and the
+boosts: reconstructions from the abstracts) re-derived here in float64, never from relpos; the
+defining properties (identity at zero generators, RoPE as 2x2 blocks, relative exactly when the
+generators commute, boosts along time and rotations along space); and the common RoPE options, which
+both refuse by name.
 """
 
 from __future__ import annotations

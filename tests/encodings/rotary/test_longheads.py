@@ -1,6 +1,6 @@
-"""LongHeads (Lu et al. 2024; spec remaining.md section 12, authority A) against a per-query
-reference written from the official algorithm: gather the selected chunks, concatenate them,
-rotate the concatenation at ``0 .. rel`` and attend (``modeling_llama.py``, the prefill and
+"""LongHeads (Lu et al. 2024, arXiv 2402.10685; official code LuLuLuyi/LongHeads) against a
+per-query reference written from the official algorithm: gather the selected chunks, concatenate
+them, rotate the concatenation at ``0 .. rel`` and attend (``modeling_llama.py``, the prefill and
 decode branches), never from relpos."""
 
 from __future__ import annotations

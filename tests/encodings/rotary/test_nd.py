@@ -1,5 +1,5 @@
-"""N-D rotary encodings: spec values (R.10), per-axis relativity, the M-RoPE oracle
-(transformers Qwen2-VL / Qwen3-VL), position-id helpers on hand-checked examples."""
+"""N-D rotary encodings: RoPE-ViT's frequencies (naver-ai/rope-vit), per-axis relativity, the M-RoPE
+oracle (transformers Qwen2-VL / Qwen3-VL), position-id helpers on hand-checked examples."""
 
 from __future__ import annotations
 

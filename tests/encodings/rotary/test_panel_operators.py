@@ -1,5 +1,5 @@
-"""OPRO (``relpos.encodings.rotary.panel_operators``, Authority C) against the spec
-(../shared/spec/remaining.md section 10): the spec's one-pair reference values; the properties
+"""OPRO (``relpos.encodings.rotary.panel_operators``, a reconstruction from the abstract, arXiv
+2603.27637): one-pair reference values of the reconstruction; the properties
 the abstract claims (isometry, same-panel invariance) and the reconstruction's (relative in
 position across panels, RoPE when the operators are the identity); a float64 reference of the
 cross-panel logit over complex channel pairs; gradients; grouped-query keys; KV-cache decoding.

@@ -1,7 +1,7 @@
-"""PINE (Wang et al. 2024; spec remaining.md section 13, authority A) against a float64
+"""PINE (Wang et al. 2024, arXiv 2407.01100; official code wzq016/PINE) against a float64
 reference written from the official ``LlamaAttentionWithPS.forward`` (per document query
 group and per suffix token: rank the documents by raw attention, shift their positions,
-rotate, attend with ``position(key) <= position(query)``), never from relpos; the spec's
+rotate, attend with ``position(key) <= position(query)``), never from relpos; worked
 layout values; and the defining property: permuting the documents permutes nothing else."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_gqa_batch_rows_with_different_layouts_match_the_reference():
 
 
 def test_permuting_the_documents_leaves_the_suffix_unchanged():
-    """The defining property (spec): outputs do not depend on the documents' order."""
+    """The defining property: outputs do not depend on the documents' order."""
     torch.manual_seed(0)
     dim, heads = 16, 2
     proj = [torch.randn(dim, heads * 8) for _ in range(3)]

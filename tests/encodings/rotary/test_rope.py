@@ -1,8 +1,9 @@
-"""RoPE (Su et al. 2021) and partial rotary against the spec's reference values, and the
-validation of the common RoPE options.
+"""RoPE (Su et al. 2021) and partial rotary against reference values, and the validation of the
+common RoPE options.
 
-Expected values are copied from ../shared/spec/formulas-rotary.md (sections 0, 1, 2 and R.1,
-R.8); fp64 references are re-derived here from the formulas, never from relpos.
+Expected values are HF ``transformers`` 5.24.0's float32 frequencies and rotations
+(``modeling_rope_utils.py``, ``apply_rotary_pos_emb``), computed independently of relpos; fp64
+references are re-derived here from the formulas, never from relpos.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import relpos
 from relpos.functional import apply_rotary, rope_angles, rope_frequencies
 
-# R.1: default, b = 1e4, d = 64.
+# HF default frequencies, b = 1e4, d = 64.
 R1_INV_FREQ = [
     1, 0.749894202, 0.562341332, 0.421696514, 0.316227764, 0.237137362, 0.177827939, 0.133352146,
     0.100000001, 0.0749894157, 0.0562341288, 0.0421696492, 0.0316227786, 0.0237137359,
@@ -22,7 +23,7 @@ R1_INV_FREQ = [
     0.000562341302, 0.000421696488, 0.000316227786, 0.000237137385, 0.00017782794, 0.00013335215,
 ]  # fmt: skip
 
-# R.8: d = 8, b = 1e4, p = 3, q = [1..8], fp32.
+# rotation example: d = 8, b = 1e4, p = 3, q = [1..8], fp32.
 R8_COS = [-0.989992499, 0.955336511, 0.999550045, 0.99999553]
 R8_SIN = [0.141120002, 0.295520216, 0.0299954992, 0.00299999560]
 R8_HALF = [
@@ -60,7 +61,7 @@ def test_rope_frequencies_default_scaling_dict_is_the_same_as_none() -> None:
     assert attention_factor == 1.0
 
 
-# ---------------------------------------------------------------------------- R.8 rotation
+# ----------------------------------------------------------------------- the rotation example
 
 
 def _r8_cos_sin() -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +131,7 @@ def test_partial_rotary_rotates_first_16_channels_and_passes_the_rest_unchanged(
     torch.testing.assert_close(got[..., :16].double(), expected, rtol=1e-5, atol=1e-5)
 
 
-# ---------------------------------------------------------------------------- layouts (P1)
+# --------------------------------------------------------------------------------- layouts
 
 
 def _perm(d: int) -> torch.Tensor:
@@ -141,7 +142,7 @@ def _perm(d: int) -> torch.Tensor:
 def test_half_layout_of_permuted_channels_equals_permuted_interleaved_layout(
     head_dim: int,
 ) -> None:
-    # Spec P1: half(x[perm]) == interleaved(x)[perm] with perm = [0, 2, ..., d-2, 1, 3, ..., d-1].
+    # half(x[perm]) == interleaved(x)[perm] with perm = [0, 2, ..., d-2, 1, 3, ..., d-1].
     torch.manual_seed(0)
     perm = _perm(head_dim)
     half = relpos.create("rope", num_heads=2, head_dim=head_dim, layout="half")
@@ -257,7 +258,7 @@ def test_dynamic_rope_rotates_queries_and_keys_with_one_base_per_call() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_rope_score_at_10_3_equals_score_at_1007_1000(dtype: torch.dtype) -> None:
-    # The spec reports 1.4e-13 agreement in fp64. relpos (like HF) forms integer-position angles
+    # With fp64 angles the two agree to ~1e-13. relpos (like HF) forms integer-position angles
     # in fp32 even for fp64 q/k, so the agreement is at fp32 angle precision: measured 2.2e-6
     # (fp64 q/k) and 3.8e-6 (fp32) for a score of size ~2; pinned at 1e-5.
     torch.manual_seed(0)
@@ -304,7 +305,7 @@ def _angle_errors(pos: torch.Tensor, head_dim: int = 128) -> tuple[torch.Tensor,
 def test_rope_angles_up_to_2_pow_24_are_the_fp32_product_of_position_and_frequency(
     p_max: int,
 ) -> None:
-    # Spec P2 / HF: angles for integer positions <= 2^24 are formed as an fp32 product, so the
+    # As HF: angles for integer positions <= 2^24 are formed as an fp32 product, so the
     # error is the fp32 rounding of the angle, |err| <= 2^-24 |p theta| (+ cos/sin rounding).
     # Measured max error: 1.2e-4 at p ~ 4096, 3.1e-2 at p ~ 1e6, 0.49 at p ~ 2^24 -- about half
     # this bound. NOT below 1e-6: that holds only above 2^24, where relpos switches to fp64.

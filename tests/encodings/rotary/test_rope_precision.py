@@ -1,8 +1,8 @@
-"""Precision of RoPE in bfloat16 / float16 at long positions (spec formulas-rotary.md P2).
+"""Precision of RoPE in bfloat16 / float16 at long positions.
 
 Every result is compared with a float64 reference computed here: float64 angles ``p * theta_i``
 and a float64 rotation of the (exactly representable) low-precision inputs. The frequencies
-are HF's float32 values (``1 / base ** (arange(0, d, 2).float() / d)``, spec section 1): they
+are HF's float32 values (``1 / base ** (arange(0, d, 2).float() / d)``): they
 define the model, so the reference uses them as given.
 
 Error model, per output channel of a pair ``(a, b)`` rotated by ``phi = p * theta_i``:
@@ -20,7 +20,7 @@ float32 angles (exact enough there), everything else is formed in float64 and re
 2 pi before the cast (``functional.rope_angles``). Between 2^17 and 2^24 HF-style float32
 angles would cost more than the dtype's own rounding (2.5 eps in bf16 and 16 eps in fp16 at
 p = 10^6, 48 eps / 386 eps at p = 2^24 - 1, where the angle is off by 0.44 rad): those
-positions are tested explicitly. Angles formed in bfloat16 (the pitfall of P2) break even
+positions are tested explicitly. Angles formed in bfloat16 (a known pitfall) break even
 the float32-angle bound, which shows the bounds can fail.
 """
 
@@ -207,7 +207,7 @@ def test_position_2_24_plus_1_is_not_rounded_to_2_24():
 
 
 def naive_bf16_angles(p: int) -> torch.Tensor:
-    """The pitfall of spec P2: position and theta in bfloat16, product in bfloat16."""
+    """The pitfall: position and theta in bfloat16, product in bfloat16."""
     return torch.tensor([p]).to(torch.bfloat16)[:, None] * hf_inv_freq().to(torch.bfloat16)
 
 

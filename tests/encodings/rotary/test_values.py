@@ -1,5 +1,6 @@
-"""RoVE (``relpos.encodings.rotary.values``): outputs are the attentive convolution with
-kernel R(n - m) (spec section 18), and equal RoPE with values and outputs rotated by hand."""
+"""RoVE (``relpos.encodings.rotary.values``): outputs are the attentive convolution with kernel
+``R(n - m)`` (the paper's formula, arXiv 2606.11275), and equal RoPE with values and outputs
+rotated by hand."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """xPos and hyperbolic-rope (``relpos.encodings.rotary.xpos``): zeta and the score decay of
-spec section 10 / R.7, hyperbolic-rope is xPos at init and decays monotonically, and the
+torchscale's ``XPOS``, hyperbolic-rope is xPos at init and decays monotonically, and the
 envelope is exact and finite at long spans (against a float64 reference)."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_hyperbolic_rope_envelope_decays_monotonically():
         relpos.attention(q, q, q, hyp, causal=False)
 
 
-# R.7: xPos zeta.
+# xPos zeta (torchscale's formula, d = 8).
 R7_ZETA_D8 = [0.285714286, 0.464285714, 0.642857143, 0.821428571]
 
 
@@ -110,7 +110,7 @@ def test_xpos_scores_are_invariant_to_shifting_query_and_keys_together(shift: in
 
 @pytest.mark.parametrize("pair", range(4))
 def test_xpos_score_at_distance_2048_carries_zeta_to_the_fourth_per_pair(pair: int) -> None:
-    # R.7: with B = 512 the per-pair score factor at distance 2048 is zeta_i^4. Put q and k on
+    # with B = 512 the per-pair score factor at distance 2048 is zeta_i^4. Put q and k on
     # pair i only; the xPos score divided by the plain (interleaved) RoPE score is that factor.
     r7_zeta4 = [0.00666389, 0.0464666, 0.170788, 0.455281]
     xpos = relpos.create("xpos", num_heads=1, head_dim=8)
@@ -125,17 +125,17 @@ def test_xpos_score_at_distance_2048_carries_zeta_to_the_fourth_per_pair(pair: i
     torch.testing.assert_close(ratio[0, 0, 0, 0], torch.tensor(r7_zeta4[pair]), rtol=1e-4, atol=0)
 
 
-# ----------------------------------------------------------------------- long spans (issue 10)
+# ------------------------------------------------------------------------------- long spans
 
 
 def envelope_scores_fp64(q, k, q_pos, k_pos, theta, rates, layout):
     """``sum_i e^{-a_i (n - m)} <RoPE(q, n)_i, RoPE(k, m)_i>`` in float64: the score of
-    spec §10 per pair ``i`` with decay rate ``a_i`` (xPos: ``-ln(zeta_i) / B``), the rotation
+    xPos per pair ``i`` with decay rate ``a_i`` (xPos: ``-ln(zeta_i) / B``), the rotation
     by the given frequencies (angles rounded to float32 as HF forms them for positions up to
     2^16; above, exact). ``(Lq, D)``, ``(Lk, D)`` -> ``(Lq, Lk)``."""
     f = theta.numel()
     qr, kr = rope_fp64(q, q_pos, theta, layout), rope_fp64(k, k_pos, theta, layout)
-    if int(max(q_pos.max(), k_pos.max())) <= 2**16:  # HF's float32 angles (spec P2)
+    if int(max(q_pos.max(), k_pos.max())) <= 2**16:  # HF's float32 angles
         qr = rope_fp64(q, q_pos, theta, layout, float32_angles=True)
         kr = rope_fp64(k, k_pos, theta, layout, float32_angles=True)
 

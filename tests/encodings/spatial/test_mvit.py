@@ -1,5 +1,5 @@
-"""MViTv2 decomposed relative positions (``relpos.encodings.spatial.mvit``): the distance
-matrices of ``../shared/spec/formulas-bias.md`` section 16, the official
+"""MViTv2 decomposed relative positions (``relpos.encodings.spatial.mvit``): distance matrices
+worked out from the official code (facebookresearch/mvit), the official
 ``cal_rel_pos_spatial`` transcribed (forward and backward), the unscaled query, the 3-D
 temporal term, and the former registry names."""
 

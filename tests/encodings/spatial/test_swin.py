@@ -1,5 +1,5 @@
 """Swin (2-D, 3-D) and Swin-V2 relative position biases (``relpos.encodings.spatial.swin``):
-the reference values of ``../shared/spec/formulas-bias.md`` section 15, the official index
+reference values worked out from the official code (microsoft/Swin-Transformer), the official index
 construction and resize recipe transcribed, and dense references written from the formulas
 (loops over token pairs), forward and backward."""
 

@@ -1,5 +1,5 @@
-"""RoPE base lower bound (Men et al. 2024) against the spec's values (formulas-rotary.md
-section 11 and R.17). ``B_m(b)`` is re-derived here in float64 for the certificates."""
+"""RoPE base lower bound (Men et al. 2024, arXiv 2405.14591) against the paper's table. ``B_m(b)``
+is re-derived here in float64 for the certificates."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ SPEC_BOUNDS = {
 
 
 def advantage(base: float, m: torch.Tensor, d: int = 128) -> torch.Tensor:
-    """``B_m(b) = sum_{i < d/2} cos(m b^(-2i/d))`` (spec section 11), float64."""
+    """``B_m(b) = sum_{i < d/2} cos(m b^(-2i/d))`` (the paper's definition), float64."""
     i = torch.arange(d // 2, dtype=torch.float64)
     return torch.cos(m.double()[:, None] * base ** (-2 * i / d)).sum(-1)
 
@@ -89,7 +89,7 @@ def test_fit_is_the_papers_power_law():
 
 @pytest.mark.slow
 def test_one_million_tokens():
-    # Not in the spec's table: check the definition, not a number (bound ~ 3.3e8 here).
+    # Not in the paper's table: check the definition, not a number (bound ~ 3.3e8 here).
     context = 2**20
     bound = rope_base_lower_bound(context)
     assert min_advantage(bound.base, context) >= 0

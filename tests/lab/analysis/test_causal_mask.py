@@ -1,4 +1,4 @@
-"""The causal mask as positional information (seed 70; spec remaining.md D4, Fig. 1)."""
+"""The causal mask as positional information (Kim et al. 2025, the official simulation, Fig. 1)."""
 
 from __future__ import annotations
 

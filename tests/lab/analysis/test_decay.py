@@ -80,7 +80,7 @@ def test_xpos_decays_faster_than_rope():
     tail = slice(1024, None)
     assert sum(xpos.bound[tail]) < 0.8 * sum(rope.bound[tail])
     # Its phasors carry zeta_i^(r/B): at r = 512 pair i of the all-ones score is zeta_i times
-    # RoPE's (spec section 10: zeta = (2i + 0.4 d) / (1.4 d)).
+    # RoPE's (torchscale's xPos: zeta = (2i + 0.4 d) / (1.4 d)).
     zeta = (torch.arange(0, 64, 2, dtype=torch.float64) + 0.4 * 64) / (1.4 * 64)
     th = theta(64)
     expected = 2 * (zeta * torch.cos(512 * th)).sum()

@@ -1,4 +1,4 @@
-"""``relpos analyze`` diagnostic modes (issue 15 D1-D5): each writes a PNG and a JSON and
+"""``relpos analyze`` diagnostic modes: each writes a PNG and a JSON and
 prints a table, from encodings or a model; bad input is one error line (exit 2) and writes
 nothing."""
 

@@ -1,4 +1,5 @@
-"""Frequencies and wavelengths under RoPE scalings, against spec R.1, R.2, R.4, R.9."""
+"""Frequencies and wavelengths under RoPE scalings, against HF ``transformers`` 5.24.0's float32
+frequencies (default, linear, YaRN, proportional)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_yarn_attention_factor_matches_r4():
 
 
 def test_proportional_zero_frequencies_have_infinite_wavelength():
-    # R.9: head_dim 16, p = 0.25, b = 1e6 -> [1, 0.177827939, 0, 0, 0, 0, 0, 0].
+    # HF proportional: head_dim 16, p = 0.25, b = 1e6 -> [1, 0.177827939, 0, 0, 0, 0, 0, 0].
     p = frequency_profile(16, 1e6, {"rope_type": "proportional", "partial_rotary_factor": 0.25})
     assert p.inv_freq == pytest.approx([1, 0.177827939, 0, 0, 0, 0, 0, 0], rel=1e-6)
     assert p.wavelength[2:] == [math.inf] * 6

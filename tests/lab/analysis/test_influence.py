@@ -1,4 +1,4 @@
-"""Positional influence by rollout (seed 37; spec remaining.md D3 reference values, N = 4)."""
+"""Positional influence by rollout (Wu et al. 2025): worked reference values, N = 4."""
 
 from __future__ import annotations
 

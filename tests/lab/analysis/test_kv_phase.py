@@ -1,4 +1,4 @@
-"""Phase sensitivity of chunked KV compression (seed 82; spec remaining.md D5 kernel)."""
+"""Phase sensitivity of chunked KV compression (the sanity kernel of ``kv_phase``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Needle retrieval through a pooled KV cache (seed 82, spec remaining.md D5 on a model): the
-pooled cache against the spec's sanity kernel, the uncompressed cache against a full forward,
+"""Needle retrieval through a pooled KV cache (the phase diagnostic on a model): the pooled
+cache against the sanity kernel, the uncompressed cache against a full forward,
 prompts at the requested phase, and the sweep on the untrained smoke-test model."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ENCODE = ByteTokenizer().encode
     ],
 )
 def test_a_pooled_window_of_equal_keys_scores_the_spec_kernel(stride, phase, expected):
-    # keys equal before RoPE: pooling then re-rotating at w + phi_r is the spec's kernel S(phi)
+    # keys equal before RoPE: pooling then re-rotating at w + phi_r is the sanity kernel S(phi)
     enc = relpos.create("rope", num_heads=1, head_dim=64).double()
     x = torch.full((1, 1, stride, 64), 64**-0.5, dtype=torch.float64)
     pos = torch.arange(stride)[None]

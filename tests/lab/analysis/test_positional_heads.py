@@ -1,4 +1,4 @@
-"""Positional heads (seed 113; spec remaining.md D2 reference centroid)."""
+"""Positional heads (Hong et al. 2024, arXiv 2410.08703): a worked reference centroid."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Theoretical receptive field (seed 23; spec remaining.md D1 reference values)."""
+"""Theoretical receptive field (Qin et al. 2024, arXiv 2307.10156): worked reference values."""
 
 from __future__ import annotations
 

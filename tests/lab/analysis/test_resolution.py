@@ -1,4 +1,4 @@
-"""Attention resolution (Sun et al. 2022; spec formulas-rotary.md section 10, Authority C)."""
+"""Attention resolution (Sun et al. 2022, arXiv 2212.10554; the formula as recalled)."""
 
 from __future__ import annotations
 

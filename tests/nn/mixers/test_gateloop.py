@@ -1,5 +1,6 @@
-"""GateLoop (seed 34): recurrent == chunked == surrogate attention, stable in log space,
-decoding with a state, gradients; spec efficient.md §6 reference values."""
+"""GateLoop (arXiv 2311.01927): recurrent == chunked == surrogate attention, stable in log space,
+decoding with a state, gradients; reference values computed independently in float64 from the
+recurrence."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""LightNet (seed 32): the additive recurrence against the dense prefix-softmax formula,
-MD-LRPE relativity per axis, MD-TPE against the dense Toeplitz mixer, decoding; spec
-efficient.md §5 "How to verify"."""
+"""LightNet (arXiv 2405.21022): the additive recurrence against the dense prefix-softmax formula,
+MD-LRPE relativity per axis, MD-TPE against the dense Toeplitz mixer, decoding."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def case(B=1, H=2, L=50, D=4, Dv=3, key_scale=10.0, seed=0, dtype=torch.float32)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("null_slot", [True, False])
 def test_additive_recurrence_equals_the_dense_formula(mode, null_slot):
-    q, k, v = case()  # k ~ N(0, 10^2), L = 50, fp32 (spec: 1e-6)
+    q, k, v = case()  # k ~ N(0, 10^2), L = 50, fp32 (tolerance 1e-6)
     o = lightnet_scan(q, k, v, null_slot=null_slot, mode=mode, chunk_size=8)
     assert o.dtype == torch.float32
     ref = dense(q, k, v, 1 if null_slot else 0)

@@ -1,6 +1,6 @@
-"""RelFlexformer (seed 3; efficient.md §2): the exact sum, the dense spectral quadrature, the
-NUFFT and the random-feature fold agree as the spec says; the aliasing and truncation
-conditions are checked when the grid is built."""
+"""RelFlexformer (arXiv 2605.10706; a reconstruction): the exact sum, the dense spectral quadrature,
+the NUFFT and the random-feature fold agree to their stated error bounds; the aliasing and
+truncation conditions are checked when the grid is built."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from relpos.nn.mixers.relflexformer import (
 
 
 def spec_case():
-    """efficient.md §2: 64 points in the unit cube, then x, from default_rng(0)."""
+    """The reference case: 64 points in the unit cube, then x, from default_rng(0)."""
     rng = np.random.default_rng(0)
     r = torch.tensor(rng.random((64, 3)))[None]
     x = torch.tensor(rng.standard_normal(64))[None, None, :, None]
@@ -54,14 +54,14 @@ def test_dense_quadrature_errors_match_the_spec(h, omega, low, high):
     err = float(
         (quadrature_convolution(x, r, r, mod, grid) - direct_convolution(x, r, r, mod)).abs().max()
     )
-    assert low <= err < high  # spec: 6.3e-11 and 1.4e-13
+    assert low <= err < high  # reference: 6.3e-11 and 1.4e-13
 
 
 def test_the_aliasing_grid_of_the_spec_is_refused_at_build_time_and_really_aliases():
     r, x, mod = spec_case()
     with pytest.raises(ValueError, match=r"h=0.6 aliases: .*period 1/h = 1.667"):
         plan_grid(mod, span_of(r), 1e-8, h=0.6, omega=5.4)
-    # the refused grid, built by hand, is as wrong as the spec says (4.7e-3)
+    # the refused grid, built by hand, is as wrong as predicted (4.7e-3)
     grid = SpectralGrid(h=0.6, half_modes=9, dims=3, aliasing=1.0, truncation=0.0, tol=1e-8)
     err = float(
         (quadrature_convolution(x, r, r, mod, grid) - direct_convolution(x, r, r, mod)).abs().max()
@@ -111,7 +111,7 @@ def test_a_planned_grid_meets_its_tolerance_against_the_exact_sum(modulation, to
 
 
 def test_on_an_integer_line_it_is_the_toeplitz_rpe_of_luo_et_al():
-    """efficient.md §2: with r = integer positions the model is §1's kernelized attention with
+    """With r = integer positions the model is Luo et al.'s kernelized attention with
     the bias b(d) = log f(d)."""
     gen = torch.Generator().manual_seed(0)
     B, H, L, m, Dv = 1, 2, 12, 3, 2

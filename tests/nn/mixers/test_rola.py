@@ -1,4 +1,4 @@
-"""RoLA's low-rank branch (seed 26; efficient.md §4): RoPE outside the feature map, on a
+"""RoLA's low-rank branch (a reconstruction from the abstract): RoPE outside the feature map, on a
 frequency subset of the model's (N-D) rotary schedule."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def spec_inputs():
     ],
 )
 def test_full_rank_with_the_whole_schedule_is_roformers_linear_form(causal, rows):
-    """efficient.md §4 reference rows (elu+1, RoPE base 10000, half layout, positions 0..5)."""
+    """Reference rows of RoFormer's linear form (elu+1, RoPE base 10000, half layout, positions
+    0..5)."""
     q, k, v = spec_inputs()
     rope = relpos.create("rope", num_heads=1, head_dim=4, base=10000.0, layout="half")
     out = rola_attention(q, k, v, rope, EluPlusOne(4), causal=causal)

@@ -1,4 +1,4 @@
-"""Sparse + low-rank attention with RoPE (RoLA seed 26, RoPeSLR seed 96, combined as SLA):
+"""Sparse + low-rank attention with RoPE (RoLA, RoPeSLR arXiv 2605.20659, combined as SLA):
 the blocked form equals the O(L^2) dense definition, the limits are softmax attention and the
 RoLA branch alone, both RoLA branches are relative, RoPeSLR's is not, causal calls read no
 future token, and masked rows are safe."""

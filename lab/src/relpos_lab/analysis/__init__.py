@@ -5,11 +5,12 @@ them (matplotlib, imported only by the plot functions).
 * ``base_bound``: the RoPE base lower bound for a context length (Men et al. 2024);
 * ``resolution``: attention resolution (Sun et al. 2022, xPos);
 * ``frequencies``: RoPE frequencies and wavelengths under any scaling;
-* ``receptive_field``: theoretical (bias) and effective (gradient) receptive fields (seed 23);
-* ``positional_heads``: dimension-level analysis of rotary heads (seed 113);
-* ``influence``: positional influence of masks and RPEs by attention rollout (seed 37);
-* ``causal_mask``: the causal mask as positional information, non-relativity (seed 70);
-* ``kv_phase``: phase sensitivity of chunked KV compression (seed 82);
+* ``receptive_field``: theoretical (bias) and effective (gradient) receptive fields (Qin et al.
+  2024);
+* ``positional_heads``: dimension-level analysis of rotary heads (Hong et al. 2024);
+* ``influence``: positional influence of masks and RPEs by attention rollout (Wu et al. 2025);
+* ``causal_mask``: the causal mask as positional information, non-relativity (Kim et al. 2025);
+* ``kv_phase``: phase sensitivity of chunked KV compression;
 * ``model_capture``: models as input (rotated q/k, logits and weights per layer).
 """
 

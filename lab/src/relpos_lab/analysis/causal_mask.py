@@ -1,7 +1,6 @@
 """The causal mask as positional information (Kim et al. 2025, "Behind RoPE: How Does Causal
-Mask Encode Positional Information?"; seed 70).
-
-Authority A: starmpcc/causal_mask_encodes_positional (``concept/simulation*.ipynb``). With
+Mask Encode Positional Information?"; official code starmpcc/causal_mask_encodes_positional,
+``concept/simulation*.ipynb``, read). With
 no parameters at all, a causal residual attention layer makes the next layer's scores depend
 on the positions (nearby pairs score higher); combined with RoPE it makes RoPE's pattern
 non-relative.

@@ -1,15 +1,17 @@
-"""The diagnostic modes of ``relpos analyze`` (issue 15, spec remaining.md D1-D5):
+"""The diagnostic modes of ``relpos analyze``:
 
-* ``receptive-field``: theoretical receptive field of bias encodings (seed 23); with
-  ``--model`` (one or several, or a ``relpos extrapolate`` run folder) each model's effective
-  receptive field beside the TRF of its own encoding, and the TRF-against-ERF plot;
-* ``positional-heads``: dimension-level analysis of rotary attention (seed 113), on
-  encodings at initialisation or a model (``--model smollm2``), and with ``--scalings`` the
-  same model under PI / YaRN / NTK (the heat maps side by side, the top-k change);
-* ``influence``: position bias from masks and RPEs as a graph rollout (seed 37);
-* ``causal-mask``: the causal mask as positional information (seed 70's simulation, or a
+* ``receptive-field``: theoretical receptive field of bias encodings (Qin et al. 2024, arXiv
+  2307.10156); with ``--model`` (one or several, or a ``relpos extrapolate`` run folder) each
+  model's effective receptive field beside the TRF of its own encoding, and the TRF-against-ERF
+  plot;
+* ``positional-heads``: dimension-level analysis of rotary attention (Hong et al. 2024, arXiv
+  2410.08703), on encodings at initialisation or a model (``--model smollm2``), and with
+  ``--scalings`` the same model under PI / YaRN / NTK (the heat maps side by side, the top-k
+  change);
+* ``influence``: position bias from masks and RPEs as a graph rollout (Wu et al. 2025);
+* ``causal-mask``: the causal mask as positional information (Kim et al. 2025's simulation, or a
   model's score maps on text);
-* ``kv-phase``: phase sensitivity of chunked KV compression (seed 82's sanity kernel), and
+* ``kv-phase``: phase sensitivity of chunked KV compression (a sanity kernel), and
   with ``--model`` needle retrieval through the model's pooled KV cache
   (``kv_phase_retrieval.png``).
 
@@ -89,7 +91,7 @@ def _receptive_field(args: argparse.Namespace) -> int:
                  "converges" if r.converges[h] else "diverges"]
             )  # fmt: skip
     print_table(
-        f"theoretical receptive field (eps {epsilon:g}; seed 23)",
+        f"theoretical receptive field (eps {epsilon:g}; Qin et al. 2024)",
         ["encoding", "head", *(f"N={n}" for n in lengths), f"N={2 * lengths[-1]}", "verdict"],
         rows,
         caption="verdict: converges when the TRF moves < 1% from N to 2N",
@@ -213,7 +215,7 @@ def _positional_heads(args: argparse.Namespace) -> int:
             rows.append([r.label, str(layer), str(head), _f(rho, 3),
                          _f(r.low_frequency_share[layer][head], 3)])  # fmt: skip
     print_table(
-        f"positional heads (seed 113): top {top} by rho, L = {length}",
+        f"positional heads (Hong et al. 2024): top {top} by rho, L = {length}",
         ["input", "layer", "head", "rho", "low-freq share"],
         rows,
         caption="rho: attention-weighted correlation of the dimension centroid with "
@@ -305,7 +307,7 @@ def _influence(args: argparse.Namespace) -> int:
         for p in profiles
     ]  # fmt: skip
     print_table(
-        f"positional influence on the last token (seed 37), N = {length}"
+        f"positional influence on the last token (Wu et al. 2025), N = {length}"
         + (", residual" if args.residual else ""),
         ["input", "depth", "psi_1(0)", "psi_t(0)", "middle mass", "psi_t(N-1)"],
         rows,
@@ -372,7 +374,7 @@ def _causal_mask(args: argparse.Namespace) -> int:
         for r in results
     ]
     print_table(
-        "non-relativity of the mean score maps (seed 70)",
+        "non-relativity of the mean score maps (Kim et al. 2025)",
         ["input", *(f"l{i}" for i in shown)],
         rows,
         caption="l<n>: layer n; NR = |D|_F / |S - mean|_F (lower triangle); 0 = relative",
@@ -453,7 +455,7 @@ def _kv_phase(args: argparse.Namespace) -> int:
         rows.append([r.encoding, str(r.stride), f"{r.reference_phase:g}", r.pool,
                      " ".join(f"{v:.4f}" for v in mean), _f(max(r.phase_gap), 3)])  # fmt: skip
     print_table(
-        "phase sensitivity of chunked KV compression (seed 82 sanity kernel)",
+        "phase sensitivity of chunked KV compression (sanity kernel)",
         ["encoding", "stride", "phase_r", "pool", "S(phase) (head mean)", "max gap"],
         rows,
         caption="S: score of a matching query against the pooled key, relative to the "
@@ -512,7 +514,7 @@ def add_modes(mode: Any) -> None:
         p.add_argument("--num-heads", default=heads, help=f"heads ({heads})")
         p.add_argument("--head-dim", default=dim, help=f"channels per head ({dim})")
 
-    p = mode("receptive-field", "theoretical receptive field of bias encodings (seed 23)")
+    p = mode("receptive-field", "theoretical receptive field of bias encodings (Qin et al. 2024)")
     p.add_argument(
         "--encodings", default="alibi,kerple-log", help="registry names (alibi,kerple-log)"
     )
@@ -530,7 +532,7 @@ def add_modes(mode: Any) -> None:
     p.add_argument("--texts", default="4", help="texts averaged for the ERF (4)")
     p.add_argument("--seed", default="0", help="seed of fresh: models (0)")
 
-    p = mode("positional-heads", "positional heads of rotary attention (seed 113)")
+    p = mode("positional-heads", "positional heads of rotary attention (Hong et al. 2024)")
     p.add_argument("--encodings", default="rope", help="rotary registry names (rope)")
     shape_flags(p, "4", "64")
     p.add_argument("--length", default="128", help="tokens (128)")
@@ -545,7 +547,7 @@ def add_modes(mode: Any) -> None:
     )  # fmt: skip
     p.add_argument("--factor", default="2", help="factor of --scalings (2, as relpos longctx)")
 
-    p = mode("influence", "position bias of masks and RPEs as a graph rollout (seed 37)")
+    p = mode("influence", "position bias of masks and RPEs as a graph rollout (Wu et al. 2025)")
     p.add_argument("--masks", default="causal,decay", help="mask graphs (causal,decay)")
     p.add_argument(
         "--encodings", default="nope,alibi,rope", help="registry names (nope,alibi,rope)"
@@ -560,7 +562,7 @@ def add_modes(mode: Any) -> None:
     p.add_argument("--seed", default="0", help="seed (0)")
     model_flag(p, "also a model's per-layer attention on text")
 
-    p = mode("causal-mask", "the causal mask as positional information (seed 70)")
+    p = mode("causal-mask", "the causal mask as positional information (Kim et al. 2025)")
     p.add_argument("--encodings", default="nope,rope", help="nope or rotary names (nope,rope)")
     p.add_argument("--layers", default="4", help="residual layers (4)")
     p.add_argument("--batch", default="2000", help="sequences (2000)")
@@ -571,7 +573,7 @@ def add_modes(mode: Any) -> None:
     model_flag(p, "also a model's score maps on text (--seq tokens)")
     p.add_argument("--texts", default="4", help="texts averaged with --model (4)")
 
-    p = mode("kv-phase", "phase sensitivity of chunked KV compression (seed 82)")
+    p = mode("kv-phase", "phase sensitivity of chunked KV compression")
     p.add_argument("--encodings", default="rope", help="rotary registry names (rope)")
     shape_flags(p, "1", "64")
     p.add_argument("--strides", default="4,8", help="compression strides (4,8)")

@@ -2,7 +2,7 @@
 
 For pair ``i`` the inverse frequency is ``theta_i`` (``relpos.functional.rope_frequencies``
 with a Hugging Face ``rope_scaling`` dict) and the wavelength is ``lambda_i = 2 pi / theta_i``
-tokens (spec formulas-rotary.md section 0): pairs whose wavelength exceeds the training
+tokens: pairs whose wavelength exceeds the training
 context never complete a turn during training, which is what context-extension methods
 (PI, NTK, YaRN, Llama 3, LongRoPE) rescale and p-RoPE removes (zero frequency, infinite
 wavelength). ``scaling_presets`` gives one dict per type for a common ``factor`` and
@@ -98,7 +98,7 @@ def scaling_presets(
     """One example dict per scaling type, extending ``original`` tokens by ``factor``.
 
     Llama 3 uses its published band factors (low 1, high 4); LongRoPE a synthetic
-    ``long_factor = linspace(1, factor, d/2)`` (as in spec R.6); p-RoPE keeps a quarter of the
+    ``long_factor = linspace(1, factor, d/2)``; p-RoPE keeps a quarter of the
     frequencies (``partial_rotary_factor`` 0.25, as Gemma 4). Length-dependent types are
     evaluated at ``factor * original`` by ``default_profiles``.
     """

@@ -1,10 +1,10 @@
 """Position bias of attention as a graph quantity: the positional influence profile (Wu et al.,
-"On the Emergence of Position Bias in Transformers", ICML 2025; seed 37).
+"On the Emergence of Position Bias in Transformers", ICML 2025).
 
-Authority A for the setting (xinyiwu98/position-bias-in-attention: its masks and the
-rollout), C for the theory. Masks are graphs; composing L layers of attention is a walk of
-length L on them, so causal masking piles the influence of deep layers on the first tokens,
-and decay masks or RoPE trade recency at one layer against that accumulation.
+The setting follows the official code (xinyiwu98/position-bias-in-attention: its masks and the
+rollout); the theory is from the paper, not checked. Masks are graphs; composing L layers of
+attention is a walk of length L on them, so causal masking piles the influence of deep layers on the
+first tokens, and decay masks or RoPE trade recency at one layer against that accumulation.
 
     A_l     = head-mean attention of layer l        (N, N), rows sum to 1
     R_t     = A_t ··· A_1        or, with the residual stream, Π (A_l + I) / 2

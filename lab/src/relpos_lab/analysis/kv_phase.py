@@ -1,11 +1,12 @@
-"""Phase sensitivity of chunked KV-cache compression (seed 82; the paper was not located).
+"""Phase sensitivity of chunked KV-cache compression (known from an abstract only; the paper
+was not located).
 
-Authority C (the abstract): compressing the cache in windows of stride s gives every token a
+The abstract's claim: compressing the cache in windows of stride s gives every token a
 *phase*, its offset from the window boundary, ``φ(p) = (p - offset) mod s``; retrieval then
 varies periodically with the needle's phase (by up to 40 points in open models), so
 evaluations of compressed caches must sweep the phase.
 
-The harness sanity kernel (constructed in ``shared/spec/remaining.md`` D5, computed here
+The harness sanity kernel (constructed for relpos, computed here
 through the encoding's own ``rotate``): pool the window's keys *before* RoPE and rotate the
 pooled key at a reference phase ``φ_r`` (a window position, fractional allowed); a query
 that matches the needle, placed at the needle's position, then scores

@@ -1,7 +1,7 @@
 """Needle retrieval through a chunked (stride-s window pooled) KV cache: the real-model half
-of the phase-sensitivity diagnostic (seed 82; ``kv_phase.py`` holds the sanity kernel).
+of the phase-sensitivity diagnostic (``kv_phase.py`` holds the sanity kernel).
 
-Authority C (the abstract; the paper was not located, ``shared/spec/remaining.md`` D5): a
+Known from an abstract only (the paper itself was not located; a reconstruction): a
 cache compressed in windows of ``s`` tokens gives each token a *phase*
 ``φ(p) = (p - offset) mod s``; retrieval of a needle then varies with its phase.
 
@@ -33,11 +33,11 @@ change it):
   *digit accuracy* = the first digit is the argmax (margin > 0), a softer retrieval measure
   for caches that lose the exact key.
 
-``phase_gap = max_φ acc - min_φ acc`` per depth, averaged over depths (the spec's number),
+``phase_gap = max_φ acc - min_φ acc`` per depth, averaged over depths,
 for the accuracy, the digit accuracy and the margin.
 Per (layer, head), the attention mass that the query predicting the key's first digit puts
-on the cache entries overlapping the information line is kept too (the spec's "per-head
-needle attention against φ").
+on the cache entries overlapping the information line is kept too (per-head
+needle attention against φ).
 One prefill per prompt serves every pooling (the pooled caches are built from it).
 """
 

@@ -1,11 +1,9 @@
 """Positional heads: dimension-level analysis of rotary attention (Hong et al. 2024, "On the
-Token Distance Modeling Ability of Higher RoPE Attention Dimension", arXiv 2410.08703; seed
-113).
+Token Distance Modeling Ability of Higher RoPE Attention Dimension", arXiv 2410.08703).
 
-Authority C: no code was found; the metric is reconstructed (``shared/spec/remaining.md``
-D2). The claim: correlating each RoPE dimension's share of the score with the token distance
-identifies "positional heads", which put long-range attention on the high (low-frequency)
-dimensions.
+No code was found; the metric is reconstructed from the abstract. The claim: correlating each RoPE
+dimension's share of the score with the token distance identifies "positional heads", which put
+long-range attention on the high (low-frequency) dimensions.
 
 For rotated queries and keys ``q̃, k̃`` of one head, per rotary pair c (channels ``(2c, 2c+1)``
 interleaved, ``(c, c + d/2)`` half-split):
@@ -20,7 +18,7 @@ on the upper half of the pairs (the low frequencies) for distances above a thres
 Reference (q = k = 1, d = 16, base 10⁴: ``g_c(r) = 2 cos(r θ_c)``): the centroid at r = 0, 1, 4,
 16, 64, 256, 1024 is ``3.5, 3.823, 4.3954, 4.7902, 4.4171, 4.3368, 3.6314``.
 
-Before and after a context extension (the spec's "ρ before and after PI or YaRN"):
+Before and after a context extension (ρ before and after PI or YaRN):
 ``model_head_scores`` scores a model on one prompt, ``scaled_head_scores`` repeats it with
 the model's RoPE replaced by a frequency scaling (``relpos.rope_scaling`` records: ``linear``
 = PI, ``yarn``, ...) on the same tokens, and ``ranking_change`` compares each with the

@@ -1,11 +1,11 @@
 """Theoretical and effective receptive fields (Qin, Zhong & Deng, "Exploring Transformer
-Extrapolation", AAAI 2024, arXiv 2307.10156; seed 23).
+Extrapolation", AAAI 2024, arXiv 2307.10156).
 
-Authority C (abstract; OpenNLPLab/Rpe not reachable): the claim is that a transformer with a
-relative bias ``b(n)`` extrapolates when ``Σ_n exp(b(n))`` converges, and that the
-*theoretical receptive field* (TRF), computed from the bias alone without training, tracks
-the effective one. Reconstruction (``shared/spec/remaining.md`` D1), per head h and a
-context of N tokens:
+Only the abstract was available (the official OpenNLPLab/Rpe could not be read): the claim is that a
+transformer with a relative bias ``b(n)`` extrapolates when ``Σ_n exp(b(n))`` converges, and that
+the *theoretical receptive field* (TRF), computed from the bias alone without training, tracks the
+effective one. Reconstruction (not checked against the paper's code), per head h and a context of N
+tokens:
 
     c_h(t)     = Σ_{n≤t} e^{b_h(n)} / Σ_{n<N} e^{b_h(n)}        (b_h(n): bias at distance n)
     TRF_ε(h,N) = min{t : c_h(t) ≥ 1 - ε}                        (ε = 0.01)

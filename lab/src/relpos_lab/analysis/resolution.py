@@ -1,6 +1,5 @@
 """Attention resolution (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv
-2212.10554; spec formulas-rotary.md section 10, Authority C: the formula was not re-verified
-against the paper text).
+2212.10554; the formula is as recalled, not re-verified against the paper text).
 
 For expected scores ``s[0..N]`` at distances ``0..N``, assumed decreasing,
 

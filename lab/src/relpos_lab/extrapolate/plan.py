@@ -9,12 +9,10 @@
 * ``encoding_options``: what the profile and the corpus give each encoding, read from the
   encoding's declared options (``option_specs``), never from its name.
 
-The protocol (Press et al. 2022, "Train Short, Test Long", arXiv 2108.12409; the spec's
-evaluation.md §1.1, §5) and the two evaluation modes are described in
-``relpos_lab.training.perplexity``. For comparable numbers every length scores the same tokens of
-the
-same text span: the budget ``max_tokens`` is the same for every length and every length's
-scored span starts at the same token (``eval_budget``).
+The protocol (Press et al. 2022, "Train Short, Test Long", arXiv 2108.12409) and the two evaluation
+modes are described in ``relpos_lab.training.perplexity``. For comparable numbers every length
+scores the same tokens of the same text span: the budget ``max_tokens`` is the same for every length
+and every length's scored span starts at the same token (``eval_budget``).
 """
 
 from __future__ import annotations

@@ -25,10 +25,11 @@ Adding one = one entry ``name -> Method(encoding, options)``; the model adds its
   perplexity rows are plain RoPE's.
 
 The last five are piecewise RoPE schedules: they run on the ``chunked`` backend (O(L x block)
-memory), about 5x slower than the rotary-only methods on SDPA, so the profiles run the first
+memory), several times slower than the rotary-only methods on SDPA, so the profiles run the first
 five (``ROPE_SCALINGS``) and the schedules are opt-in (``--methods all`` or by name).
 
-Formulas: ../shared/spec/formulas-rotary.md §3-6.
+Formulas: HF ``transformers`` ``modeling_rope_utils.py`` (PI, dynamic NTK, YaRN) and
+jquesnelle/yarn (static NTK), through ``relpos.rope_scaling``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ METHODS: dict[str, Method] = {
     "self-extend": Method(
         "self-extend", {"group_size": 8, "neighbor_window": 1024}, "Self-Extend G=8, W=1024"
     ),
-    # selecting schedules (engine gap G2): per-head layouts from the raw q.k
+    # selecting schedules: per-head layouts from the raw q.k
     "longheads": Method("longheads", {}, "LongHeads, Lp per head in chunks of min(256, Lp/16)"),
     "pine": Method("pine", {}, "PINE, the filler as 8 documents"),
 }
@@ -84,7 +85,7 @@ PINE_DOCUMENTS = 8
 # The rotary-only methods (SDPA, minutes per length); the piecewise schedules are opt-in.
 ROPE_SCALINGS = ("baseline", "pi", "ntk", "dynamic-ntk", "yarn")
 # Forward time of the piecewise schedules (chunked backend) relative to the rotary-only
-# methods (SDPA); measured: Self-Extend at 2K tokens 79 s CPU vs 16 s for RoPE.
+# methods (SDPA), for the time estimate: the ratio measured for Self-Extend vs RoPE at 2K tokens.
 PIECEWISE_COST = 5.0
 
 

@@ -11,7 +11,7 @@
   per task x model x seed, trained in parallel processes, checkpointed, resumable);
 * ``references``: the published numbers set beside the cells;
 * ``correspondence``, ``nvs``, ``multiview_suite``, ``multiview_report``: ``--suite
-  multiview``, the experiment of the camera spec §5 (relative camera encodings against
+  multiview``, the multiview experiment of docs/tasks.md (relative camera encodings against
   absolute Plücker rays under a rigid change of the test scenes): cross-view correspondence
   and target-feature regression ("tiny NVS").
 """

@@ -18,7 +18,7 @@ function of the generator's state. The official code mixes the JAX key with Pyth
 stack_manipulation), so it is not reproducible from its key; relpos draws the same
 distributions from one generator, not the same numbers.
 
-Quirks of the official code reproduced here (the spec's §2): ``modular_arithmetic`` turns an
+Quirks of the official code reproduced here: ``modular_arithmetic`` turns an
 even length into ``length - 1`` (inputs are always odd); ``odds_first`` puts the 0-based odd
 indices first (``s[1::2] ++ s[0::2]``, the code, not its docstring); ``binary_addition``
 outputs ``T + 1`` tokens (the docstring shows ``T``); for ``length <= 2`` the binary tasks

@@ -1,4 +1,4 @@
-"""Cross-view correspondence, the experiment of spec camera §5: do relative camera encodings
+"""Cross-view correspondence, the multiview experiment (docs/tasks.md): do relative camera encodings
 survive a global rigid transform of the test scenes where absolute Plücker rays do not?
 
 **Task.** A scene of ``relpos_lab.tasks.scenes`` (2 context views and 1 target view of
@@ -7,7 +7,7 @@ a learned role embedding (context / target); cameras enter only through the mode
 position scheme. For each target token the model points at one of the context tokens
 (logits ``(B, P, C)``: the attention logits of a last
 multi-head scoring layer on the final embeddings, with the model's encoding, summed over
-heads; the spec's plain dot product ``q(h_i) . k(h_j)`` would drop the relative frame
+heads; a plain dot product ``q(h_i) . k(h_j)`` would drop the relative frame
 ``T_i T_j^-1`` that a relative encoding puts between the two tokens, so the pointer uses the
 same encoding as attention); the loss is
 the cross-entropy on labelled targets (``multiview.correspondence_labels``), the metric the
@@ -23,14 +23,14 @@ it reads them, ``k_Ks``), and optionally an absolute Plücker embedding
 token features: ``plucker`` in world coordinates, ``plucker-first`` relative to the
 reference camera (CameraCtrl), ``plucker-aug`` in world coordinates with a random rigid
 world change drawn for every training batch (augmentation). ``NAME-known-depth``
-(``rayrope-known-depth``, spec §5 model 6): an encoding that reads per-token depth gets the
+(``rayrope-known-depth``): an encoding that reads per-token depth gets the
 scenes' true depth with no doubt (``known_depth``: ``log d`` of the hit sphere's camera
 depth, ``sigma = 0``; background tokens at the far depth ``e^3``).
 
 **Conditions** (``CONDITIONS``; the images and labels never change, only the coordinates
 the model is given): ``id`` the training distribution (scenes at the origin, reference camera
 = context view 0); ``rigid`` a random rigid change per scene (Haar rotation, translation
-``N(0, 5^2/3 I)``: ``|t| ~ 5``, spec §5); ``ref-swap`` the scene expressed in context view
+``N(0, 5^2/3 I)``: ``|t| ~ 5``); ``ref-swap`` the scene expressed in context view
 1's frame, which is also the reference of ``plucker-first``; ``rigid-S`` the strength sweep
 of the plot: rotation by ``S * 90`` degrees about a random axis and a translation of length
 ``5 S`` in a random direction. Relative encodings that are ``se3_invariant`` give the same
@@ -79,7 +79,7 @@ PLUCKER_SCHEMES = ("plucker", "plucker-first", "plucker-aug")
 #: the strength sweep of the plot (0 is ``id``)
 SWEEP = (0.25, 0.5, 1.0, 2.0)
 CONDITIONS = ("id", "rigid", "ref-swap", *(f"rigid-{s:g}" for s in SWEEP))
-#: translation scale of the rigid test (spec §5: |t| ~ 5)
+#: translation scale of the rigid test (|t| ~ 5)
 RIGID_TRANSLATION = 5.0
 #: the patch-position order each encoding reads (default (x, y) = (column, row))
 POSITION_ORDER = {"gta": "yx"}
@@ -275,7 +275,7 @@ class MultiviewEncoder(nn.Module):
 
     Args:
         feat_dim: token feature width (palette + 1).
-        dim, depth, num_heads: sizes (spec: 96, 4, 2; head 48 divides 8, 16 and 24).
+        dim, depth, num_heads: sizes (the quick profile's: 96, 4, 2; head 48 divides 8, 16 and 24).
         encoding: registry name acting in attention; ``encoding_options`` its options (the
             scene's ``image_size`` and ``grid`` are filled in, ``scene_options``).
         plucker: None or one of ``PLUCKER_SCHEMES`` (an absolute Plücker embedding).
@@ -334,7 +334,7 @@ class MultiviewEncoder(nn.Module):
 
 
 class CorrespondenceModel(MultiviewEncoder):
-    """The §5 pointer network: the ``MultiviewEncoder`` trunk (same arguments) and a last
+    """The pointer network: the ``MultiviewEncoder`` trunk (same arguments) and a last
     multi-head scoring layer with the trunk's encoding (module docstring).
 
     ``forward(batch: ViewBatch) -> (B, P, C)`` pointer logits of each target token over the

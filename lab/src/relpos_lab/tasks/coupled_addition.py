@@ -5,7 +5,7 @@ HanseulJo/position-coupling ``src/data/addition.py``, ``scripts/addition/*.sh``)
 Format (the official ``AdditionDataset`` with ``padding=True, reverse_output=True``): both
 operand lengths uniform in ``min..max`` digits, each number uniform with a non-zero leading
 digit (``0..9`` for one digit); operands zero-padded to the longer one (the code's ``P``,
-read as ``0`` per the spec), the sum padded to ``max_len + 1`` digits and written least
+read as ``0``), the sum padded to ``max_len + 1`` digits and written least
 significant digit first, then EOS: ``123+045=8610 <eos>`` (123 + 45 = 168).
 
 Position ids (``relpos.schedules.coupled_positions(..., reverse_answer=True)``): a digit of

@@ -1,5 +1,5 @@
-"""Where a trained coupled-addition model attends, answer digit by answer digit (issue 13,
-claim 3's diagnosis).
+"""Where a trained coupled-addition model attends, answer digit by answer digit (the diagnosis
+of coupled exact match collapsing, docs/tasks.md).
 
 With position coupling (Cho et al. 2024, arXiv 2405.20671) the token that predicts answer
 digit ``k`` has coupled id ``s + k`` and needs the two operand digits of significance ``k``,

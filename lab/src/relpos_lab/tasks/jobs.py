@@ -544,8 +544,8 @@ def one_thread() -> Iterator[None]:
 
 
 def worker(job_data: dict[str, Any], resume: bool) -> dict[str, Any]:
-    """Entry point of a worker process: one thread (the spec measured one thread per model as
-    faster than two on a loaded machine), no progress bar."""
+    """Entry point of a worker process: one thread (one thread per model ran faster than two on
+    a loaded 2-core machine), no progress bar."""
     torch.set_num_threads(1)
     job = Job(**job_data)
     return run_job(job, resume=resume, progress=False, log=lambda _: None)

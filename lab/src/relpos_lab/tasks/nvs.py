@@ -1,4 +1,4 @@
-"""Target-feature regression ("tiny NVS"), the secondary task of spec camera §5: can the
+"""Target-feature regression ("tiny NVS"), the secondary task of the multiview experiment: can the
 model say what the target view shows from the context views and the cameras alone?
 
 **Task.** The scenes, conditions and model specs of ``correspondence`` (2 context views with

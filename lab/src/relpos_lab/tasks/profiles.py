@@ -1,6 +1,6 @@
 """Profiles of ``relpos tasks``: per suite, the tasks, models, sizes and the length protocol.
 
-``quick`` is the CPU protocol of the spec (tasks.md §7; minutes per model on one core);
+``quick`` is a CPU protocol (minutes per model on one core);
 ``full`` is the larger one of the same table (hours). Every number can be overridden from the
 command line (``--dim --depth --heads --batch --lr --steps --seeds``,
 ``relpos_lab.training.profiles.add_training_arguments``).
@@ -185,9 +185,9 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             num_heads=4,
             batch_size=32,
             steps=2000,
-            # the spec's 3e-4, constant, did not learn copy at the training lengths in 2000
-            # steps (exact match 0.25 at length 10, loss 0.06-0.2); spec §5: a CPU-sized
-            # protocol must raise the learning rate. Warmup and decay: the official trainer's.
+            # a constant 3e-4 did not learn copy at the training lengths in 2000 steps, and the
+            # NoPE study's own small setting collapses for every encoding: a CPU-sized protocol
+            # must raise the learning rate. Warmup and decay: the official trainer's.
             lr=1e-3,
             warmup=120,
             train_len=10,

@@ -1,14 +1,14 @@
-"""Published reference points set beside ``relpos tasks`` cells (the spec's §4-§6).
+"""Published reference points set beside ``relpos tasks`` cells.
 
 * ``CHOMSKY_TRANSFORMER``: Delétang et al. 2023, Table 2, Transformer encoder with its default
   sin/cos encoding, score = max over 10 seeds and 3 learning rates, mean accuracy over test
-  lengths 41-500 after 1M steps. **Authority C (recalled)** in the spec: treat as a rough
+  lengths 41-500 after 1M steps. **Recalled from the paper, not re-read**: treat as a rough
   reference, and note the protocol differs from the quick profile (N = 20, tests to 60,
   1,500 steps).
-* ``NOPE_SCAN``: Kazemnejad et al. 2023, ``results/classic.jsonl`` (A), SCAN
+* ``NOPE_SCAN``: Kazemnejad et al. 2023, ``results/classic.jsonl`` (official results, read), SCAN
   ``mdlen_tr25_ts48`` (the ``Solve:`` prefix, as here), test exact match, mean over 3 seeds of
   a 12-layer t5-base-sized decoder.
-* ``NOPE_COPY``: the same study's ``len_gen_experiments.csv`` (A), copy (``rdc``), 20 -> 40,
+* ``NOPE_COPY``: the same study's ``len_gen_experiments.csv`` (read), copy (``rdc``), 20 -> 40,
   base model.
 * coupling: only the headline (1-30 -> 200 digits, 6.67x, abstract) is published; no cell.
 """
@@ -39,7 +39,7 @@ NOPE_COPY = {"nope": 0.96, "t5": 0.66, "sinusoidal": 0.00}
 
 REFERENCE_NOTES = {
     "chomsky": "Delétang et al. 2023 Table 2, Transformer with sin/cos, max over seeds, "
-    "lengths 41-500 after 1M steps (recalled, authority C; another protocol)",
+    "lengths 41-500 after 1M steps (recalled, not re-read; another protocol)",
     "nope": "Kazemnejad et al. 2023 results/classic.jsonl (SCAN mdlen_tr25_ts48) and "
     "len_gen_experiments.csv (copy, 20 -> 40), 12-layer model, mean of 3 seeds",
     "coupling": "Cho et al. 2024 publish the headline only: 1-30 -> 200 digits (6.67x)",

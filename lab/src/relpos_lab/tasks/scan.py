@@ -15,7 +15,7 @@ jump, look likewise; ``turn`` -> nothing); ``x left`` -> ``I_TURN_LEFT x``; ``x 
 left`` -> ``I_TURN_LEFT I_TURN_LEFT x``; ``x around left`` -> ``(I_TURN_LEFT x) x 4``;
 ``twice`` / ``thrice`` repeat; ``a and b`` -> ``a b``; ``a after b`` -> ``b a``.
 That gives 34 V-phrases, 102 S-phrases and 20,910 commands, the longest target 48 actions;
-17,774 have targets of <= 25 actions and 3,136 of 26-48 (the spec's check numbers).
+17,774 have targets of <= 25 actions and 3,136 of 26-48 (check numbers).
 
 The NoPE study's text form (``scan_bos`` processor): source ``Solve: <command>``, separator
 ``[SEP]``, target the actions renamed ``I_WALK`` -> ``Walk``, ..., ``I_TURN_LEFT`` ->

@@ -1,4 +1,4 @@
-"""Synthetic multi-view scenes for the camera encodings (spec camera §4; no downloads,
+"""Synthetic multi-view scenes for the camera encodings (no downloads,
 deterministic per seed).
 
 A scene is ``points`` spheres (radius ``point_radius``) uniform in the unit ball, each with a
@@ -24,7 +24,7 @@ Otherwise the label is -1 (ignored in the loss). Every step reads only where poi
 rays are relative to the cameras, so the labels are invariant to a rigid change of world
 coordinates (they are recomputed and compared in the tests) and deterministic per seed.
 
-*Why not the spec's rule.* §4 labelled a target token only when the hit sphere's *centre*
+*Why not the first rule.* A first design labelled a target token only when the hit sphere's *centre*
 projects into a context patch whose centre ray hits the same sphere, at 512 spheres of radius
 0.07 seen at 45-65 deg: 0.68 % of target tokens got a label (3.5 % at radius 0.15, 5.8 % at
 0.25). The rule is not the main culprit: at 3 units a 32-pixel image with 4 x 4 patches has a
@@ -35,7 +35,7 @@ above gives 0.6 % there too); and at 45-65 deg the unit ball fills only the cent
 image and whose spheres are comparable to a patch: 64 spheres of radius 0.25, fov 30-40 deg
 (the ball's angular radius at 3 units is 19.5 deg), which gives about 25 % labelled target
 tokens (84 % see a sphere) with about 5.5 same-colour context tokens per labelled target
-(appearance alone is right about 1 time in 5). The spec's numbers are all still options.
+(appearance alone is right about 1 time in 5). The first design's numbers are all still options.
 
 ``make_scenes(S, ...) -> dict`` of tensors (float64 geometry, ``T = views * grid^2`` tokens):
 

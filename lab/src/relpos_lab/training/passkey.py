@@ -2,7 +2,7 @@
 
 A random key hides inside repeated filler text; the model must repeat it at the end. The
 prompt is the Landmark format that Position Interpolation, LongLoRA and YaRN re-use
-(../shared/spec/evaluation.md §1.10)::
+(epfml/landmark-attention ``llama/run_test.py``, read through copies)::
 
     task_description \\n garbage[:n_prefix] \\n information_line \\n garbage[:n_suffix] \\n
     final_question

@@ -1,7 +1,7 @@
 """Run profiles of ``relpos extrapolate``: model size, training length, evaluation budget.
 
 * ``quick`` (default): the seven headline encodings, a small model, a few hundred steps;
-  about 5 minutes on a quiet 2-core CPU (6.7 measured on a busy one) including the
+  a few minutes on a quiet 2-core CPU, including the
   evaluation at 1-16x the train length.
 * ``paper``: a deeper model trained ten times longer, plus xPos, KERPLE-power and learned
   absolute positions; hours on 2 CPU cores.
@@ -112,8 +112,8 @@ PROFILES: dict[str, Profile] = {
         warmup=30,
         checkpoint_every=100,
         eval_tokens={"nonoverlapping": 16384, "sliding": 4096},
-        # measured on a quiet 2-core CPU (torch 2.13): 38-40K tok/s (T5 25K), evaluation ~2 s
-        # per encoding (FIRE 20 s: its bias above the threshold is an MLP per query-key pair)
+        # throughputs measured on a quiet 2-core CPU (torch 2.13), for the time estimate; FIRE
+        # evaluates slower (its bias above the threshold is an MLP per query-key pair)
         train_tokens_per_second={"*": 38000.0, "t5": 25000.0},
         eval_tokens_per_second={"*": 80000.0, "fire": 8000.0},
     ),
@@ -130,7 +130,7 @@ PROFILES: dict[str, Profile] = {
         warmup=150,
         checkpoint_every=250,
         eval_tokens={"nonoverlapping": 65536, "sliding": 16384},
-        # depth 6 trains at 12-13K tok/s on a quiet 2-core CPU (measured, ALiBi and RoPE)
+        # depth-6 throughputs measured on a quiet 2-core CPU (ALiBi and RoPE), for the estimate
         train_tokens_per_second={"*": 12500.0, "t5": 8500.0},
         eval_tokens_per_second={"*": 27000.0, "fire": 2700.0},
     ),

@@ -11,7 +11,7 @@ once and shared by every query (``relpos.attention.linear.kernelized``):
   the norms of Gaussian vectors so each row keeps its chi(d) length). Then
   ``E_W[phi(q) . phi(k)] = exp(q . k * scale)``. Seeded (``seed``) and redrawable
   (``redraw(generator)``, as Performer redraws during training). Luo et al. 2021 l2-normalise
-  q and k before the features (``normalize=True``, the default here as in the spec; the kernel
+  q and k before the features (``normalize=True``, the default here; the kernel
   is then ``exp(scale * cos(q, k))`` in expectation).
 * ``EluPlusOne`` — ``elu(x) + 1`` (Katharopoulos et al. 2020), ``m = d``, deterministic.
 * ``ReLUFeatures`` — ``relu(x)``, ``m = d``, deterministic (rows can have an all-zero
@@ -21,7 +21,7 @@ once and shared by every query (``relpos.attention.linear.kernelized``):
 * ``HeadwiseLowRankFeatures`` — the same with one ``W_h (r, d)`` per head (RoPeSLR's
   head-wise low-rank branch, ``relpos.nn.mixers.ropeslr``).
 
-Stability (``docs/numerics.md`` spirit; efficient.md §1): the PRF exponent ``W x - |x|^2/2``
+Stability (``docs/numerics.md`` spirit): the PRF exponent ``W x - |x|^2/2``
 overflows for large ``|x|``. Any per-query constant cancels in the ratio of kernelized
 attention, so queries subtract their own row maximum; a per-key constant does *not* cancel,
 so keys subtract one maximum per (batch, head) and report it as ``log_offset``: the true key

@@ -1,8 +1,8 @@
 """Kernelized attention with a Toeplitz RPE, computed with an FFT (Luo et al. 2021).
 
 Paper: Luo, Li, Cai, Ke, He, Wang, Liu, "Stable, Fast and Accurate: Kernelized Attention with
-Relative Positional Encoding", NeurIPS 2021 (seed 2). No official code exists; this follows
-the paper's math (efficient.md §1, formulas-bias.md §19, authority C) and is exact for the
+Relative Positional Encoding", NeurIPS 2021, arXiv 2106.12566. No official code exists; this
+follows the paper's math (reconstructed, not checked against code) and is exact for the
 kernelized model: tested against the O(L^2) kernelized reference ``kernelized_reference``.
 
 Model. Features ``phi_q (B, H, Lq, m)``, ``phi_k (B, H, Lk, m)`` (``relpos.efficient.
@@ -29,7 +29,7 @@ sequence whose carry is the recurrent state ``(S, Z)`` of
 ``relpos.attention.linear.state.LinearState``) or
 one global sum (bidirectional): O(L m Dv).
 
-Stability (the spec's list):
+Stability:
 
 * ``c = exp(b)`` overflows for learnt ``b``: ``z`` is invariant to ``c -> c * e^{-max b}``; the
   table's maximum (per head) is subtracted before ``exp``.
@@ -37,7 +37,7 @@ Stability (the spec's list):
   own largest visible weight is ``e^{-gap}`` times smaller gets a relative error of about
   ``eps * log2(N) * e^{gap}``. ``fft_dtype=None`` computes each row's gap (a sliding-window
   maximum over the table, O(L)) and picks float32 when that bound is below ``FFT_TOLERANCE``
-  (and ``N < 2^14``, the spec's 8K rule), else float64; when even float64 cannot resolve a row
+  (and ``N < 2^14``, an 8K rule), else float64; when even float64 cannot resolve a row
   it raises a ``ValueError`` naming the gap (run such a bias on the exact softmax backends, or
   with ``c = 1``). Decaying biases (ALiBi, KERPLE, T5 with small tables, Sandwich) have their
   maximum at distance 0, seen by every row: gap 0.

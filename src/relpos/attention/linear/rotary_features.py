@@ -1,4 +1,5 @@
-"""RoPE in linear attention: RoFormer's linear form (Su et al. 2021, eq. 19; seed 89).
+"""RoPE in linear attention: RoFormer's linear form (Su et al. 2021, "RoFormer: Enhanced
+Transformer with Rotary Position Embedding", arXiv 2104.09864, eq. 19).
 
     z_i = sum_j (R_i phi(q_i))^T (R_j phi(k_j)) v_j  /  sum_j phi(q_i)^T phi(k_j)
 
@@ -13,16 +14,17 @@ distribution, as the paper says — while the denominator stays > 0. Causal: pre
 state of ``relpos.attention.linear.state.LinearState``; bidirectional: sums over all keys. O(L m
 Dv).
 
-Authority C (efficient.md §4: the equation as recalled, its relative property verified
-numerically). Assumed here: the rotation acts on the ``m`` features with the encoding's own
-frequencies, so ``m`` must equal the encoding's ``head_dim`` (elu+1 / ReLU: ``m = d``; random
-features: ``num_features = head_dim``); the value rotation of encodings that rotate values
-(RoVE, role ``"v"``/``"o"``) is kept as in softmax attention.
+The equation is as recalled from the paper (the official ZhuiyiTechnology/roformer code has softmax
+attention only); its relative property is verified numerically by
+tests/attention/linear/test_rotary_features.py. Assumed here: the rotation acts on the ``m``
+features with the encoding's own frequencies, so ``m`` must equal the encoding's ``head_dim`` (elu+1
+/ ReLU: ``m = d``; random features: ``num_features = head_dim``); the value rotation of encodings
+that rotate values (RoVE, role ``"v"``/``"o"``) is kept as in softmax attention.
 
-RoLA (seed 26) is ``relpos.nn.mixers.rola``: the same order (features, then rotation) on a
+RoLA is ``relpos.nn.mixers.rola``: the same order (features, then rotation) on a
 low-rank feature map with a frequency subset of the model's (N-D) schedule; its sparse +
-low-rank module is ``relpos.nn.mixers.sparse_lowrank``, where RoPeSLR (seed 96), an
-absolute-PE baseline (efficient.md §4), is the ``lowrank="ropeslr"`` branch.
+low-rank module is ``relpos.nn.mixers.sparse_lowrank``, where RoPeSLR (arXiv 2605.20659),
+an absolute-PE baseline, is the ``lowrank="ropeslr"`` branch.
 """
 
 from __future__ import annotations

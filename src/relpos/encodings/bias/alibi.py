@@ -2,7 +2,8 @@
 arXiv 2108.12409), in its causal, symmetric, asymmetric and shifted encoder forms.
 
 ``b_h(i, j) = -m_h (i - j)`` with per-head slopes ``m_h`` (``functional.alibi_slopes``);
-``bias_at_distance(h (..), distance (..)) -> (..)``. Spec: formulas-bias.md sections 1, 22.
+``bias_at_distance(h (..), distance (..)) -> (..)``. Official code read:
+ofirpress/attention_with_linear_biases (``get_slopes``) and its README's FAQ.
 """
 
 from __future__ import annotations
@@ -44,23 +45,25 @@ class ALiBi(DistanceBias):
     from ``functional.alibi_slopes`` (exact for any head count). relpos uses the explicit
     ``-m (i - j)`` matrix, not the ``m * j`` trick that is exact only under a causal mask.
 
-    ``bidirectional`` picks the encoder form (formulas-bias.md section 1):
+    ``bidirectional`` picks the encoder form (the paper covers causal LMs only):
 
     * ``False`` / ``"causal"``: ``-m_h d`` (future keys get ``+m_h |d|``; mask them).
-    * ``True`` / ``"symmetric"``: ``-m_h |d|``, the maintainers' encoder form (issue #5, NeMo).
-    * ``"asymmetric"``: ``-m_h d`` for past keys (``d >= 0``) and ``-m'_h |d|`` for future
-      keys, with a second slope set ``m'``: the even-indexed slopes of a ``2 T``-head model
-      (``alibi_slopes(2 T)[0::2]``, ``T = total_heads``), which lie between the standard ones
-      on the log scale (``m'_h = 2^(4/T) m_h`` for ``T`` a power of two). The paper and the
-      spec give no slopes for this form (authority C); this default keeps the past side
-      identical to ALiBi and tells the two sides apart in every head.
+    * ``True`` / ``"symmetric"``: ``-m_h |d|``, the maintainers' encoder form
+      (ofirpress/attention_with_linear_biases issue #5; NVIDIA/NeMo's ALiBi module).
+    * ``"asymmetric"``: ``-m_h d`` for past keys (``d >= 0``) and ``-m'_h |d|`` for future keys,
+      with a second slope set ``m'``: the even-indexed slopes of a ``2 T``-head model
+      (``alibi_slopes(2 T)[0::2]``, ``T = total_heads``), which lie between the standard ones on the
+      log scale (``m'_h = 2^(4/T) m_h`` for ``T`` a power of two). Neither the paper nor its code
+      gives slopes for this form (relpos's own choice); this default keeps the past side identical
+      to ALiBi and tells the two sides apart in every head.
     * ``"shifted"``: ``-m_h (|d| - 0.5 [d > 0])``, the deterministic encoder ALiBi of
-      google-deepmind/randomized_positional_encodings (formulas-bias.md section 22): past keys
-      get half a slope more than future keys at the same distance.
+      google-deepmind/randomized_positional_encodings (Ruoss et al. 2023, "Randomized Positional
+      Encodings Boost Length Generalization of Transformers", arXiv 2305.16843): past keys get half
+      a slope more than future keys at the same distance.
 
     ``learnable_slopes=True`` makes the slopes (both sets) per-head parameters initialised to
     the values above and kept positive as ``m = exp(log_m)`` (as x-transformers'
-    ``LearnedAlibiPositionalBias``; the spec has no learnable form).
+    ``LearnedAlibiPositionalBias``; the paper has no learnable form).
 
     Tensor parallelism: a shard that holds heads ``head_offset .. head_offset + H - 1`` of a
     model with ``total_heads`` heads gets exactly those heads' slopes

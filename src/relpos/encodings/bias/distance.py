@@ -60,10 +60,9 @@ class DistanceBias(Encoding):
 def distance_range(ctx: BiasContext) -> tuple[int, int] | None:
     """Smallest and largest ``q_pos - k_pos`` of the call (integer positions), else None.
 
-    ``ctx.q_pos (B, Lq)``, ``ctx.k_pos (B, Lk)``. One host sync. This is the call's position
-    fact that the engine is to provide once per call (issue 11, "one position fact per
-    call"); until it does, every encoding that needs the reachable distances (tabulated
-    biases, URPE's table bounds) asks this one helper.
+    ``ctx.q_pos (B, Lq)``, ``ctx.k_pos (B, Lk)``. One host sync. This is the call's position fact
+    that the engine is to provide once per call; until it does, every encoding that needs the
+    reachable distances (tabulated biases, URPE's table bounds) asks this one helper.
     """
     if ctx.q_pos.is_floating_point() or ctx.q_pos.numel() == 0 or ctx.k_pos.numel() == 0:
         return None

@@ -3,7 +3,8 @@
 2108.00154, ``DynamicPosBias``; 1-D as lucidrains/x-transformers ``DynamicPositionBias``).
 
 ``b_h(i, j) = MLP(x)_h`` with ``x = i - j`` or ``sign(x) log(|x| + 1)``; evaluated once per
-distinct distance of a call (``TabulatedDistanceBias``). No spec section: authority B.
+distinct distance of a call (``TabulatedDistanceBias``). The form follows the x-transformers
+module (read); CrossFormer's own code was not.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU}
 class DynamicPositionBias(TabulatedDistanceBias):
     """Dynamic position bias: a continuous MLP over (log-)distances (CrossFormer, Wang et al.
     2021, arXiv 2108.00154, ``DynamicPosBias``; 1-D as lucidrains/x-transformers
-    ``DynamicPositionBias``). No spec section: authority B (x-transformers read).
+    ``DynamicPositionBias``, whose code was read).
 
     ``b_h(i, j) = MLP(x)_h`` with ``x = i - j`` (signed), or ``sign(x) log(|x| + 1)`` with
     ``log_distance=True``. ``MLP = [Linear(1, w), (LayerNorm), act] + (depth - 1) x

@@ -3,7 +3,9 @@ Interpolation for Relative Positions Improves Long Context Transformers", arXiv 
 
 ``b_h(i, j) = f_theta( psi(i - j) / (psi(max(L, i)) + eps) )_h`` with ``psi(x) = log(|c x| +
 1)`` and a small MLP ``f_theta``: the normalised distance lies in ``[0, 1]`` for every past
-key, so the MLP interpolates instead of extrapolating. Spec: formulas-bias.md section 4.
+key, so the MLP interpolates instead of extrapolating. No official repository was found: the
+form follows the PyTorch snippet of the paper's appendix as reproduced in mcleish7/arithmetic
+(``cramming/architectures/embeddings.py``, ``FIRE``).
 """
 
 from __future__ import annotations

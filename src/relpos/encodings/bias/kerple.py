@@ -9,7 +9,8 @@ Two conditionally positive definite kernels turned into biases, per head ``h`` a
 
 ``r1, r2 > 0`` and ``p in (0, 2]`` are learned per head (``(H,)`` parameters); the official
 code clamps them at ``1e-2`` after each step, relpos keeps them in range by
-parametrisation. Spec: formulas-bias.md section 3.
+parametrisation. Official code read: chijames/KERPLE ``megatron/mpu/layers.py``
+(``ParallelKerpleLog``, ``ParallelKerplePower``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The relative form of the Legendre PE: a learned distance bias in a Legendre basis (Y. Li
-2025, arXiv 2506.06398, the ALiBi-style extension of its orthogonal-function PEs; seed 73).
+2025, "Positional encoding in transformers: a theory of expressiveness, generalisation and
+extrapolation", arXiv 2506.06398, the ALiBi-style extension of its orthogonal-function PEs).
 
-Spec: remaining.md section 2 (authority C: a reconstruction from the abstract).
+Only the abstract and introduction were available and no code is published: the formula is a
+reconstruction, checked by tests/encodings/bias/test_legendre.py.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ __all__ = ["LegendreBias"]
 
 @register("legendre-bias")
 class LegendreBias(DistanceBias):
-    """Legendre distance bias (Y. Li 2025, arXiv 2506.06398; spec remaining.md section 2,
-    authority C: a reconstruction).
+    """Legendre distance bias (Y. Li 2025, arXiv 2506.06398; a reconstruction from the
+    abstract and introduction).
 
         x       = 2 n / max_length - 1,        n = q_pos - k_pos
         b_h(n)  = sum_{k < degree} c_hk P_k(x)

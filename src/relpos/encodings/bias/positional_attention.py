@@ -1,9 +1,9 @@
 """Positional attention: attention weights from positions only (Back de Luca, Giapitzakis,
 Yang, Velickovic, Fountoulakis, ICML 2025, "Positional Attention: Expressivity and
-Learnability of Algorithmic Computation", arXiv 2410.01686; seed 68).
+Learnability of Algorithmic Computation", arXiv 2410.01686).
 
-Spec: remaining.md section 14 (authority C: no code was found; the formula comes from a
-summary of the paper).
+No code was found; the formula comes from a third-party summary of the paper, not from its
+text or code.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ __all__ = ["PositionalAttention"]
 
 @register("positional-attention")
 class PositionalAttention(Encoding):
-    """Positional attention (Back de Luca et al. 2025, arXiv 2410.01686; spec remaining.md
-    section 14, authority C).
+    """Positional attention (Back de Luca et al. 2025, arXiv 2410.01686; reconstructed from a
+    summary of the paper, no code found).
 
         A^(h) = softmax( (P W_Q^h)(P W_K^h)^T  [+ mask] ),      out = A^(h) (X W_V^h)
 
@@ -31,16 +31,16 @@ class PositionalAttention(Encoding):
     values stay ``X W_V``. So the weights are the same for every input, and fused SDPA /
     flex run it without a bias. ``P`` is the fixed positional matrix:
 
-    * ``basis="one-hot"`` (default; the spec's example ``P = I``): ``P W = W[pos]``, a learned
+    * ``basis="one-hot"`` (default; ``P = I``): ``P W = W[pos]``, a learned
       query and key vector per position ``0 .. max_positions - 1``;
     * ``basis="sinusoidal"``: ``P = sinusoidal_table(pos, basis_dim)`` (any position, also
       fractional ones).
 
-    Following the formula, the logits are not scaled: ``default_scale`` is 1 (pass ``scale``
-    to change it). ``W`` is initialised ``N(0, s^2)`` with ``P W`` entries of std
-    ``key_dim^-1/4``, so the initial logits have unit variance (kept by ``relpos.nn``).
-    Assumptions (authority C): per-head ``W_Q``, ``W_K`` of width ``key_dim`` (default
-    ``head_dim``), one-hot or sinusoidal ``P``, no logit scale. In ``relpos.nn`` models every
+    Following the formula, the logits are not scaled: ``default_scale`` is 1 (pass ``scale`` to
+    change it). ``W`` is initialised ``N(0, s^2)`` with ``P W`` entries of std ``key_dim^-1/4``, so
+    the initial logits have unit variance (kept by ``relpos.nn``). Assumptions (no code exists to
+    check them against): per-head ``W_Q``, ``W_K`` of width ``key_dim`` (default ``head_dim``),
+    one-hot or sinusoidal ``P``, no logit scale. In ``relpos.nn`` models every
     layer builds its q and k from the positions (``TransformerLM(encoding=
     "positional-attention")``).
     """

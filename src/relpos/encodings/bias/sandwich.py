@@ -3,7 +3,8 @@ Receptive Field Analysis", arXiv 2212.10356): the inner product of sinusoidal em
 parameter-free bias, compressed per head like ALiBi's slopes.
 
 ``b_h(n) = (sum_{k=1}^{d/2} cos(n / base^(2k/d)) - d/2) / (8 (h + 1) / H)``, ``n = |i - j|``.
-Spec: formulas-bias.md section 5 (authority B).
+No code by the authors was found; the form follows NVIDIA/NeMo's port
+(``sandwich_relative_position_embedding.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ class Sandwich(TabulatedDistanceBias):
     ``b_h(n) = (sum_{k=1}^{d/2} cos(n / base^(2k/d)) - d/2) / (8 (h + 1) / H)`` with
     ``n = |i - j|`` and heads ``h = 0 .. H-1``: the inner product ``p_i . p_j`` of sinusoidal
     embeddings minus its maximum ``d/2``, compressed per head like ALiBi's slopes. Note the
-    frequency index starts at ``k = 1`` (as the NeMo port, spec section 5, authority B: no
-    code by the authors was found). ``dim`` (``d``) defaults to ``head_dim`` (NeMo's
+    frequency index starts at ``k = 1`` (as in NVIDIA/NeMo's port; no code by the authors was
+    found). ``dim`` (``d``) defaults to ``head_dim`` (NeMo's
     ``hidden_size`` per head; the OpenNLPLab reproduction uses ``2 * head_dim``) and must be
     even. ``b <= 0``, ``b(0) = 0``; the bias is symmetric in ``i - j`` (NeMo's causal form
     zeroes future distances, which the causal mask hides anyway). Added after the

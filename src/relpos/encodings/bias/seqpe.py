@@ -1,10 +1,11 @@
 """SeqPE: sequential position encoding (H. Li et al. 2025, "SeqPE: Transformer with
-Sequential Position Encoding", arXiv 2506.13277, ghrua/seqpe; seed 120).
+Sequential Position Encoding", arXiv 2506.13277; official code ghrua/seqpe).
 
 Each (m-D) position is written as a digit sequence and encoded by a small Transformer
 (``seqpe_encoder.SequentialPositionEncoder``); one shared projection maps the encoding to
-per-head query and key vectors whose dot product is added to the content logit. Spec:
-remaining.md section 3 (authority A: the released GPT-2 / WikiText-103 code and config).
+per-head query and key vectors whose dot product is added to the content logit. Checked
+against the released GPT-2 / WikiText-103 code and config (ghrua/seqpe,
+``text_seq_pe/src/transformers/custom_modules/sequential_pe.py`` and ``pe_criterion.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SeqPEBlock:
 
 @register("seqpe")
 class SeqPE(Encoding):
-    """SeqPE (H. Li et al. 2025, ghrua/seqpe; spec remaining.md section 3, authority A).
+    """SeqPE (H. Li et al. 2025, arXiv 2506.13277; official code ghrua/seqpe).
 
         PE(p)        = SequentialPositionEncoder(digits(p))           (D_out,), any p < 10^digits
         [Pq, Pk](p)  = pe_qk(PE(p))            one shared Linear(D_out, 2 H d) -> (H, d) each
@@ -58,7 +59,8 @@ class SeqPE(Encoding):
     ``path="channels"`` (default, the exact fast path): ``rotate`` appends ``Pq`` to the
     queries and ``Pk`` to the keys (``(B, H, L, head_dim + d)``, grouped keys repeated to the
     query heads), so fused SDPA / flex run it without a bias while the engine keeps the scale
-    of the original ``head_dim`` (the encoding's ``default_scale``; engine gap G5), and keys are
+    of the original ``head_dim`` (the encoding's ``default_scale``, not that of the widened
+    q/k), and keys are
     cached with their channels. ``path="bias"``: the same term as an additive bias
     ``ctx.scale * Pq . Pk`` (formed per block). Both paths agree to float rounding.
 

@@ -1,6 +1,6 @@
 """SeqPE's position encoder: positions written as digit sequences, read by a small causal
 Transformer (H. Li et al. 2025, "SeqPE: Transformer with Sequential Position Encoding",
-ghrua/seqpe ``SequentialPE``; spec remaining.md section 3, authority A).
+arXiv 2506.13277; official code ghrua/seqpe ``SequentialPE``, read).
 
 ``position_digits`` writes an m-D integer position as ``m * max_digits`` decimal digits
 (each axis left-padded with the digit 0, the padding not masked); ``SequentialPositionEncoder``

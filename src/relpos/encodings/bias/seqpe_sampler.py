@@ -2,7 +2,7 @@
 Position Encoding", arXiv 2506.13277; official code ghrua/seqpe
 ``text_seqpe/src/transformers/custom_modules/pe_sampler.py``, class
 ``SeqPeContrstiveDataSampler``: ``init_dataset``, ``_prepare_batch``,
-``generate_hard_negatives``, ``distributional_sample``; spec remaining.md section 3, authority A).
+``generate_hard_negatives``, ``distributional_sample``; read, not copied).
 
 The contrastive regulariser ``L_ct`` (``seqpe_encoder.contrastive_loss``) asks the position
 encoder to pick, among ``C`` candidate positions, the one nearest to a pivot. The official

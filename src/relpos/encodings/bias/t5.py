@@ -4,7 +4,8 @@ Learning with a Unified Text-to-Text Transformer", arXiv 1910.10683; HF
 
 ``b_h(i, j) = B[bucket(j - i), h]`` with a learned table ``B (num_buckets, H)``; the bucket
 function is ``functional.t5_bucket`` (exact below ``num_buckets // 2`` per side, log-spaced
-up to ``max_distance``). Spec: formulas-bias.md section 2.
+up to ``max_distance``), checked against HF's port of Mesh-TensorFlow's bucket function
+(huggingface/transformers, ``models/t5/modeling_t5.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""EscherNet's 6-DoF camera positional encoding, CaPE (Kong et al., CVPR 2024, seed 84; spec
-camera §2.4, Authority A: kxhit/EscherNet, 6DoF/diffusers/models/attention_processor.py
-``cape_embed``, 6DoF/dataset.py).
+"""EscherNet's 6-DoF camera positional encoding, CaPE (Kong et al., CVPR 2024, "EscherNet: A
+Generative Model for Scalable View Synthesis", arXiv 2402.03908; official code kxhit/EscherNet,
+``6DoF/diffusers/models/attention_processor.py`` ``cape_embed``, ``6DoF/dataset.py``).
 
 EscherNet multiplies row-vector 4-chunks of the features by the 4x4 world-to-camera pose
 ``P = [R | t]``: queries by ``P_q^-T``, keys by ``P_k``, values and outputs untouched. In
@@ -9,10 +9,10 @@ column form ``q' = P_q^-1 q``, ``k' = P_k^T k``, so
     logit_ij = q_i^T (P_k P_q^-1)^T k_j
 
 which is the per-token frame of ``frames.CameraFrames`` with ``T = P^-T`` on every channel
-(spec R.5: equal exactly), invariant to a rigid change of world coordinates. One frequency,
+(equal exactly), invariant to a rigid change of world coordinates. One frequency,
 no RoPE channels: tokens of one camera have no position (positions are not read), and
 identical cameras give plain attention (NoPE). Not orthogonal: the logit scale depends on
-camera distance (spec P2; normalise scenes). ``rotate_values=True`` also re-frames values
+camera distance (normalise scenes). ``rotate_values=True`` also re-frames values
 (``T^-1 v``) and outputs (``T o``), which EscherNet does not do.
 
 EscherNet's 4-DoF variant (RoPE over spherical pose angles) is ``cape-4dof`` below.
@@ -74,8 +74,8 @@ def spherical_pose(viewmats: Tensor, radius: tuple[float, float] = (1.5, 2.2)) -
 
 @register("cape-4dof")
 class CaPE4DoF(CameraFrames):
-    """EscherNet's 4-DoF CaPE (Kong et al., CVPR 2024, seed 84; spec camera §2.4,
-    Authority A: kxhit/EscherNet 4DoF/diffusers/models/attention_processor.py ``cape``,
+    """EscherNet's 4-DoF CaPE (Kong et al., CVPR 2024, arXiv 2402.03908; official code
+    kxhit/EscherNet ``4DoF/diffusers/models/attention_processor.py`` ``cape``,
     4DoF/dataset.py ``get_pose``).
 
     RoPE over the four numbers of ``spherical_pose`` (polar angle, azimuth, scaled log

@@ -1,9 +1,10 @@
-"""Flex4DHuman's five-axis positional encoding (seed 54; spec camera §2.12, **Authority C**:
-abstract and project page only, no code or formula published).
+"""Flex4DHuman's five-axis positional encoding (Cheng et al. 2026, "Flex4DHuman: Flexible
+Multi-view Video Diffusion for 4D Human Reconstruction", arXiv 2606.13655; only the abstract and
+project page were available, no code or formula is published: a reconstruction).
 
 The abstract: on Wan 2.1 (1.3B), a "five-axis positional encoding that extends spatio-temporal
 RoPE with view indices and continuous SE(3) relative camera geometry", conditioning only on
-relative camera poses. What is assumed here (the spec's proposal; check the paper before
+relative camera poses. What is assumed here (relpos's reconstruction; check the paper before
 relying on the split): a per-token frame (``frames.CameraFrames``) with channel sections
 
     [ Proj4(P_i) | RoPE(t) | RoPE(h) | RoPE(w) | RoPE(view) | identity ]
@@ -20,11 +21,11 @@ relying on the split): a per-token frame (``frames.CameraFrames``) with channel 
 * **view** (``view_pairs`` pairs; default ``max(1, D // 32)``): the same RoPE over the view
   index, its own spectrum.
 
-With one camera and one view index for every token the camera blocks cancel (``P_i P_j^-1 =
-I``) and the view rotations are equal, so the logits are Wan's 3-D RoPE on its channels plus
-plain dot products on the others (the spec's check). Values are not re-framed by default
-(``rotate_values=False``: Wan's attention with RoPE on q and k only); ``True`` also re-frames
-values and outputs (PRoPE's ``v' = T^-1 v``, ``o' = T o``).
+With one camera and one view index for every token the camera blocks cancel (``P_i P_j^-1 = I``) and
+the view rotations are equal, so the logits are Wan's 3-D RoPE on its channels plus plain dot
+products on the others (a check of the reconstruction). Values are not re-framed by default
+(``rotate_values=False``: Wan's attention with RoPE on q and k only); ``True`` also re-frames values
+and outputs (PRoPE's ``v' = T^-1 v``, ``o' = T o``).
 
 Shapes: ``x (B, H, L, D)`` with even ``D``; ``pos (B|1, L, 4)`` = (t, h, w, view) (float
 positions are accepted); inputs ``k_viewmats (B, Lk, 4, 4)`` world-to-camera, optional
@@ -50,7 +51,7 @@ __all__ = ["Flex4DHuman"]
 
 @register("flex4dhuman")
 class Flex4DHuman(PRoPE):
-    """Flex4DHuman (see the module docstring; Authority C). Options: ``camera_dim``
+    """Flex4DHuman (see the module docstring; a reconstruction). Options: ``camera_dim``
     (default ``4 * (head_dim // 16)``), ``view_pairs`` (default ``max(1, head_dim // 32)``),
     ``sections`` ((t, h, w) pairs; default Wan's split of the rest), ``base`` (10000),
     ``image_size`` (to normalise intrinsics), ``rotate_values`` (False)."""

@@ -1,4 +1,4 @@
-"""Per-token frames: the building block of the relative camera encodings (spec camera §1).
+"""Per-token frames: the building block of the relative camera encodings.
 
 Token ``i`` carries a block-diagonal frame ``T_i in GL(D)``: one 4x4 camera block repeated
 on each 4-channel chunk of the first ``proj_channels`` channels (``Proj4(M_i)``), then RoPE
@@ -36,7 +36,7 @@ Inputs (``relpos.attention(..., inputs=...)``):
 
 Batch size 1 broadcasts. Arithmetic: the 4x4 products run in float32 (float64 for float64
 activations) with the matrices built in float64 from the inputs; far from the origin,
-re-anchor the cameras in float64 first (``relpos.cameras.anchor``, spec P3). GQA: frames are
+re-anchor the cameras in float64 first (``relpos.cameras.anchor``). GQA: frames are
 shared by the heads, so grouped keys are rotated before they are repeated.
 """
 

@@ -1,12 +1,12 @@
-"""GTA, Geometric Transform Attention (Miyato, Jaeger, Welling, Geiger, ICLR 2024; spec camera
-§2.1, Authority A: autonomousvision/gta, source/utils/gta.py, layers.py ``trans_coeff``).
+"""GTA, Geometric Transform Attention (Miyato, Jaeger, Welling, Geiger, ICLR 2024; official code
+autonomousvision/gta, ``source/utils/gta.py``, ``source/layers.py`` ``trans_coeff``).
 
 Per-token frame (``frames.CameraFrames``) with channel sections ``se3 | so2 | identity``:
 
 * **se3** (``se3_dim`` channels, a multiple of 4): ``Proj4(T_i)`` with
   ``T = D_s w2c D_s^-1``, ``D_s = diag(1, 1, 1, 1/s)``: the world-to-camera matrix with its
   translation scaled by ``s = trans_coeff`` (init 0.01, learned per layer by default) and
-  ``T^-1 = D_s c2w D_s^-1`` exactly (the scale applied to both; spec pitfall). q gets
+  ``T^-1 = D_s c2w D_s^-1`` exactly (the scale applied to both). q gets
   ``T^T``, k and v ``T^-1``, the output ``T``.
 * **so2** (``4 * so2_freqs`` channels): coordinates ``p = (row / H_p, col / W_p)``,
   frequencies ``omega_k = 2 pi max_freq 2^(k - n)``, ``k = 1..n``; 2x2 rotations
@@ -55,7 +55,7 @@ __all__ = ["GTA", "GTAState", "so2_frequencies", "t2_matrices"]
 
 def so2_frequencies(n: int, max_freq: float = 1.0) -> Tensor:
     """GTA's so2 frequencies ``2 pi max_freq 2^(k - n)``, ``k = 1..n`` (float64, ``(n,)``):
-    at most ``max_freq`` turns over the image (spec R.2: n = 8 -> 0.049 .. 6.283)."""
+    at most ``max_freq`` turns over the image (n = 8 -> 0.049 .. 6.283)."""
     k = torch.arange(1, n + 1, dtype=torch.float64)
     return 2 * math.pi * max_freq * 2.0 ** (k - n)
 

@@ -1,5 +1,5 @@
-"""Plücker-ray embeddings, the absolute camera baseline (spec camera §2.3, Authority A:
-chengzhag/UCPE ``ray_condition`` (from CameraCtrl); RayNova ``view_embed``). A module, not an
+"""Plücker-ray embeddings, the absolute camera baseline (code read: chengzhag/UCPE
+``ray_condition`` (from CameraCtrl); RayNova ``view_embed``). A module, not an
 ``Encoding``: it embeds per-token rays into the token features before attention, like the
 CoordConv channels of ``spatial.coords``.
 

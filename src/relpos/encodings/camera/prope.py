@@ -1,7 +1,8 @@
-"""PRoPE, "Cameras as Relative Positional Encoding" (Li et al., NeurIPS 2025; spec camera
-§2.2, Authority A: liruilong940607/prope, per_token_camera.py), and StereoWorld's
-unified camera-frame encoding (seed 93, §2.6, Authority A: VAST-AI-Research/StereoWorld,
-prope_utils.py ``_prepare_apply_fns_all_dim``).
+"""PRoPE, "Cameras as Relative Positional Encoding" (Li et al., NeurIPS 2025, arXiv
+2507.10496; official code liruilong940607/prope, ``per_token_camera.py``), and StereoWorld's
+unified camera-frame encoding (Sun et al. 2026, "Stereo World Model: Camera-Guided Stereo
+Video Generation", arXiv 2603.17375; code VAST-AI-Research/StereoWorld, ``prope_utils.py``
+``_prepare_apply_fns_all_dim``).
 
 PRoPE's per-token frame (``frames.CameraFrames``), with ``D % 8 == 0`` by default:
 
@@ -10,15 +11,15 @@ PRoPE's per-token frame (``frames.CameraFrames``), with ``D % 8 == 0`` by defaul
   1]]`` (``relpos.cameras.normalize_K``); without intrinsics ``P = w2c`` (the "GTA
   formula"). ``P^-1 = c2w lift(K~^-1)`` in closed form.
 * channels ``[D/2, 3D/4)``: RoPE of the patch column x; ``[3D/4, D)``: RoPE of the row y;
-  split-half pairs, ``omega_i = base^(-i / n)`` for ``i < n = D/8`` (base 100, spec R.14);
-  q, k and v turn by ``-omega p``, the output by ``+omega p`` (spec P4: logits depend on
+  split-half pairs, ``omega_i = base^(-i / n)`` for ``i < n = D/8`` (base 100);
+  q, k and v turn by ``-omega p``, the output by ``+omega p`` (logits depend on
   ``p_i - p_j``, the opposite sign of HF RoPE).
 
 So ``logit_ij = q^T blockdiag(P_i P_j^-1, R(omega (p_i - p_j))) k``, invariant to a rigid
 change of world coordinates. ``rope_fraction`` sets the RoPE share of the head (0: all
 channels camera, StereoWorld); ``principal_point="zero"`` drops the principal point from
 ``K~`` (StereoWorld). Not orthogonal: the logit scale depends on scene units and focal
-lengths (spec P2; normalise scenes, e.g. unit mean camera distance).
+lengths (normalise scenes, e.g. unit mean camera distance).
 
 Shapes: ``x (B, H, L, D)``; ``pos (B|1, L, 2)`` = (x = column, y = row) integer or float
 patch indices within each image (the same pixel in two views has the same phase); inputs as
@@ -127,7 +128,7 @@ class PRoPE(CameraFrames):
 
 @register("stereoworld")
 class StereoWorld(PRoPE):
-    """StereoWorld's camera encoding (seed 93, spec §2.6, Authority A): PRoPE's ``Proj4(P)``
+    """StereoWorld's camera encoding (arXiv 2603.17375; code read): PRoPE's ``Proj4(P)``
     on *all* head channels (no RoPE channels: tokens of one camera have no position) with the
     principal point zeroed, ``K~ = diag(fx/W, fy/H, 1)``. In StereoWorld it runs as a
     zero-initialised branch parallel to the pretrained RoPE attention

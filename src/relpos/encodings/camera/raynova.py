@@ -1,5 +1,6 @@
-"""RAYNOVA's relative Plücker-ray positional encoding (seed 55; spec camera §2.8, Authority
-A: Applied-Intuition-Open-Source/RayNova@d54a0ab, infinity/raynova_models/rope.py
+"""RAYNOVA's relative Plücker-ray positional encoding (Xie et al. 2026, "RAYNOVA:
+Scale-Temporal Autoregressive World Modeling in Ray Space", arXiv 2602.20685; official code
+Applied-Intuition-Open-Source/RayNova@d54a0ab, ``infinity/raynova_models/rope.py``
 ``apply_rotary_emb_with_camera_ray6D``).
 
 Axial RoPE over seven coordinates of each token, in one fixed world frame (RayNova: the
@@ -19,7 +20,7 @@ t, 50 for d, 2 for m or c), interleaved pairs, queries and keys only (q and k tu
 
 Logits depend on coordinate differences, but the coordinates live in one world frame: the
 encoding is **not** invariant to a rigid change of world coordinates (``se3_invariant =
-False``; spec R.11: one logit moves from 0.0937 to 1.4717; moments shift by ``t x d`` under
+False``: a logit moves under a rigid transform; moments shift by ``t x d`` under
 a translation), and it reads absolute pixels through the rays (``relative = False``).
 Without a rotation state (``rotate`` called directly) only the time channels turn.
 

@@ -1,4 +1,5 @@
-"""RayRoPE (seed 57; spec camera §2.7, Authority A: Lucas-707/RayRoPE, pos_enc/rayrope.py
+"""RayRoPE (Wu et al. 2026, "RayRoPE: Projective Ray Positional Encoding for Multi-view
+Attention", arXiv 2601.15275; official code Lucas-707/RayRoPE, ``pos_enc/rayrope.py``
 ``_transform_to_query_frame``, ``_get_point_coords``, ``_prepare_depths``,
 ``_prepare_rope_coeff_uniformd``, ``_get_frequency``; read, not copied).
 
@@ -16,7 +17,7 @@ Every token is a set of ray points, encoded in the frame of the *query's* camera
 
 Default: 3 rays -> 12 coordinates ``[p0 xyz | dir of ray 0, 1, 2 | depth of ray 0, 1, 2]``,
 ``F = D / 24`` frequencies each, ``omega_f = 2 pi / max_period * freq_base^f`` (max periods 4,
-8, 80 for p0, direction, depth; ``freq_base`` 3; spec R.6), angles frequency-major
+8, 80 for p0, direction, depth; ``freq_base`` 3), angles frequency-major
 (pair ``f * 12 + coordinate``) on split-half pairs; q, k and v turn by ``-a``, the output by
 ``+a``. A query's own coordinates are its own in its own camera (``p0 = 0``).
 
@@ -24,10 +25,10 @@ Depth: ``inputs["k_depth_logsigma"] (B, Lk, 2)`` = ``(log d, sigma)`` per token 
 depth head predicts it; known depth: ``sigma = 0``). The depth is uncertain in ``[d1, d2]``,
 ``d1,2 = exp(min(log d -+ sigma, 3))``; the rotation is its expectation for an angle uniform
 between the two endpoint angles ``a1, a2``: ``E[cos] = (sin a2 - sin a1)/(a2 - a1)``,
-``E[sin] = (cos a1 - cos a2)/(a2 - a1)`` (``cos a1, sin a1`` where ``|a2 - a1| <= 1e-2``;
-spec R.7) — an attenuation, not a rotation, when ``sigma > 0``.
+``E[sin] = (cos a1 - cos a2)/(a2 - a1)`` (``cos a1, sin a1`` where ``|a2 - a1| <= 1e-2``) — an
+attenuation, not a rotation, when ``sigma > 0``.
 
-Invariant to a rigid change of world coordinates (``se3_invariant``; spec R.9: 2.2e-15);
+Invariant to a rigid change of world coordinates (``se3_invariant``, to float64 rounding);
 reads absolute pixels (``relative = False``); keys depend on the query camera, so keys are
 never cached (``cache_rotated_keys = False``; a KV cache is refused by name). Groups are the
 distinct query cameras (viewmats and intrinsics) of each batch row (``row_camera_groups``:
@@ -77,7 +78,7 @@ def ray_offsets(rays_per_patch: int) -> list[tuple[float, float]]:
 
 
 def rayrope_frequencies(num_freqs: int, max_period: float, freq_base: float = 3.0) -> Tensor:
-    """``2 pi / max_period * freq_base^f``, ``f < num_freqs`` (float64; spec R.6)."""
+    """``2 pi / max_period * freq_base^f``, ``f < num_freqs`` (float64)."""
     return 2 * math.pi / max_period * freq_base ** torch.arange(num_freqs, dtype=torch.float64)
 
 

@@ -1,18 +1,20 @@
 """ReRoPE: camera projection written into the low-frequency temporal RoPE bands of a video
-model (seed 63; spec camera §2.10, **Authority C**: project page only, no code, no formula).
+model (Li et al. 2026, "ReRoPE: Repurposing RoPE for Relative Camera Control", arXiv
+2602.08068; only the abstract and project page were available, no code or formula: a
+reconstruction).
 
-What is assumed (the spec's proposal; check the paper before relying on it): the video
+What is assumed (check the paper before relying on it): the video
 model's 3-D RoPE (Wan 2.1 style: axes (t, h, w), contiguous sections of interleaved pairs,
 each axis its own spectrum ``theta_j = base^(-j / n_a)``, pairs split ``split_pairs(D/2,
 3)``) is kept, except for the lowest-frequency *temporal* pairs, which barely turn over a clip:
 the temporal pairs with ``theta_j (frames - 1) < epsilon`` (an even number of them, the last
 ones of the temporal section: whole 4-channel chunks) carry PRoPE's camera block
-``Proj4(P_i)``, ``P = lift(K~) w2c`` (``relpos.encodings.camera.prope``) instead of their
-rotation. q gets ``P^T``, k ``P^-1`` (and, with ``rotate_values=True``, v ``P^-1`` and the
-output ``P``, values also turning with the RoPE pairs); queries and keys turn by
-``+theta p`` (HF sign). With one camera for every frame the band is the identity: the base
-model with those pairs set to identity (spec's check). Invariant to a rigid change of world
-coordinates (the RoPE pairs read patch positions only).
+``Proj4(P_i)``, ``P = lift(K~) w2c`` (``relpos.encodings.camera.prope``) instead of their rotation.
+q gets ``P^T``, k ``P^-1`` (and, with ``rotate_values=True``, v ``P^-1`` and the output ``P``,
+values also turning with the RoPE pairs); queries and keys turn by ``+theta p`` (HF sign). With one
+camera for every frame the band is the identity: the base model with those pairs set to identity (a
+check of the reconstruction). Invariant to a rigid change of world coordinates (the RoPE pairs read
+patch positions only).
 
 Shapes: ``x (B, H, L, D)``, ``pos (B|1, L, 3)`` = (t, h, w); inputs as in ``frames``
 (``k_viewmats``, optional ``k_Ks`` with ``image_size``, ``q_viewmats``, ``q_Ks``).
@@ -38,7 +40,7 @@ __all__ = ["ReRoPE"]
 
 @register("rerope")
 class ReRoPE(PRoPE):
-    """ReRoPE (see the module docstring; Authority C). Options: ``base`` (10000, the video
+    """ReRoPE (see the module docstring; a reconstruction). Options: ``base`` (10000, the video
     model's RoPE base), ``frames`` (16: the clip length that selects the band), ``epsilon``
     (0.5 rad: a temporal pair whose angle over the clip stays below it carries the camera),
     ``image_size`` (to normalise intrinsics), ``rotate_values`` (False)."""

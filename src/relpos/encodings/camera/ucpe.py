@@ -1,5 +1,6 @@
-"""UCPE, Unified Camera Positional Encoding, "Relative Ray Encoding" (seed 56; spec camera
-§2.5, Authority A: chengzhag/UCPE, src/camera_control.py ``world_to_ray_mats``).
+"""UCPE, Unified Camera Positional Encoding, "Relative Ray Encoding" ("Unified Camera
+Positional Encoding for Controlled Video Generation", arXiv 2512.07237; official code
+chengzhag/UCPE, ``src/camera_control.py`` ``world_to_ray_mats``).
 
 PRoPE without intrinsics in the matrix, but with one frame per *ray*: token ``i``'s camera
 block is the rigid world-to-ray matrix of its patch-centre ray,
@@ -10,7 +11,7 @@ block is the rigid world-to-ray matrix of its patch-centre ray,
 
 on the first half of the head (``Proj4``), and PRoPE's RoPE channels (patch indices, base
 100, ``p_i - p_j`` sign) on the rest. Every frame moves with the world (``w2l -> w2l
-G^-1``), so logits are invariant to a rigid change of world coordinates (spec R.4: 5.3e-15);
+G^-1``), so logits are invariant to a rigid change of world coordinates (to float64 rounding);
 identical cameras give identical per-pixel frames. UCM unprojection (standard formula):
 ``m = ((u - cx)/fx, (v - cy)/fy)``, ``lambda = (xi + sqrt(1 + (1 - xi^2)|m|^2)) / (1 +
 |m|^2)``, ray ``(lambda m, lambda - xi)``; ``xi`` in [0, 1].

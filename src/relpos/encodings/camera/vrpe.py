@@ -1,5 +1,7 @@
-"""Point-PQAE's view-relative positional embedding, VRPE (seed 92; spec camera §2.9,
-Authority A per the spec: aHapBean/Point-PQAE models/pos.py, not re-read here). A function,
+"""Point-PQAE's view-relative positional embedding, VRPE (Zhang, Zhang, Yan, ICCV 2025,
+"Towards More Diverse and Challenging Pre-training for Point Cloud Learning: Self-Supervised
+Cross Reconstruction with Decoupled Views", arXiv 2509.01250; official code aHapBean/Point-PQAE
+``models/pos.py``, read for the formula, not re-read for this module). A function,
 not an ``Encoding``: it builds the positional *queries* of Point-PQAE's cross-view
 reconstruction (view-1 patch centres plus the offset between the two crops attend to the
 view-2 tokens).

@@ -1,5 +1,5 @@
 """Real Wigner-D matrices: the irreducible orthogonal representations of SO(3) (GTA's SO(3)
-section, spec camera §2.1; Authority B: the standard construction).
+section; the standard construction, not GTA's own ``wigner_d.py``).
 
 Real spherical harmonics of degree ``l`` (orthonormal on the sphere, order ``m = -l .. l``):
 

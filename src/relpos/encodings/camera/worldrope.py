@@ -1,13 +1,14 @@
-"""WorldRoPE: probabilistic world-centric RoPE for multi-view attention (seed 78; spec camera
-§2.11, **Authority C**: abstract only, no code or formula published).
+"""WorldRoPE: probabilistic world-centric RoPE for multi-view attention (only the abstract
+was available; no code or formula is published, and the paper's title and arXiv id could not be
+confirmed).
 
 The abstract: each patch token is back-projected into a set of volumetric Gaussian
 primitives in the world (depth hypotheses, depth uncertainty, the finite extent of the
 patch frustum); a key's primitives projected into the query view give a distribution over
 where the key appears in the query image, and the rotary operator is integrated over it in
 closed form: rotations at the projected centres, mixed by the weights, attenuated by the
-covariance; a point support gives deterministic RoPE. What is assumed here (the spec's
-proposal, made concrete; check against the paper before relying on the details):
+covariance; a point support gives deterministic RoPE. What is assumed here (a reconstruction,
+made concrete; check against the paper before relying on the details):
 
 * **2-D RoPE** of patch coordinates (x = column, y = row, in patch units of a ``grid=(Px,
   Py)`` grid on a ``(W, H)`` image): rotary pair ``p`` turns by ``omega_p^T x``, axial
@@ -20,13 +21,13 @@ proposal, made concrete; check against the paper before relying on the details):
   0, 1]]``: depth doubt ``sigma_m`` along the ray and, with ``patch_extent=True``, the patch
   footprint (a uniform pixel over the patch has variance ``(W/Px)^2 / 12``, so ``s_x =
   (W/Px) / (fx sqrt 12)``), moved to the world by the key's ``c2w``.
-* **Projection** into the query camera ``c`` (first order, the spec): centre ``mu_m =
+* **Projection** into the query camera ``c`` (first order): centre ``mu_m =
   pi_c(X_m)`` in patch units, covariance ``J Sigma_m J^T`` with ``J`` the Jacobian of
   ``pi_c`` at ``X_m``. A primitive with depth ``<= near`` in camera ``c`` is not seen there and
   contributes nothing (its rotation integrates to zero). Against quadrature over the true
   support projected exactly (tests): 8e-4 for depth doubt alone, 1.3e-2 with the footprint
   (its perspective distortion is second order).
-* **Closed form** (exact for Gaussians; spec R.8): ``E[R(omega^T x)] = sum_m pi_m
+* **Closed form** (exact for Gaussians): ``E[R(omega^T x)] = sum_m pi_m
   exp(-1/2 omega^T Sigma_m omega) R(omega^T mu_m)`` with mixture weights ``pi`` (normalised
   to sum 1). Keys get this operator — an attenuated rotation, ``|E| <= 1`` — so ``logit_ij
   = q_i^T R(-omega^T p_i) E[R(omega^T x_j)] k_j``: RoPE in expectation over where key ``j``
@@ -85,7 +86,7 @@ def gaussian_expected_rotation(
 
     ``omega (P, n)`` frequency vectors, ``mean (..., K, n)``, ``cov (..., K, n, n)``,
     ``weights (..., K)`` -> two ``(..., P)`` tensors: ``sum_m pi_m exp(-1/2 omega^T Sigma_m
-    omega) (cos, sin)(omega^T mu_m)`` (spec R.8: ``mu = .7, sigma = .4, omega = 3`` gives
+    omega) (cos, sin)(omega^T mu_m)`` (e.g. ``mu = .7, sigma = .4, omega = 3`` gives
     ``-.2457349803 + .4201691066 i``)."""
     angle = mean @ omega.transpose(-1, -2)  # (..., K, P)
     spread = torch.einsum("pa,...ab,pb->...p", omega, cov, omega)  # (..., K, P)
@@ -107,7 +108,7 @@ class WorldState:
 
 @register("worldrope")
 class WorldRoPE(CameraFrames):
-    """WorldRoPE (see the module docstring; Authority C). Options: ``grid=(Px, Py)`` and
+    """WorldRoPE (see the module docstring; a reconstruction). Options: ``grid=(Px, Py)`` and
     ``image_size=(W, H)`` (both needed), ``base`` (100), ``layout`` ("half"),
     ``patch_extent`` (True), ``near`` (1e-3), ``group_limit`` (64), ``rotate_values``
     (False)."""

@@ -1,8 +1,9 @@
-"""Cable: context-aware biases for length extrapolation (axiomlab/Cable, ``src/Cable.py``).
+"""Cable: context-aware biases for length extrapolation ("Context-aware Biases for Length
+Extrapolation", arXiv 2503.08067; official code axiomlab/Cable, ``src/Cable.py``).
 
 Each token gets a learned, content-dependent "slope" ``softplus(u_t)``; the bias between two
 tokens is minus the sum of the slopes between them: ALiBi whose slope is read from the
-content. Spec: formulas-bias.md section 7 (authority A).
+content. The official code was read.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class CableContext:
 
 @register("cable")
 class Cable(Encoding):
-    """Cable, context-aware biases for length extrapolation (axiomlab/Cable, ``src/Cable.py``;
-    spec section 7, authority A).
+    """Cable, context-aware biases for length extrapolation (arXiv 2503.08067;
+    official code axiomlab/Cable, ``src/Cable.py``).
 
     Per token ``t`` and head ``h`` a learned score ``u_{t,h}``; its softplus is the token's
     own "slope", accumulated along the sequence:

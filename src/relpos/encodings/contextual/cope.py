@@ -3,8 +3,8 @@ Position Encoding: Learning to Count What's Important", arXiv 2405.18719).
 
 Positions are counted from the content: a gate per key decides whether it counts, and the
 position of key ``j`` seen from query ``i`` is the number of gated keys from ``j`` to ``i``.
-Spec: remaining.md section 1 (authority B: the paper's appendix listing, read through copies,
-and x-transformers' port of it).
+No official repository: the form follows the paper's appendix listing, read through copies,
+and lucidrains/x-transformers' port of it.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def interpolate_position_logits(
 
 @register("cope")
 class CoPE(Encoding):
-    """CoPE, contextual position encoding (Golovneva et al. 2024, arXiv 2405.18719; spec
-    remaining.md section 1, authority B).
+    """CoPE, contextual position encoding (Golovneva et al. 2024, arXiv 2405.18719; the
+    paper's appendix listing, read through copies).
 
         s_ij   = q_i . k_j * scale                       (B, H, Lq, Lk) content logits
         g_ij   = sigmoid(s_ij)                           0 on masked keys (causal: j > i)

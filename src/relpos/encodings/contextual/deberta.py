@@ -4,7 +4,8 @@ reads a projected, log-bucketed relative table from both sides.
 ``logit_ij = [ q_i.k_j + q_i.K^r[idx(i, j)] + k_j.Q^r[idx(i, j)] ] / sqrt(3 d)``: ``q . K^r``
 (c2p) is a query read of the table reader (``table.py``, products per query block), ``k . Q^r``
 (p2c) a key read; ``idx`` is evaluated once per distance (``DistanceRows``). Also here: the
-bucket functions ``deberta_log_bucket`` and ``deberta_relative_index`` (spec §11).
+bucket functions ``deberta_log_bucket`` and ``deberta_relative_index``
+(microsoft/DeBERTa ``make_log_bucket_position``, ``build_relative_position``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def deberta_log_bucket(
     code and ``transformers`` do (float32 ``log`` is not correctly rounded, so the float32 steps
     matter at bucket edges; tests/oracle checks a grid against ``transformers``).
 
-    ``clamp=True`` (the official "faster" version, spec §11) first clamps ``delta`` to
+    ``clamp=True`` (the official "faster" version) first clamps ``delta`` to
     ``±(max_position - 1)``, so every farther distance shares the outermost bucket.
     ``clamp=False`` is ``transformers``' (and the official numpy) function: beyond
     ``max_position - 1`` the buckets keep growing; after DeBERTa's index clamp this only
@@ -102,7 +103,7 @@ def deberta_relative_index(
     max_relative_positions: int,
     clamp_buckets: bool = True,
 ) -> Tensor:
-    """Row of DeBERTa's relative-embedding table for ``delta = query - key`` (spec §11).
+    """Row of DeBERTa's relative-embedding table for ``delta = query - key``.
 
     ``span = position_buckets`` if > 0 else ``max_relative_positions``;
     ``idx = clamp(bucket(delta) + span, 0, 2 span - 1)`` with ``bucket`` = ``deberta_log_bucket``
@@ -196,7 +197,7 @@ class DeBERTaData(TableData):
 @register("deberta")
 class DeBERTa(TableEncoding):
     """DeBERTa disentangled attention, v2/v3 code (He et al. 2021, arXiv 2006.03654;
-    microsoft/DeBERTa and transformers ``DisentangledSelfAttention``; spec §11, Authority A).
+    microsoft/DeBERTa and transformers ``DisentangledSelfAttention``, read).
 
     ``logit_ij = [ q_i.k_j + q_i.K^r[idx(i,j)] + k_j.Q^r[idx(i,j)] ] / sqrt(d * F)``
 

@@ -79,7 +79,7 @@ class Huang2020Method3(_Huang2020):
     ``sum_l q_il k_jl (a_ijl - 1) * scale`` to the backends' content term, computed per query
     tile by ``trilinear_scores`` (a loop over the D channels, O(T S) memory; no ``(T, S, D)``).
 
-    Authority C (spec §13): no code was found; the formula is the paper's as recalled. Assumed
+    No code was found for method 3; the formula is the paper's as recalled, not checked. Assumed
     here: HF's table layout and window (shared by heads, ``2M - 1`` rows, as for method 4)
     and the initialisation ``E = 1 + N(0, 0.02^2)``, so training starts from dot-product
     attention (with ``E ~ N(0, 0.02^2)`` every logit would start at ~0).

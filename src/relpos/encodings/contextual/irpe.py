@@ -1,7 +1,6 @@
 """iRPE, image relative position encoding (Wu, Peng, Chen, Fu, Chao 2021, "Rethinking and
 Improving Relative Position Encoding for Vision Transformer", ICCV 2021, arXiv 2107.14222;
-official code microsoft/Cream ``iRPE/DeiT-with-iRPE/irpe.py``). Spec:
-``../shared/spec/formulas-bias.md`` section 14 (Authority A).
+official code microsoft/Cream ``iRPE/DeiT-with-iRPE/irpe.py``, read).
 
 A 2-D relative position ``(dr, dc) = p_i - p_j`` (query minus key, row and column) falls into
 a bucket through the piecewise index function ``g`` (Eq. 18, ``piecewise_index``): exact for

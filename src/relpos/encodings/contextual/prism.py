@@ -1,11 +1,11 @@
 """PRISM: probabilistic relative-position implicit superposition (P. Lee 2025, "PRISM:
-Probabilistic Relative-position Implicit Superposition Model", arXiv 2506.00920; seed 85).
+Probabilistic Relative-position Implicit Superposition Model", arXiv 2506.00920).
 
 Each token's position is a probability histogram, advanced token by token by a
 content-conditioned shift kernel (a differentiable histogram filter); the bias of a pair is
-a distance function averaged over the distribution of their position difference. Spec:
-remaining.md section 4 (authority C: abstract only, no code found; the formulas below are the
-spec's proposal).
+a distance function averaged over the distribution of their position difference. Only the
+abstract was available and no code was found: the formulas below are a reconstruction, checked
+by tests/encodings/contextual/test_prism.py.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class PRISMBlock:
 
 @register("prism")
 class PRISM(Encoding):
-    """PRISM (P. Lee 2025, arXiv 2506.00920; spec remaining.md section 4, authority C).
+    """PRISM (P. Lee 2025, arXiv 2506.00920; a reconstruction from the abstract).
 
         kappa_t   = softmax(k_t W_h + c_h)            (S,) shifts 0 .. S-1 of token t's step
         pi_0      = delta_0,   pi_t = pi_{t-1} * kappa_{t-1}       (bins,) position histograms
@@ -162,8 +162,8 @@ class PRISM(Encoding):
     Positions are not read (shift-invariant). The learned kernel starts near counting
     (``W = 0``, ``c`` puts probability ~0.98 on shift 1).
 
-    Correction step (``correction="learned"``, off by default so the registered method is
-    the prediction-only filter above): the spec's ``pi * l(x_t)`` as the measurement update of
+    Correction step (``correction="learned"``, off by default so the registered method is the
+    prediction-only filter above): the reconstruction's ``pi * l(x_t)`` as the measurement update of
     a histogram (discrete Bayes) filter,
 
         l_t       = softmax_b(sum_r (k_t U_h)_r psi_r(b))     (bins,) token t's likelihood
@@ -182,7 +182,7 @@ class PRISM(Encoding):
     softmax over bins of a key-linear combination of a cosine basis) and the order (predict
     with token t - 1's kernel, correct with token t's likelihood) are this reconstruction's.
 
-    Sources tried (issue 15): the stored pages of arXiv 2506.00920 (v1, v2 HTML) and its
+    Sources tried: the stored pages of arXiv 2506.00920 (v1, v2 HTML) and its
     listings return the abstract and the first lines of the introduction only; no code
     repository was found (the v1 note says code "will follow in v2"). A third-party summary
     (sciencestack.ai) says the histogram "forms a position stream via sinusoidal embeddings",

@@ -1,7 +1,7 @@
 """RCMHA's relative attention scores (Sugiharto, Aradea, Mubarok 2023, "RCMHA: Relative
 Convolutional Multi-Head Attention for Natural Language Modelling", arXiv 2308.03429; official
 code hermansh-id/rcmha ``rcmha/attention.py`` ``RelativeMultiHeadAttention.get_scores`` and
-``rcmha/util.py`` ``shift_right``; spec ``../shared/spec/remaining.md`` section 7, Authority A).
+``rcmha/util.py`` ``shift_right``, read).
 
 RCMHA changes multi-head attention in two places. This module holds the second, the relative
 scoring; the first, causal depth-wise convolutions of the projected q, k and v, mixes tokens

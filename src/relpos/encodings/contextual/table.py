@@ -383,10 +383,10 @@ class TableEncoding(Encoding):
         )
         return self.read_tables(q, k, ctx, rows)
 
-    #: the fewest query rows of a chunked tile for a table encoding: measured on the 2-core
-    #: CPU (docs/benchmarks.md), the unclipped Music Transformer's training step at L = 2048
-    #: takes 9.8 s in 128-row tiles, 5.2 s in 256-row and 2.1 s in 512-row tiles (per-tile
-    #: products, gathers and the SDPA call have a cost that does not shrink with the tile)
+    #: the fewest query rows of a chunked tile for a table encoding: the unclipped Music
+    #: Transformer's training step gets several times faster from 128-row to 512-row tiles
+    #: (docs/benchmarks.md, "Shaw / Music Transformer training step"; per-tile products,
+    #: gathers and the SDPA call have a cost that does not shrink with the tile)
     MIN_BLOCK_ROWS = 512
 
     def block_rows(self, ctx: BiasContext) -> int:

@@ -155,7 +155,7 @@ def gather_rows(
     if not by_keys:
         return sel.gather(-1, rows.expand(*sel.shape[:2], *rows.shape[2:]))
     # key-major: gather (S, T) per head with a contiguous index (a transposed index makes the
-    # gather ~2.5x slower), then hand back the (T, S) view
+    # gather much slower), then hand back the (T, S) view
     index = rows.transpose(-1, -2).contiguous()  # (Bb|1, 1, S, T): no head copies
     return sel.gather(-1, index.expand(*sel.shape[:2], *index.shape[2:])).transpose(-1, -2)
 

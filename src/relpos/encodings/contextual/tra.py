@@ -1,13 +1,13 @@
 """TRA: threshold relative attention (Opper, Fernandez, Smolensky, Gao 2025, "TRA: Better
-Length Generalisation with Threshold Relative Attention", TMLR, arXiv 2503.23174; seed 59).
+Length Generalisation with Threshold Relative Attention", TMLR, arXiv 2503.23174).
 
-Selective sparsity (keys whose score is below a threshold leave the softmax) plus a
-contextualised relative distance (only the kept keys are counted), modulated by a learnable
-forget gate. Spec: remaining.md section 1 (authority C there: mopper97/TRA holds only a
-README). The formula was then checked against the authors' own notebook, the "Jupyter notebook
-implementing Threshold Relative Attention ... as presented in this paper" of their MOSS
-workshop submission (abhishekpanigrahi1996/MOSS ``submissions/submission-96/TRA_FFL.ipynb``,
-class ``TRA``; authority B: the authors' code through a copy), and follows it (see the class).
+Selective sparsity (keys whose score is below a threshold leave the softmax) plus a contextualised
+relative distance (only the kept keys are counted), modulated by a learnable forget gate. The
+official repository mopper97/TRA holds only a README, so the formula was first reconstructed without
+code, then checked against the authors' own notebook, the "Jupyter notebook implementing Threshold
+Relative Attention ... as presented in this paper" of their MOSS workshop submission
+(abhishekpanigrahi1996/MOSS ``submissions/submission-96/TRA_FFL.ipynb``, class ``TRA``: the authors'
+code, read through a copy), and follows it (see the class).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class TRA(Encoding):
     the scores: that belongs to the model, not to this encoding.
 
     Options beyond the authors' code: ``forget="head"`` (one learned gate per head, ``delta_h =
-    log sigmoid(f_h)``, ``f_h`` starting at ALiBi's slopes: the reconstruction of the spec,
+    log sigmoid(f_h)``, ``f_h`` starting at ALiBi's slopes: the first reconstruction,
     kept for models without a layer input); ``keep_own`` (the query's own key, equal
     positions, is always kept: no self-attention row is empty); ``threshold``; ``gate``:
     ``"hard"`` (default; the keep decision has no gradient, the kept logits and the gate

@@ -47,7 +47,7 @@ class TransformerXLData(TableData):
 @register("transformer-xl")
 class TransformerXL(TableEncoding):
     """Transformer-XL relative attention (Dai et al. 2019, arXiv 1901.02860;
-    kimiyoung/transformer-xl ``RelPartialLearnableMultiHeadAttn``; spec §10, Authority A).
+    kimiyoung/transformer-xl ``RelPartialLearnableMultiHeadAttn``, official code read).
 
     ``logit_ij = [ q_i.k_j + q_i.W_R R_{i-j} + u.k_j + v.W_R R_{i-j} ] * scale``, i.e.
     ``(q_i + u).k_j + (q_i + v).(W_R R_{i-j})``, scale ``1/sqrt(d)`` on the sum; ``i - j`` is

@@ -3,7 +3,7 @@ be as Powerful as You Expect", arXiv 2205.13401; lsj2408/URPE).
 
 ``Attn = (softmax(Q K^T / sqrt(d) + B) * C) V``: a Toeplitz bias ``B`` plus a Toeplitz matrix
 ``C`` that multiplies the softmax weights element-wise (``prob_multiplier``), without
-renormalising. Spec: formulas-bias.md section 20 (authority A).
+renormalising. The official code was read.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def urpe_bucket(
 @register("urpe")
 class URPE(DistanceBias):
     """URPE, universal RPE (Luo et al. 2022, "Your Transformer May Not be as Powerful as You
-    Expect", arXiv 2205.13401; lsj2408/URPE; spec section 20, authority A).
+    Expect", arXiv 2205.13401; official code lsj2408/URPE).
 
         Attn = ( softmax(Q K^T / sqrt(d) + B) * C ) V          (element-wise *, no renormalising)
 

@@ -209,7 +209,7 @@ class DocPolarBERT(BoxEncoding):
     for special tokens) get no distance and no angle term (the official padding rows,
     zero). Defaults are the official config's (32 / 128 / 4 / 8).
 
-    Assumptions and deviations (Authority A code, C paper details):
+    Assumptions and deviations (official code read; paper-only details are unverified):
 
     * Distance edges. The official code takes the quantiles of all valid pair distances
       of the *batch* at every call, so a token's bucket depends on the other documents in

@@ -1,9 +1,8 @@
 """AW-RoPE: analytic-walk rotary encodings on graphs (``aw-rope``, ``aw-rope-exact``).
 
-"Analytic-Walk Rotary Positional Encodings" (AW-RoPE, seed 60; official code
-jiaqingxie/AW-RoPE, ``external/Graph-RoPE/graphgps/layer/aw_rope.py`` and
-``scripts/exact_aw_operator.py``). Spec: ``../shared/spec/remaining.md`` section 6,
-**authority A** (official code read; restated here, not copied). The claim: node-wise rotary
+"Analytic-Walk Rotary Positional Encodings" (AW-RoPE; official code jiaqingxie/AW-RoPE,
+``external/Graph-RoPE/graphgps/layer/aw_rope.py`` and ``scripts/exact_aw_operator.py``, read;
+restated here, not copied). The claim: node-wise rotary
 encodings give the rotation between two nodes from their endpoints only; AW-RoPE puts the
 rotations on the *edges* and sums the transported features over all walks, so routes
 reinforce or cancel. Both variants act on the projected queries and keys:

@@ -103,7 +103,7 @@ def structure_or_adjacency(
 
 def largest_node_id(ctx: BiasContext) -> int:
     """The largest node id (position) of the call, 0 for an empty one. One host sync; the
-    engine's per-call position fact is to provide it (issue 11) and replace this helper."""
+    engine's per-call position fact is to provide it and replace this helper."""
     if ctx.q_pos.numel() == 0 or ctx.k_pos.numel() == 0:
         return 0
     return int(max(ctx.q_pos.max(), ctx.k_pos.max()))

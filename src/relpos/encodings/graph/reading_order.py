@@ -1,11 +1,10 @@
 """Reading-order relative positions on a document's word graph (``reading-order``).
 
-C.-Y. Lee, Li, Dozat, Perot, Su, Hua, Ainslie, Pfister ("ROPE: Reading Order Equivariant
-Positional Encoding for Graph-based Document Information Extraction", ACL 2021, arXiv
-2106.10786, seed 62). Spec: ``../shared/spec/remaining.md`` section 9, **authority C**: no
-code; the abstract and introduction only. The claim: each neighbour of a target word gets a
-code of its reading order *relative to the target among the target's neighbours*, which
-improves GCNs on form understanding (FUNSD, payment documents) by up to 8.4 F1.
+C.-Y. Lee, Li, Dozat, Perot, Su, Hua, Ainslie, Pfister ("ROPE: Reading Order Equivariant Positional
+Encoding for Graph-based Document Information Extraction", ACL 2021, arXiv 2106.10786). No code was
+found; only the abstract and introduction were read. The claim: each neighbour of a target word gets
+a code of its reading order *relative to the target among the target's neighbours*, which improves
+GCNs on form understanding (FUNSD, payment documents) by up to 8.4 F1.
 
 Reconstruction (assumed where the text was not reachable): sort ``N(t) ∪ {t}`` by reading
 index; the code of neighbour ``u`` is ``r(t, u) = rank(u) - rank(t)`` (so ``r(t, t) = 0``). It is
@@ -15,7 +14,7 @@ the attention from ``t`` (query) to ``u`` (key): ``b_h(t, u) = W_h[clip(r(t, u),
 adjacent pairs (and the diagonal); other pairs are masked (message passing over the word
 graph, the default) or get one learned bias per head (``mask_non_adjacent=False``). The
 paper embeds the code by a sinusoid or a table into the edge message of a GCN; the table form
-as an attention bias is the relpos mapping of the spec.
+as an attention bias is relpos's mapping.
 
 Inputs (per call): ``adjacency (B, N, N)`` and ``reading_order (B, N)`` (each node's reading
 index, distinct within a graph), or the precomputed ``reading_codes (B, N, N)``
@@ -46,7 +45,8 @@ def reading_order_codes(adjacency: Tensor, order: Tensor) -> Tensor:
     """``r (B, N, N)`` int64: ``r[b, t, u] = rank(u) - rank(t)`` in the reading order of
     ``N(t) ∪ {t}`` for adjacent ``u`` (0 for ``u = t``), ``NO_EDGE`` elsewhere.
     ``adjacency (B, N, N)`` (``check_adjacency``), ``order (B, N)`` reading indices (distinct
-    within a graph). Spec: target 3 with neighbours {1, 4, 5} gets codes {1: -1, 4: +1, 5: +2}."""
+    within a graph). Example: target 3 with neighbours {1, 4, 5} gets codes
+    {1: -1, 4: +1, 5: +2}."""
     adj = check_adjacency(adjacency, "inputs['adjacency']")
     B, N, _ = adj.shape
     if not isinstance(order, Tensor) or order.is_complex() or order.dtype == torch.bool:

@@ -4,7 +4,7 @@ LiamMa/GRIT).
 
 ``P_ij = [I, M, ..., M^(K-1)]_ij`` with ``M = D^-1 A``; bias ``b_h(i, j) = P_ij . w_h`` and,
 optionally, a value term. Inputs: ``adjacency (B, N, N)`` or the precomputed ``rrwp (B, N, N,
-K)`` (``relpos.graphs.random_walk_probabilities``). Spec: formulas-bias.md section 18.
+K)`` (``relpos.graphs.random_walk_probabilities``). Official code read: LiamMa/GRIT.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """SiPE, syntax-informed positions: a learned syntactic prior multiplied into a relative bias
 (``sipe``).
 
-"Syntax-informed Positional Embeddings" (SiPE, seed 72). Spec: ``../shared/spec/remaining.md``
-section 11, **authority C**: no paper text or code was found, only the abstract. The claim: a
+"Syntax-informed Positional Embeddings" (SiPE; arXiv id not confirmed): no paper text or code
+was found, only the abstract. The claim: a
 lightweight syntactic prior, learned from dependency parses during pretraining, injected into
 the positional encoding; for autoregressive decoders with a relative PE it works best
 *multiplied into the relative-position term* of the attention score; one parse at inference.
@@ -19,7 +19,7 @@ Reconstruction (assumed; the abstract gives neither the prior's inputs nor its f
   "relative-position term"; ``tau`` is the tree relation of ``relpos.graphs.tree_relations``
   (``up + down`` is the tree distance, ``up = 0``: i is an ancestor of j);
 * the MLP (3 -> ``prior_hidden`` -> H, SiLU) has a zero last layer, so ``pi = 1`` at init
-  and SiPE starts as its base (the spec's check); it is evaluated once per call on the
+  and SiPE starts as its base; it is evaluated once per call on the
   ``(M + 1)^2 + 1`` relation classes, so the bias stays one element-wise formula (every
   backend, FlexAttention included);
 * a pair whose base bias is infinite keeps it (a mask stays a mask).
@@ -30,7 +30,7 @@ encoders) is absolute and reads the parse, not positions, so it is not an ``Enco
 ``(depth, head relation)`` classes (like CoordConv's ``add_coord_channels``, a function
 beside the encodings) and ``relpos.nn.SyntaxEmbedding`` embeds them, ``embed(depth) +
 embed(head relation)``, to be added to the token embeddings. Not built: the rotary form (the
-abstract names it; the spec says not to guess it, and no text says what it rotates by).
+abstract names it, but no text says what it rotates by, so it is not guessed).
 
 Inputs: ``heads (B, L)`` int, the dependency head of each token (0-based token index, -1 for
 a root; CoNLL-U's HEAD minus 1), checked as a parse (``check_parse``: integer, range, no
@@ -123,7 +123,7 @@ def syntax_relations(heads: Tensor, *, single_root: bool = False) -> Tensor:
 def syntax_features(
     heads: Tensor, *, max_depth: int = 8, max_offset: int = 8, single_root: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """SiPE's encoder-form inputs (authority C, reconstructed): each token's depth class and
+    """SiPE's encoder-form inputs (reconstructed from the abstract): each token's depth class and
     head-relation class, ``(B, L)`` int64 each, from a parse ``heads (B, L)`` (checked by
     ``check_parse``; -1 for a root).
 
@@ -168,7 +168,7 @@ def _dict_checker(value: Any, name: str) -> dict:
 @register("sipe")
 class SyntaxPriorBias(GraphEncoding):
     """SiPE's decoder form: ``pi_h(tau_ij) * beta_h(p_i - p_j)`` (see the module docstring;
-    authority C, reconstructed from the abstract).
+    reconstructed from the abstract).
 
     Args:
         base: the registered distance-only bias ``beta`` ("t5").
@@ -180,7 +180,7 @@ class SyntaxPriorBias(GraphEncoding):
         max_nodes: the longest parse (positions are token ids below it).
     """
 
-    paper = "SiPE (syntax-informed PE; decoder form: parse prior x relative bias; Authority C)"
+    paper = "SiPE (syntax-informed PE; decoder form: parse prior x relative bias; abstract only)"
     structure_input = "relations"
     optional_inputs = {
         "heads": "(B, L) int dependency head of each token, -1 for a root",

@@ -2,7 +2,8 @@
 times the hop count between two nodes, ``b_h(i, j) = -m_h SPD(i, j)``.
 
 Inputs: ``adjacency (B, N, N)`` or the precomputed ``spd (B, N, N)``
-(``relpos.graphs.shortest_path_distances``). Spec: formulas-bias.md section 17 (authority C).
+(``relpos.graphs.shortest_path_distances``). No code was found and only the abstract was read
+("A standard transformer and attention with linear biases for molecular conformer generation").
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def check_spd(value: object) -> Tensor:
 @register("graph-spd")
 class ShortestPathALiBi(GraphEncoding):
     """ALiBi over shortest-path distances (Gurev & Rumbell 2025, arXiv 2506.19834;
-    Authority C: abstract only).
+    abstract only, no code).
 
     ``b_h(i, j) = -m_h * SPD(i, j)`` with the ALiBi slopes ``m_h`` (``alibi_slopes``),
     symmetric, no causal mask. Assumed where the paper is silent: ``max_spd`` caps distances

@@ -24,9 +24,8 @@ for all) and ``W`` feature rows per group (heads, queries and keys). Everything 
 arithmetic (no complex dtypes: ``torch.compile`` and every backend take it); the angles
 ``omega * a`` are formed in float64.
 
-"Analytic-Walk Rotary Positional Encodings" (AW-RoPE, seed 60; code jiaqingxie/AW-RoPE):
-the operator of the official ``truncated_walk_resolvent`` / ``exact_walk_resolvent``,
-restated here (spec ``remaining.md`` section 6, authority A).
+"Analytic-Walk Rotary Positional Encodings" (AW-RoPE; code jiaqingxie/AW-RoPE): the operator
+of the official ``truncated_walk_resolvent`` / ``exact_walk_resolvent``, read and restated here.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def check_separators(separators: object, name: str = "separators") -> tuple[int,
 
 @register("bipe-rope")
 class BiPERoPE(RoPE):
-    """BiPE-RoPE (He et al. 2024, arXiv 2401.16421; spec formulas-rotary §35).
+    """BiPE-RoPE (He et al. 2024, arXiv 2401.16421; official code zhenyuhe00/BiPE).
 
     A token ``t`` in segment ``s(t)`` (the number of separators strictly before it; a separator
     belongs to the segment it ends) at offset ``o(t)`` inside that segment gets
@@ -99,11 +99,11 @@ class BiPERoPE(RoPE):
     it is given (``relative``: the attention part; the intra table is absolute within a
     segment).
 
-    Pitfall (spec §35): the reference code builds the table as ``nn.Embedding(1024, d,
-    padding_idx=pad_token_id)`` with ``pad_token_id = -1``, so row 1023 is a frozen zero and
-    tokens whose offset is clipped get no intra embedding. relpos does not reproduce this: row
-    ``max_intra - 1`` is a trained row like the others. The reference asserts there is no KV
-    cache; relpos decodes incrementally (the next token's offset and segment continue from the
+    Pitfall: the official code (``my_modeling_llama_bipe_rope.py``) builds the table as
+    ``nn.Embedding(1024, d, padding_idx=pad_token_id)`` with ``pad_token_id = -1``, so row 1023 is a
+    frozen zero and tokens whose offset is clipped get no intra embedding. relpos does not reproduce
+    this: row ``max_intra - 1`` is a trained row like the others. The reference asserts there is no
+    KV cache; relpos decodes incrementally (the next token's offset and segment continue from the
     cached prefix, ``TokenPositions.state``), equal to the full forward.
     """
 
@@ -154,7 +154,7 @@ class BiPERoPE(RoPE):
         return self.intra.embed(pos.clamp(max=self.max_intra - 1), dim)
 
     def positions_from_tokens(self, tokens: Tensor, state: Tensor | None = None) -> TokenPositions:
-        """Intra offsets and segment indices of ``tokens (B, L)`` (spec R.16: ids ``[5, 6, 869,
+        """Intra offsets and segment indices of ``tokens (B, L)`` (e.g. ids ``[5, 6, 869,
         7, 8, 9, 13, 10]`` with separators ``(869, 13)`` -> intra ``[0, 1, 2, 0, 1, 2, 3, 0]``,
         segment ``[0, 0, 0, 1, 1, 1, 1, 2]``).
 

@@ -23,8 +23,8 @@ def inverse_softplus(y: float) -> float:
 
 @register("carope")
 class CARoPE(RoPE):
-    """CARoPE, context-aware RoPE (Veisi et al. 2025, arXiv 2507.23083; spec §16,
-    Authority B: paper text, no code).
+    """CARoPE, context-aware RoPE (Veisi et al. 2025, arXiv 2507.23083; from
+    the paper's text, no code published).
 
     Token-dependent frequencies: ``f_t = 1 / (softplus(z_t) + 1)`` in ``(0, 1)`` per head,
     pair ``i`` turns at ``f_t^i`` (RoPE is ``f = theta_1 = base^(-2/d)``, as
@@ -35,8 +35,8 @@ class CARoPE(RoPE):
     * ``z_t = k_t . w_h + c_h``: the frequency is read from the token's *pre-rotation key*
       (the paper projects the layer input ``x_t W``, ``W (d_model, H)``, no bias);
       ``w = freq_weight (H, D)`` ~ N(0, 0.02^2) and ``c = freq_bias (H,)`` with
-      ``f = theta_1`` at ``z = c``, so the encoding starts near RoPE (the spec's "RoPE at
-      init" needs such a bias).
+      ``f = theta_1`` at ``z = c``, so the encoding starts near RoPE (starting as RoPE
+      needs such a bias).
     * Phases integrate over positions: ``phi_i(j) = sum_{t <= j} f_t^i (p_t - p_{t-1})``
       with ``p_{-1} = 0`` (0-based, including the token itself). With unit steps from 0 this
       is the paper's ``sum_{t=1}^{m} f_t^i``; with ``f = theta_1`` it is RoPE at any

@@ -11,8 +11,8 @@ changed in one way:
 HoPE and p-RoPE share ``FrequencyMaskRoPE``, which masks the frequencies the scaling produced
 (also those a length-dependent scaling recomputes per call).
 
-Formulas, authority levels and pitfalls: ``../shared/spec/formulas-rotary.md`` sections
-12-14.
+Sources: p-RoPE follows HF ``modeling_rope_utils.py`` (``proportional``, as Gemma 4 uses it);
+LeRoPE and HoPE's cutoff are reconstructions from their abstracts (no code was found).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ __all__ = ["LeRoPE", "FrequencyMaskRoPE", "HoPE", "PRoPE", "high_frequency_pairs
 
 @register("lerope")
 class LeRoPE(RoPE):
-    """LeRoPE: RoPE with a learned scale per frequency (spec §12; Authority C, no code found).
+    """LeRoPE ("Learned RoPE"): RoPE with a learned scale per frequency (abstract only, no code).
 
     ``theta_i = exp(u_i) * theta0_i`` with ``u`` learned, ``(r/2,)``, initialised to 0
     (RoPE at init) and ``theta0`` RoPE's frequencies after the options (``base``,
     ``partial_rotary_factor``, ``scaling``: the learned scale multiplies the scaled
     frequencies, the attention factor applies). Assumed, since the abstract states only "a
-    scalar per frequency": a multiplicative scale in log space (the spec's recommendation;
+    scalar per frequency": a multiplicative scale in log space (relpos's choice;
     it keeps gradients well-scaled and the frequencies positive), shared by all heads of a
     layer. Any ``theta`` keeps the score relative. Angles as for RoPE; the gradient of
     ``u_i`` grows with the position.
@@ -103,7 +103,7 @@ def high_frequency_pairs(inv_freq: Tensor, train_length: float) -> int:
 
 @register("hope")
 class HoPE(FrequencyMaskRoPE):
-    """HoPE, high-frequency rotary PE (Chen et al. 2024, arXiv 2410.21216; spec §13).
+    """HoPE, high-frequency rotary PE (Chen et al. 2024, arXiv 2410.21216).
 
     ``R(m) = diag(R(m theta_0), ..., R(m theta_{r-1}), I, ..., I)``: the ``r`` highest
     frequencies rotate (RoPE's ``theta_i``, after the options); the other pairs are identity,
@@ -111,7 +111,7 @@ class HoPE(FrequencyMaskRoPE):
     every remaining component oscillates with a period that fits in the training length, the
     removed ones are constant in the distance.
 
-    Authority C: the paper's cutoff rule was not found in a primary source. Two cutoffs are
+    Reconstruction: the paper's cutoff rule was not found in a primary source. Two cutoffs are
     offered: ``rotated_pairs = r`` explicitly, or ``train_length = L``, keeping the pairs with
     wavelength ``2 pi / theta_i <= L`` (the default, ``L = 4096``). The cutoff is taken on
     the unscaled frequencies (``base``, ``partial_rotary_factor``): a ``scaling`` dict is a
@@ -160,7 +160,8 @@ class HoPE(FrequencyMaskRoPE):
 
 @register("p-rope")
 class PRoPE(FrequencyMaskRoPE):
-    """p-RoPE (Barbero et al. 2024, "Round and Round We Go!", arXiv 2410.06205; spec §14).
+    """p-RoPE (Barbero et al. 2024, "Round and Round We Go!", arXiv 2410.06205;
+    HF ``modeling_rope_utils.py``, ``proportional``).
 
     Keeps the fraction ``p`` of highest frequencies and sets the rest to 0 (identity
     "NoPE" pairs): ``r = int(p * head_dim // 2)``, ``theta_i = base^(-2i/head_dim)`` for

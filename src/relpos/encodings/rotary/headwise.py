@@ -11,7 +11,8 @@ per-head parameter itself). They need the key head count of the call, so they ro
 and keys together (``rotate_qk``) and set ``cache_rotated_keys = False``: ``relpos.nn``
 caches raw keys and re-rotates the cache.
 
-Formulas: ``../shared/spec/formulas-rotary.md`` sections 17 and 20.
+Sources read: ComplexFormer, shaojintian/complexFormer ``attention/complex_attention.py``;
+HARoPE, Studentxll/HARoPE ``model/models_HARoPE.py``.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ def safe_atan2(y: Tensor, x: Tensor) -> Tensor:
 
 @register("complexformer")
 class ComplexFormer(HeadwiseRoPE):
-    """ComplexFormer / complex multi-head attention (Shao et al. 2025; spec §17, Authority B:
-    author's repo ``shaojintian/complexFormer``, ``ComplexMultiHeadAttentionV2``).
+    """ComplexFormer / complex multi-head attention (Shao et al. 2025; the
+    author's research code read: ``shaojintian/complexFormer``, ``ComplexMultiHeadAttentionV2``).
 
     Each head's q and k are complex numbers ``z_j = x_j + i x_{j + d/2}`` (half-split
     pairs) in polar form ``r e^{i phi}``, ``r = sqrt(re^2 + im^2 + 1e-9)``. The score is
@@ -154,7 +155,7 @@ class ComplexFormer(HeadwiseRoPE):
 
 @register("harope")
 class HARoPE(HeadwiseRoPE):
-    """HARoPE, head-wise adaptive RoPE (spec §20, Authority A: ``Studentxll/HARoPE``,
+    """HARoPE, head-wise adaptive RoPE (official code read: ``Studentxll/HARoPE``,
     ``SVDBasedMatrix`` and ``Attention.forward``).
 
     Per head ``M_h = U_h diag(s_h) V_h^T`` with ``U = expm(skew(A_u))``, ``V = expm(skew(A_v))``,

@@ -8,7 +8,8 @@ metric ``M`` (``G^T M + M G = 0``): skew-symmetric generators preserve the dot p
 
 Shared here: ``skew_part`` and ``skew_from_upper`` (skew-symmetric matrices from free
 parameters, also used by ``harope``) and ``apply_blocks`` (a per-token block-diagonal map).
-Formulas: ``../shared/spec/formulas-rotary.md`` §19 (LieRE), §21 (MinkowskiPE), §15 (boosts).
+Sources: LieRE, official code StanfordMIMI/LieRE ``models/rope_vit.py``; MinkowskiPE and the
+boosts (Hyperbolic HoPE), reconstructions from their abstracts.
 """
 
 from __future__ import annotations
@@ -112,8 +113,8 @@ def _as_coordinates(pos: Tensor) -> Tensor:
 
 @register("liere")
 class LieRE(Encoding):
-    """LieRE, Lie rotational position encodings (Ostmeier et al. 2024; spec §19, Authority A:
-    ``StanfordMIMI/LieRE``, ``LierePositionEncoder``).
+    """LieRE, Lie rotational position encodings (Ostmeier et al. 2024; official
+    code read: ``StanfordMIMI/LieRE``, ``LierePositionEncoder``).
 
     For coordinates ``p in R^m`` the rotation is ``R(p) = expm(sum_a p_a S_a)`` with learned
     skew-symmetric ``g x g`` generators ``S_a``, applied blockwise (``head_dim / g`` blocks,
@@ -248,7 +249,7 @@ def boost_pairs(x: Tensor, rapidity: Tensor, metric: bool) -> Tensor:
 
 @register("minkowski")
 class MinkowskiPE(Encoding):
-    """MinkowskiPE (Li et al. 2026, arXiv 2609.33804; spec §21, Authority C: abstract only).
+    """MinkowskiPE (Li et al. 2026, arXiv 2609.33804; abstract only, no code).
 
     The abstract: space-time coordinates parameterise Lorentz transformations of q and k,
     the score depends only on the space-time displacement (invariant to global

@@ -46,8 +46,7 @@ class LongHeads(PiecewiseRoPE):
     ``modeling_longheads/modeling_llama.py``, ``LlamaAttention.forward``). Training-free context
     extension: every head of every layer reads an in-distribution number of tokens,
     ``atten_length = k w``, made of ``k`` chunks of ``w = window_size`` tokens that its query
-    chooses by query-chunk correlation. Spec: ``../shared/spec/remaining.md`` section 12
-    (authority A: the official code was read).
+    chooses by query-chunk correlation. The official code was read.
 
     Chunks are ``c(p) = p // w`` of the sequence positions. Per head:
 
@@ -65,7 +64,7 @@ class LongHeads(PiecewiseRoPE):
        chunk (rank ``k - 1``) is at true distances, causal.
     5. Queries below ``begin_selective_length`` attend causally with plain RoPE.
 
-    relpos form (engine gap G2): a piecewise schedule (``PiecewiseRoPE``) that *selects*. Piece
+    relpos form: a piecewise schedule (``PiecewiseRoPE``) that *selects*. Piece
     ``m < k`` rotates queries at ``m w + (p_i mod w)`` and keys at ``p_j mod w`` (the chunk of rank
     ``r`` is read by piece ``m = k - 1 - r``: the same relative rotation with one key copy); piece
     ``k`` is plain RoPE. ``select_pieces`` computes the features from the raw q/k/v and stores

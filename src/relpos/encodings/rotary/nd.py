@@ -202,7 +202,7 @@ class SectionedRoPE(Encoding):
         self.rotary_pairs = (rotated + 1) // 2
         self.length_dependent = is_length_dependent(self.scaling)
         if self.length_dependent:
-            # frequencies follow the length of each call: cache raw keys, re-rotate (spec P3)
+            # frequencies follow the length of each call: cache raw keys, re-rotate
             self.cache_rotated_keys = False
 
     def frequency_matrix(
@@ -352,7 +352,7 @@ class RoPEAxial(AxialRoPE):
     Each axis drives its own contiguous section of pairs with its own spectrum
     ``theta_j = base_a^(-j / n_a)``. Defaults: 2 axes, pairs split evenly (remainder to the
     first axis, as Wan2.1 gives time the extra pairs), base 10000, interleaved layout (the
-    RoPE-ViT code). RoPE-ViT: ``base=100`` (spec R.10); Wan2.1: ``dims=3``; HunyuanVideo:
+    RoPE-ViT code). RoPE-ViT: ``base=100`` (naver-ai/rope-vit); Wan2.1: ``dims=3``; HunyuanVideo:
     ``dims=3, sections=[8, 28, 28], base=256``. A ``scaling`` dict rescales every axis as a
     RoPE over its ``2 n_a`` channels (``max_position_embeddings`` / the dict's original length
     are then per-axis extents). Positions ``(B, L, dims)``, e.g. from
@@ -431,15 +431,16 @@ class MRoPE(AxialRoPE):
 class HierarchicalRoPE(AxialRoPE):
     """Hierarchical RoPE (hRoPE / HiRoPE): paragraph, sentence and token channels.
 
-    Authority C (no code): implemented as the spec suggests, as sectioned RoPE with one shared
-    spectrum. Assumed: positions ``(B, L, 3)`` are (token, sentence, paragraph) indices
-    (``relpos.positions_nd.hierarchical_positions``), and the first section (highest
-    frequencies) goes to the finest level; ``sections`` sets the pairs per level (default an
-    even split, remainder to the token level) and ``levels`` the number of levels. Half-split
-    layout by default (as ``rope``).
+    No code was found for hRoPE or HiRoPE; both abstracts describe sectioned channels, so this is a
+    reconstruction: sectioned RoPE (as M-RoPE) with one shared spectrum. Assumed: positions
+    ``(B, L, 3)`` are (token, sentence, paragraph) indices
+    (``relpos.positions_nd.hierarchical_positions``), and the first section (highest frequencies)
+    goes to the finest level; ``sections`` sets the pairs per level (default an even split,
+    remainder to the token level) and ``levels`` the number of levels. Half-split layout by default
+    (as ``rope``).
     """
 
-    paper = "hRoPE / HiRoPE (hierarchical positions; Authority C)"
+    paper = "hRoPE / HiRoPE (hierarchical positions; abstract only)"
     dims = 3
     options = {"sections": PAIR_COUNTS, "levels": Int(minimum=1, doc="position axes")}
 
@@ -459,7 +460,8 @@ class HierarchicalRoPE(AxialRoPE):
 @register("rope-2d-normalized")
 class NormalizedRoPE2D(AxialRoPE):
     """Normalised 2-D RoPE for scale-wise autoregressive generation (STAR; Infinity's
-    ``rope2d_normalized_by_hw=2``, "star style"; Authority B).
+    ``rope2d_normalized_by_hw=2``, "star style": STAR released no code, Infinity's was read,
+    FoundationVision/Infinity ``infinity/models/basic.py``).
 
     Every scale's grid is mapped into the frame of the largest grid ``reference_grid =
     (uph, upw)``: positions are given *normalised* (row / ph, col / pw), e.g. from
@@ -560,7 +562,7 @@ class RoPEMixed(SectionedRoPE):
 
 @register("time-rope")
 class TimeRoPE(AxialRoPE):
-    """Continuous-time RoPE (DuET / TPRoPE; Authority C): real-valued timestamps.
+    """Continuous-time RoPE (DuET / TPRoPE; abstract only, no code): real-valued timestamps.
 
     ``angle_i = tau * time_scale * theta_i``, ``theta_i = base^(-2i/d)``, with float positions
     ``tau`` (seconds, MIDI ticks) formed in float64 (never bf16). ``sections`` with more than
@@ -570,7 +572,7 @@ class TimeRoPE(AxialRoPE):
     length-dependent scalings read the largest ``tau * time_scale`` of the call.
     """
 
-    paper = "DuET / TPRoPE (continuous-time positions; Authority C)"
+    paper = "DuET / TPRoPE (continuous-time positions; abstract only)"
     dims = 1
     options = {
         "time_scale": Custom(

@@ -1,8 +1,7 @@
 """OPRO: orthogonal panel-relative operators composed onto a frozen RoPE (S. Lee, M. Lee, Shin,
 Kim, Choi, Choo 2026, "OPRO: Orthogonal Panel-Relative Operators for Panel-Aware In-Context
-Image Generation", arXiv 2603.27637; seed 69; spec ``../shared/spec/remaining.md`` section 10,
-**Authority C**: no code was found, and only the abstract and the introduction of the paper
-could be read, so the operator's form below is a reconstruction).
+Image Generation", arXiv 2603.27637; no code was found, and only the abstract and the
+introduction of the paper could be read, so the operator's form below is a reconstruction).
 
 What the abstract states: learnable, panel-specific orthogonal operators are composed onto
 the backbone's frozen positional encoding; they are isometric (norms and the geometry of the
@@ -35,7 +34,7 @@ Grouped-query attention: one operator per key head exists, so with ``Hkv < H`` t
 the ``H / Hkv`` query heads of a group are averaged (``headwise.group_mean``) and used for the
 group's queries and its key alike (same-panel invariance needs the same operator on both).
 
-Reference (spec, one pair, theta = 0.7, q = (1, .5), k = (.3, -1.2), m = 5, n = 2, phases
+Reference (one pair, theta = 0.7, q = (1, .5), k = (.3, -1.2), m = 5, n = 2, phases
 {0: 0, 1: 0.4}): panels (0, 0) and (1, 1) give -1.013879 (RoPE); (0, 1) -1.300094; (1, 0)
 -0.567594.
 
@@ -214,8 +213,8 @@ class PanelOperators:
 
 @register("opro")
 class PanelOperatorRoPE(PanelOperators, RoPE):
-    """OPRO over a frozen 1-D RoPE (Lee et al. 2026, arXiv 2603.27637; Authority C, see the
-    module): pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
+    """OPRO over a frozen 1-D RoPE (Lee et al. 2026, arXiv 2603.27637; a reconstruction, see
+    the module): pair ``c`` of head ``h`` turns by ``theta_c pos_t + phi[p(t), h, c]``.
 
     Args:
         panels: number of panels (ids ``0 .. panels - 1`` in ``inputs["panel"]``).

@@ -91,7 +91,7 @@ def _check_segments(segments: object, length: int) -> None:
 def document_shifts(order: Tensor, lengths: Tensor) -> Tensor:
     """``shift (..., N)``: the summed lengths of the documents ranked before each document,
     for rankings ``order (..., N)`` (document ids, most important first) and ``lengths
-    (..., N)`` (broadcasting). Spec: ranking ``[2, 0, 1]`` of lengths ``[3, 2, 4]`` gives
+    (..., N)`` (broadcasting). Example: ranking ``[2, 0, 1]`` of lengths ``[3, 2, 4]`` gives
     ``[4, 7, 0]``."""
     lengths = lengths.expand(order.shape)
     ranked = lengths.gather(-1, order)
@@ -117,8 +117,7 @@ class PINE(PiecewiseRoPE):
     """PINE: position-invariant inference (Z. Wang, Zhang, Kim, Ma, Ghazvininejad, Neubig 2024,
     "Eliminating Position Bias of Language Models: A Mechanistic Approach", arXiv 2407.01100;
     official code wzq016/PINE, ``pine/models/llama/modeling_llama.py``
-    ``LlamaAttentionWithPS.forward`` and ``tokenization_llama.py`` ``ps_call``). Spec:
-    ``../shared/spec/remaining.md`` section 13 (authority A).
+    ``LlamaAttentionWithPS.forward`` and ``tokenization_llama.py`` ``ps_call``, read).
 
     Position bias comes from causal attention and from RoPE; PINE makes the documents of a
     prompt ``[prefix | D_1 .. D_n | suffix]`` attend to each other bidirectionally and places
@@ -140,7 +139,7 @@ class PINE(PiecewiseRoPE):
       sees its own document causally and every other document and the prefix fully, never the
       suffix; the suffix sees everything before it; the prefix is plain causal RoPE.
 
-    relpos form (engine gap G2): a selecting piecewise schedule. Piece ``d < N`` scores the
+    relpos form: a selecting piecewise schedule. Piece ``d < N`` scores the
     keys of document ``d`` with the query rotated at ``p_i + shift(h, i, d)`` against keys
     rotated at their layout position (``<R(p_i + s) q, R(p_j) k> = <R(p_i) q, R(p_j - s) k>``:
     per-head key positions as per-head query rotations); piece ``N`` scores prefix and suffix

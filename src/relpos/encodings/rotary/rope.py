@@ -144,7 +144,7 @@ class RoPE(Encoding):
     Length-dependent scalings (dynamic NTK, LongRoPE) take their frequencies from the largest
     position of each call, for queries and keys together; such an encoding sets
     ``cache_rotated_keys = False`` so ``relpos.nn`` re-rotates the cache and one call never
-    mixes two bases (HF keeps stale rotations in its cache instead; spec P3).
+    mixes two bases (HF keeps stale rotations in its cache instead).
 
     Formula: for pair ``(a, b)`` at position p: ``(a cos(p theta_i) - b sin(p theta_i),
     a sin(p theta_i) + b cos(p theta_i))``. Angles are float32 (``functional.rope_angles``:
@@ -176,7 +176,7 @@ class RoPE(Encoding):
         self.max_position_embeddings = max_position_embeddings
         self.length_dependent = is_length_dependent(scaling)
         if self.length_dependent:
-            # Frequencies follow the length of each call: cache raw keys, re-rotate (spec P3).
+            # Frequencies follow the length of each call: cache raw keys, re-rotate.
             self.cache_rotated_keys = False
         inv_freq, attention_factor = self.frequencies(None)
         self.attention_factor = float(attention_factor)

@@ -136,13 +136,13 @@ class DualChunkAttention(PiecewiseRoPE):
             than ``Lp`` (``L`` = largest position + 1). ChunkLlama multiplies all its cos/sin
             tables by ``m`` (``get_mscale``; note 0.05, not YaRN's 0.1) once the input outgrows
             the table built for ``Lp``, so q and k carry one factor each; relpos assumes the
-            ratio is to ``Lp``. Off by default (the spec calls it optional; the paper's
+            ratio is to ``Lp``. Off by default (optional in ChunkLlama; the paper's
             results did not use it, says the code). A decoding step uses its own ``L``.
     Shapes as ``rope``; positions are integers.
     """
 
     paper = "An et al. 2024 (Dual Chunk Attention, ChunkLlama)"
-    test_options = {"pretraining_length": 16}  # s = 12, w = 2, c = 10 (spec R.11)
+    test_options = {"pretraining_length": 16}  # s = 12, w = 2, c = 10
 
     options = {
         "pretraining_length": Int(minimum=2, optional=True, doc="Lp, the trained context"),

@@ -13,7 +13,7 @@ __all__ = ["RoVE"]
 @register("rove")
 class RoVE(RoPE):
     """RoVE, rotary value embeddings (García-Castellanos et al. 2026, arXiv 2606.11275;
-    spec §18, Authority B: paper text).
+    from the paper's text, no code published).
 
     Scores are RoPE's. Values are rotated with their key's rotation and the aggregated output
     is rotated back by the query's:

@@ -60,8 +60,8 @@ def envelope_budget(dtype: torch.dtype) -> float:
 
 @register("xpos")
 class XPos(RoPE):
-    """xPos / LeX Transformer (Sun et al. 2022, arXiv 2212.10554; torchscale ``XPOS``;
-    spec §10, Authority A).
+    """xPos / LeX Transformer (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv
+    2212.10554; official code microsoft/torchscale ``component/xpos_relative_position.py``).
 
     RoPE (interleaved layout by default, as in torchscale) times a per-pair exponential
     scale: ``zeta_i = (2i + 0.4 r) / (1.4 r)`` over the ``r`` rotated channels
@@ -173,8 +173,9 @@ class XPos(RoPE):
 
 @register("hyperbolic-rope")
 class HyperbolicRoPE(XPos):
-    """Hyperbolic rotary PE, "HoPE" of Dai et al. 2025 (arXiv 2509.05218; spec §15,
-    Authority C: abstract only, no code). Not the HoPE of ``hope``.
+    """Hyperbolic rotary PE, "HoPE" of Dai et al. 2025 (arXiv 2509.05218; only the abstract was
+    available and no code is published: the form below is a reconstruction). Not the HoPE of
+    ``hope``.
 
     The abstract: RoPE's rotations become Lorentz transformations built from hyperbolic
     functions, RoPE is a special case, attention decays monotonically with distance. A 2x2

@@ -1,9 +1,9 @@
 """Gaussian-shift bias: attention heads that can express a convolution.
 
-Cordonnier, Loukas & Jaggi 2020 ("On the Relationship between Self-Attention and
-Convolutional Layers", arXiv 1911.03584), as used by S. Li et al. 2021 (arXiv 2111.01353,
-seed 43): with the *quadratic* relative encoding each head h attends around the offset
-``Delta_h`` from its query,
+Cordonnier, Loukas & Jaggi 2020 ("On the Relationship between Self-Attention and Convolutional
+Layers", arXiv 1911.03584), as used by S. Li et al. 2021 ("Can Vision Transformers Perform
+Convolution?", arXiv 2111.01353): with the *quadratic* relative encoding each head h attends around
+the offset ``Delta_h`` from its query,
 
     b_h(i, j) = -alpha_h * || (p_j - p_i) - Delta_h ||^2,
 
@@ -11,7 +11,7 @@ so as ``alpha_h -> inf`` head h reads exactly the token at ``p_i + Delta_h``. Wi
 heads whose shifts form the ``K x ... x K`` grid (``convolution_shifts``) and no content
 logits, ``sum_h W_h out_h`` is a K-tap convolution over the grid of patches, with
 *replicate* padding at the borders (the nearest existing key wins), not zero padding.
-Spec: ``../shared/spec/remaining.md`` section 15 (authority B for the construction).
+The construction follows the two papers' text; neither code was read.
 
 Positions are ``(B|1, L)`` for ``dims = 1`` or ``(B|1, L, m)`` grid coordinates; any real
 coordinates are accepted (``continuous``). Parameters: ``shift (H, m)`` and ``log_alpha

@@ -5,7 +5,7 @@ facebookresearch/mvit ``cal_rel_pos_spatial``, SlowFast ``cal_rel_pos_temporal``
 A contextual term read by the query, one table per axis: ``b_h(i, j) = sum_a q_i .
 R_a[dist_a(i_a, j_a)]``. Positions are integer coordinates ``(B|1, L, m)`` of the feature
 map (``spatial.grid``): query coordinates inside ``q_size``, key coordinates inside
-``kv_size`` (pooled keys are smaller). Spec: ``../shared/spec/formulas-bias.md`` section 16.
+``kv_size`` (pooled keys are smaller).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Positions are integer coordinates ``(B|1, L, m)`` inside one attention window
 (``spatial.grid``); a full window in Swin's token order is ``swin_window_coordinates(W)``.
 The relative coordinate is ``q - k`` per axis (Swin's ``coords[:, :, None] -
 coords[:, None, :]``), and biases are added after the ``1/sqrt(d)`` scaling, as in the
-official code. The shifted-window mask and the window partition are the caller's. Spec:
-``../shared/spec/formulas-bias.md`` section 15.
+official code (microsoft/Swin-Transformer). The shifted-window mask and the window partition
+are the caller's.
 """
 
 from __future__ import annotations
@@ -197,8 +197,8 @@ class SwinBias3D(SwinBias):
     __doc__ = (
         SwinBias.__doc__
         + "\n    3-D (Video Swin): positions ``(t, h, w)``; default window (8, 7, 7)"
-        " (the ``window877`` configs). The 3-D index is Authority B in the spec (public copies"
-        " of the Video Swin code agree).\n"
+        " (the ``window877`` configs). The 3-D index follows public copies of the"
+        " Video Swin code (they agree).\n"
     )
     options = {"window_size": GridSize(dims=3, optional=True)}
     paper = "Liu et al. 2022 (Video Swin Transformer)"

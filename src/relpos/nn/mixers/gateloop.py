@@ -1,5 +1,5 @@
 """GateLoop: data-controlled relative decay (Katsch 2023, "GateLoop: Fully Data-Controlled
-Linear Recurrence for Sequence Modeling", arXiv 2311.01927; seed 34).
+Linear Recurrence for Sequence Modeling", arXiv 2311.01927).
 
 Per head and q/k channel d, a complex gate from the token itself,
 
@@ -11,10 +11,10 @@ equivalently the surrogate attention with a relative, data-dependent decay
 
     y_i = Re Σ_{j≤i} Σ_d q_{id} k_{jd} Π_{l=j+1}^{i} a_{ld} · v_j
 
-(RetNet is a constant ``a``; a unit amplitude with a constant phase is a RoPE-like rotation;
-the product does not conjugate k). Authority A for the recurrence and its equivalence check
-(the official notebook ``log_quadratic_scan_equality_check.ipynb``); the readout ``Re`` is
-an assumption (the paper's exact readout was not read): ``output="complex"`` returns the
+(RetNet is a constant ``a``; a unit amplitude with a constant phase is a RoPE-like rotation; the
+product does not conjugate k). The recurrence and its equivalence check follow the official code
+(tobiaskatsch/GatedLinearRNN, notebook ``log_quadratic_scan_equality_check.ipynb``); the readout
+``Re`` is an assumption (the paper's exact readout was not read): ``output="complex"`` returns the
 complex ``y``.
 
 The three modes of ``relpos.nn.mixers.recurrence`` compute it exactly: ``recurrent`` (the
@@ -33,10 +33,9 @@ The layer: ``GateLoop``: a token mixer with data-controlled complex relative dec
     (relpos.nn.mixers.gateloop.gateloop_scan)
     out     = W_o( RMSNorm(y) * silu(W_g x) )
 
-The gate (sigmoid amplitude, ReLU phase) follows the official equivalence notebook
-(authority A); the readout ``Re``, the per-token RMSNorm and the SiLU output gate are
-assumptions (the paper's block was not read), stated here. The amplitude enters in log space
-(``logsigmoid``), so it never underflows.
+The gate (sigmoid amplitude, ReLU phase) follows the official equivalence notebook; the readout
+``Re``, the per-token RMSNorm and the SiLU output gate are assumptions (the paper's block was not
+read), stated here. The amplitude enters in log space (``logsigmoid``), so it never underflows.
 
 ``forward(x (B, L, dim), state=None, return_state=False)``: with ``return_state`` it returns
 ``(out, state)``; feeding the state back with the next tokens continues the sequence exactly

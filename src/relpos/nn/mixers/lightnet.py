@@ -1,11 +1,10 @@
 """LightNet: the additive linear recurrence, MD-LRPE and MD-TPE (Qin et al. 2024, "You Only
-Scan Once: Efficient Multi-dimension Sequential Modeling with LightNet", arXiv 2405.21022;
-seed 32).
+Scan Once: Efficient Multi-dimension Sequential Modeling with LightNet", arXiv 2405.21022).
 
-Authority B: the paper itself was not read; the formulas follow the first author's later
-ports (Doraemonzzz/xmixers ``lightnet_attention.py``, ``pes/lrpe.py``, ``pes/tpe.py``,
-``pes/md/md_tpe.py``; Doraemonzzz/xopes ``md_lrpe_cosine``), as ``shared/spec/efficient.md``
-§5 records them.
+The paper itself was not read and the official repository OpenNLPLab/LightNet could not be
+fetched; the formulas follow the first author's later ports (Doraemonzzz/xmixers
+``lightnet_attention.py``, ``pes/lrpe.py``, ``pes/tpe.py``, ``pes/md/md_tpe.py``;
+Doraemonzzz/xopes ``md_lrpe_cosine``).
 
 **Additive recurrence** (``lightnet_scan``). Per channel d, the keys are normalised by their
 running log-sum-exp, ``z_t = log(n₀ + Σ_{u≤t} e^{k_u})``, ``k̃_t = exp(k_t - z_t)``, and the
@@ -39,7 +38,7 @@ Shapes: q, k ``(B, H, L, Dk)``, v ``(B, H, L, Dv)``; positions ``(L, m)`` or ``(
 theta ``(H, E)``.
 
 The layer: ``LightNetAttention`` and ``MDTPE``: LightNet's token mixers for sequences, images and
-video (Qin et al. 2024, arXiv 2405.21022; authority B: the author's xmixers port).
+video (Qin et al. 2024, arXiv 2405.21022; after the author's xmixers port).
 
 ``LightNetAttention`` (the port's ``LightNetAttention`` with LRPE on):
 

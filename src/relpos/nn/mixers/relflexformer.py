@@ -1,9 +1,9 @@
 """RelFlexformer: masked linear attention over tokens at arbitrary (non-uniform) m-D positions.
 
-Paper: Kim, Sehanobish, Dubey, Oh, Choromanski, "RelFlexformer" (2026, arXiv 2605.10706;
-seed 3). Authority C (efficient.md §2): only the abstract was read. It names an integrable
-modulation ``f`` of relative positions, the NU-FFT and O(L log L); the construction below is
-the spec's, with a dense reference defining correctness. Assumed (not read in the paper): the
+Paper: Kim, Sehanobish, Dubey, Oh, Choromanski, "RelFlexformer" (2026, arXiv 2605.10706).
+Only the abstract was read. It names an integrable modulation ``f`` of relative positions, the
+NU-FFT and O(L log L); the construction below is a reconstruction, with a dense reference
+defining correctness. Assumed (not read in the paper): the
 RPE multiplies the kernel of linear attention (``c_ij = f(r_i - r_j) >= 0``, as Luo et al.'s
 Toeplitz RPE does on a uniform grid), the numerator and the denominator carry the same ``f``,
 one modulation scale per head, and the quadrature grid is chosen per call from a tolerance.
@@ -31,13 +31,13 @@ Each column ``x`` of ``phi(k) (x) v`` (``m_f Dv`` columns) and of ``phi(k)`` (``
 
 Build-time checks (``plan_grid``): the quadrature is periodic with period ``1/h`` on each
 axis (Poisson summation: it sums ``f(D + n/h)`` over all n), so ``h`` must make
-``f`` negligible at the nearest image of every pair (``aliasing``: ``sum_{n != 0}
-f(|max(|n_a|/h - span_a, 0)|)`` over the images of the positions' bounding box); ``Omega``
-must leave the spectrum's tail mass outside ``[-Omega, Omega]^m`` negligible
-(``truncation``). Both estimates are relative to ``f(0) = 1``: with them the quadrature error
-is at most ``(aliasing + truncation) sum_j |x_j|``. Given ``h`` / ``Omega`` that break the
-tolerance raise ``ValueError`` (the spec's h = 0.6 case); omitted ones are chosen as the
-largest ``h`` and smallest ``Omega`` that meet it.
+``f`` negligible at the nearest image of every pair (``aliasing``:
+``sum_{n != 0} f(|max(|n_a|/h - span_a, 0)|)`` over the images of the positions' bounding box);
+``Omega`` must leave the spectrum's tail mass outside ``[-Omega, Omega]^m`` negligible
+(``truncation``). Both estimates are relative to ``f(0) = 1``: with them the quadrature error is at
+most ``(aliasing + truncation) sum_j |x_j|``. Given ``h`` / ``Omega`` that break the tolerance raise
+``ValueError`` (e.g. h = 0.6 on the unit-cube test case); omitted ones are chosen as the largest
+``h`` and smallest ``Omega`` that meet it.
 
 Modulations (per head scale ``s``, learnable): Gaussian ``f = exp(-|D|^2 / (2 s^2))``,
 ``f_hat(w) = (2 pi s^2)^(m/2) exp(-2 pi^2 s^2 |w|^2)``; Cauchy (the m-D Cauchy density,
@@ -48,9 +48,8 @@ Shapes: ``phi_q (B, H, Lq, m_f)``, ``phi_k (B, H, Lk, m_f)``, ``v (B, H, Lk, Dv)
 positions ``(B|1, L, m)`` float; output ``(B, H, Lq, Dv)``.
 
 The layer: ``RelFlexformerAttention``: linear attention over tokens at arbitrary m-D positions with
-a
-learnable integrable modulation of relative positions (seed 3; ``relpos.efficient.
-relflexformer`` holds the math, the NUFFT path and the build-time checks).
+a learnable integrable modulation of relative positions (the functions above hold the math, the
+NUFFT path and the build-time checks).
 """
 
 from __future__ import annotations
@@ -654,7 +653,7 @@ def relflexformer_attention(
 
 
 class RelFlexformerAttention(ProjectedHeads, nn.Module):
-    """Multi-head RelFlexformer attention (Kim et al. 2026, seed 3; authority C).
+    """Multi-head RelFlexformer attention (Kim et al. 2026, arXiv 2605.10706; a reconstruction).
 
     ``z_i = sum_j f_h(r_i - r_j) (phi(q_i) . phi(k_j)) v_j / sum_j f_h(r_i - r_j)
     (phi(q_i) . phi(k_j))`` per head, with ``q, k, v`` linear projections of ``x``, a

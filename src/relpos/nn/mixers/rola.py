@@ -1,7 +1,8 @@
 """RoLA: the low-rank linear-attention branch with RoPE outside the feature map, on a subset
-of a model's (N-D) rotary schedule (seed 26).
+of a model's (N-D) rotary schedule.
 
-Authority C (efficient.md §4: abstract only). RoLA's global branch of a sparse + low-rank
+Only RoLA's abstract was available (its title and arXiv id could not be confirmed; no code was
+found): a reconstruction. RoLA's global branch of a sparse + low-rank
 video-DiT attention puts "RoPE outside the nonlinear low-rank feature map" -- RoFormer's order
 (eq. 19, ``relpos.attention.linear.rotary_features``): features first, rotation second, denominator
 unrotated -- and uses "a truncated subset of the pre-trained rotary schedule matched to the
@@ -24,7 +25,7 @@ feature map (elu+1 of a learnt projection, non-negative so the denominator stays
 that the subset is ranked by frequency magnitude across all axes of an N-D schedule (give
 indices to keep pairs per axis). No positional parameters are added. Rotation angles are
 float64 products reduced modulo 2 pi, applied in the features' dtype. With ``r = d`` and the
-whole schedule it is RoFormer's linear form (the spec's §4 rows).
+whole schedule it is RoFormer's linear form (``relpos.attention.linear.rotary_features``).
 
 Shapes: ``q (B, H, Lq, d)``, ``k (B, H, Lk, d)``, ``v (B, H, Lk, Dv)``; positions ``(L,)``,
 ``(B|1, L)`` or ``(B|1, L, m)`` (default ``0..L-1`` on every axis, queries the last ``Lq``);
@@ -32,12 +33,12 @@ output ``(B, H, Lq, Dv)``. Causal calls run by prefix sums and continue a
 ``relpos.attention.linear.state.LinearState`` (decoding: O(r Dv) per token).
 
 The full sparse + low-rank module (RoLA's fixed-sparsity softmax branch plus this branch over
-the blocks it does not cover) is ``relpos.nn.mixers.sparse_lowrank``; RoPeSLR (seed 96), a
+the blocks it does not cover) is ``relpos.nn.mixers.sparse_lowrank``; RoPeSLR (arXiv 2605.20659), a
 baseline with a learnable absolute 3-D PE instead of the rotation, is its
 ``lowrank="ropeslr"`` option (``relpos.nn.mixers.ropeslr``).
 
-The layer: ``RoLAAttention``: RoLA's low-rank linear-attention branch as a layer (seed 26;
-``relpos.nn.mixers.rola`` holds the math).
+The layer: ``RoLAAttention``: RoLA's low-rank linear-attention branch as a layer (the
+functions above hold the math).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def rola_attention(
 
 
 class RoLAAttention(ProjectedHeads, nn.Module):
-    """Multi-head RoLA low-rank branch (authority C, efficient.md §4).
+    """Multi-head RoLA low-rank branch (a reconstruction from the abstract).
 
     ``z_i = sum_j (R^S_i phi(q_i)) . (R^S_j phi(k_j)) v_j / sum_j phi(q_i) . phi(k_j)`` per
     head, ``q, k, v`` projections of ``x``, ``phi = LowRankFeatures(head_dim, rank)`` (one

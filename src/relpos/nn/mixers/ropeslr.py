@@ -1,11 +1,12 @@
 """RoPeSLR's low-rank branch: head-wise low-rank features with a learnable 3-D absolute
 position embedding (Liu et al. 2026, "RoPeSLR: 3D RoPE-driven Sparse-LowRank Attention for
-Efficient Diffusion Transformers", arXiv 2605.20659; seed 96). A **baseline**, not a relative
-method (efficient.md §4): its positions are absolute.
+Efficient Diffusion Transformers", arXiv 2605.20659). A **baseline**, not a relative method: its
+positions are absolute.
 
-Authority C (abstract only; no official code was found). The abstract says RoPeSLR "eschews
-standard linear attention for a head-wise low-rank parameterization equipped with a learnable
-3D Absolute Positional Embedding (PE) injection". Assumed here (the abstract does not say):
+Only the abstract was available and no official code was found: a reconstruction. The abstract says
+RoPeSLR "eschews standard linear attention for a head-wise low-rank parameterization equipped with a
+learnable 3D Absolute Positional Embedding (PE) injection". Assumed here (the abstract does not
+say):
 
 * the injection is additive, on the inputs of the low-rank branch only, one learnt table per
   axis and head: ``P_h(p) = sum_a E_{h,a}[p_a]``, ``E_{h,a} (size_a, d)``, init ``N(0,

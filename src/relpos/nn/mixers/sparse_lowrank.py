@@ -1,9 +1,9 @@
 """Sparse + low-rank attention with RoPE: a fixed-sparsity block-sparse softmax branch plus a
-global low-rank linear-attention branch over the blocks it does not cover (RoLA, seed 26;
-RoPeSLR, seed 96, as a baseline), combined as SLA does.
+global low-rank linear-attention branch over the blocks it does not cover (RoLA; RoPeSLR, arXiv
+2605.20659, as a baseline), combined as SLA does.
 
 Combination (SLA: Zhang et al. 2025, "SLA: Beyond Sparsity in Diffusion Transformers via
-Fine-Tunable Sparse-Linear Attention", arXiv 2509.24006; authority A: the official
+Fine-Tunable Sparse-Linear Attention", arXiv 2509.24006; the official
 thu-ml/SLA code was read, ``sparse_linear_attention/core.py`` and ``kernel.py``). Queries and
 keys are cut into blocks of ``b`` consecutive tokens; a block mask ``M (nq, nk)`` marks the
 key blocks each query block attends to exactly. Per head, with ``C_i`` the keys of the
@@ -35,10 +35,10 @@ branches (``BlockSelection``; pass one to fix the pattern).
 
 Low-rank branches (``lowrank``):
 
-* ``"rola"`` (seed 26, authority C, ``relpos.nn.mixers.rola``): ``phi`` a low-rank feature map
+* ``"rola"`` (abstract only, ``relpos.nn.mixers.rola``): ``phi`` a low-rank feature map
   (``LowRankFeatures``), ``a = R^S phi`` rotated *after* the features by ``r/2`` pairs of the
   model's rotary schedule (``frequency_subset``), the denominator unrotated: relative.
-* ``"ropeslr"`` (seed 96, authority C, ``relpos.nn.mixers.ropeslr``): head-wise low-rank
+* ``"ropeslr"`` (abstract only, ``relpos.nn.mixers.ropeslr``): head-wise low-rank
   features of the inputs plus a learnt absolute 3-D position embedding, no rotation:
   absolute (a baseline, not an RPE method).
 
@@ -71,7 +71,7 @@ key give 0 with zero gradients. No recurrent decoding: the selection reads the w
 
 The layer: ``SparseLowRankAttention``: a block-sparse softmax branch with RoPE plus a
 zero-initialised
-low-rank branch over the blocks it does not cover (RoLA, seed 26; RoPeSLR, seed 96, as a
+low-rank branch over the blocks it does not cover (RoLA; RoPeSLR, arXiv 2605.20659, as a
 baseline; combined as SLA, arXiv 2509.24006). ``relpos.nn.mixers.sparse_lowrank`` holds the
 math and states what was assumed.
 """
