@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -347,6 +349,41 @@ def test_an_out_without_write_permission_is_refused_first(capsys, tmp_path, data
     )
     argv = ["extrapolate", "--data", str(data_file), *TINY_ARGS, "--out", str(locked / "run")]
     one_line_error(capsys, argv, "permission denied", locked / "run")
+
+
+@pytest.mark.parametrize(
+    ("errno_code", "reason"),
+    [(errno.EPERM, "Operation not permitted"), (errno.EROFS, "Read-only file system")],
+)
+def test_an_out_the_system_refuses_is_one_line_naming_the_flag(
+    capsys, tmp_path, data_file, monkeypatch, errno_code, reason
+):
+    """``os.access`` says yes but the file system says no (EPERM on /sys, EROFS on a
+    read-only mount): still one line naming --out, before any work, nothing left behind."""
+    import relpos_lab.io
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno_code, os.strerror(errno_code))
+
+    monkeypatch.setattr(relpos_lab.io.tempfile, "mkdtemp", refuse)
+    out = tmp_path / "refused" / "run"
+    argv = ["extrapolate", "--data", str(data_file), *TINY_ARGS, "--out", str(out)]
+    one_line_error(capsys, argv, f"--out {out}: cannot be created in {tmp_path} ({reason})", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in tmp_path.iterdir() if not p.name.startswith(".relpos-probe")
+    )
+
+
+def test_an_error_of_the_file_system_later_is_one_line_not_a_traceback(capsys, monkeypatch):
+    from relpos_lab import cli
+
+    def full_disk(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "runs/x/model.safetensors")
+
+    monkeypatch.setitem(cli.COMMANDS, "list", cli.COMMANDS["list"]._replace(run=full_disk))
+    code, stdout, err = run(capsys, "list")
+    assert code == 1 and stdout == "" and err.count("\n") == 1
+    assert err.startswith("relpos: error: [Errno 28] No space left on device")
 
 
 def test_empty_encodings_is_an_error_not_the_defaults(capsys, tmp_path, data_file):

@@ -107,11 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"relpos: error: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # the reader stopped (`relpos list | head -1`): what it read is the answer, not an
-        # error; stdout goes to devnull so the interpreter's final flush cannot fail again
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+        return _closed_pipe()
+    except OSError as err:
+        # a file system refusal after the checks (disk full, a folder removed meanwhile):
+        # one line naming the file, not a traceback
+        print(f"relpos: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _closed_pipe() -> int:
+    """The reader stopped (``relpos list | head -1``): what it read is the answer, not an
+    error; stdout goes to devnull so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
 
 
 if __name__ == "__main__":

@@ -57,22 +57,33 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
 
 def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     """``path`` if a command can create it (or write into it); ``ValueError`` naming ``flag``
-    when it is a file, lies under a file, or its folder is not writable. Creates nothing."""
+    when it is a file, lies under a file, or the system refuses to write there for any reason
+    (permission, a read-only or special file system: the check creates and removes a probe in
+    the nearest existing folder, so ``EPERM`` and ``EROFS`` are caught, not only what
+    ``os.access`` predicts). Leaves nothing behind."""
     out = Path(path)
     if out.exists():
         if not out.is_dir():
             raise ValueError(f"{flag} {out}: exists and is not a folder")
-        if not os.access(out, os.W_OK | os.X_OK):
-            raise ValueError(f"{flag} {out}: the folder is not writable (permission denied)")
+        _probe(out, f"{flag} {out}: the folder is not writable")
         return out
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{flag} {out}: cannot be created, {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {out}: cannot be created in {parent} (permission denied)")
+    _probe(parent, f"{flag} {out}: cannot be created in {parent}")
     return out
+
+
+def _probe(folder: Path, message: str) -> None:
+    """Create and remove a folder in ``folder``; ``ValueError(message + reason)`` if refused."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{message} (permission denied)")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".relpos-probe-", dir=folder))
+    except OSError as err:
+        raise ValueError(f"{message} ({err.strerror or err})") from None
 
 
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
