@@ -312,13 +312,15 @@ def write_json(path: Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any])
 
 def length_axis(ax: Any, lengths: Sequence[int], label: str, trained: int | None = None) -> None:
     """A log2 x axis of sequence lengths on the matplotlib axes ``ax``: ticks (plain numbers)
-    at ``lengths`` only, labelled ``label``; the trained length as a dashed line when given."""
+    at ``lengths`` only, labelled ``label``; the trained length as a dashed line when given,
+    inside the plotted range even when no measured length reaches it."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     if trained:
         ax.axvline(trained, color="0.35", linestyle="--", linewidth=1.0)
     ax.set_xscale("log", base=2)
-    ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
+    low, high = min(lengths[0], trained or lengths[0]), max(lengths[-1], trained or lengths[-1])
+    ax.set_xlim(low / 1.25, high * 1.25)
     ax.xaxis.set_major_locator(FixedLocator(lengths))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
