@@ -40,7 +40,7 @@ LIBRARY_LAYERS: list[set[str]] = [
 ]
 #: the lab's floors, bottom first (the lab may import any part of the library)
 LAB_LAYERS: list[set[str]] = [
-    {"io", "arguments", "intervals", "measure"},
+    {"io", "arguments", "intervals", "measure", "terminal"},
     {"training", "report"},
     {"extrapolate", "longctx"},
     {"analysis"},

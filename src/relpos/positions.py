@@ -56,7 +56,7 @@ def normalize_positions(
         )
     if pos.is_floating_point() and pos.numel() and not bool(torch.isfinite(pos).all()):
         bad = pos[~torch.isfinite(pos)][0].item()
-        raise ValueError(f"{name} must hold finite positions, got {bad} (NaN or infinite)")
+        raise ValueError(f"{name} must be finite, got a position of {bad}")
     if pos.dim() == 1:
         pos = pos[None]
     if pos.dim() == 2 and dims != 1 and pos.shape[1] == dims and pos.shape[0] == length:

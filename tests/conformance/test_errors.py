@@ -138,7 +138,7 @@ def test_nan_or_infinite_positions_are_refused_by_name(enc, which, arg, bad):
     q, k, v = _qkv()
     pos = torch.arange(L, dtype=torch.float32)
     pos[L // 2] = bad
-    with pytest.raises(ValueError, match=rf"{arg} must hold finite positions"):
+    with pytest.raises(ValueError, match=rf"{arg} must be finite, got a position of"):
         _call(which, enc, q, k, v, **{arg: lift_positions(enc, pos)})
 
 
@@ -269,5 +269,5 @@ def test_model_past_learned_table(name):
 
 def test_nan_positions_in_a_layer_are_refused_by_name():
     attn = relpos.nn.MultiHeadAttention(16, 2, encoding="rope")
-    with pytest.raises(ValueError, match="must hold finite positions, got nan"):
+    with pytest.raises(ValueError, match="must be finite, got a position of nan"):
         attn(torch.randn(1, 3, 16), pos=torch.tensor([0.0, float("nan"), 2.0]))

@@ -97,18 +97,8 @@ def encoding_class(name: str) -> type[Encoding]:
 
 
 def option_defaults(cls: type[Encoding]) -> dict[str, Any]:
-    """The default of each declared option of ``cls``: the keyword defaults of the
-    constructors along its class hierarchy (options passed on through ``**options`` take
-    the default of the class that declares them)."""
-    out: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        for param in inspect.signature(init).parameters.values():
-            if param.default is not inspect.Parameter.empty:
-                out.setdefault(param.name, param.default)
-    return {name: out.get(name, inspect.Parameter.empty) for name in cls.option_specs}
+    """``cls.option_defaults()``: the default of each declared option of ``cls``."""
+    return cls.option_defaults()
 
 
 def describe(name: str) -> str:
