@@ -484,8 +484,8 @@ def prepare_call(
             )
         if check_causal and encoding.causal_only and not causal and Lq > 1:
             raise ValueError(
-                f"encoding {encoding.name!r} is causal-only (scores grow toward future keys); "
-                f"pass causal=True"
+                f"encoding {encoding.name!r} is causal-only (meant for causal attention only, "
+                f"see its docstring); pass causal=True"
             )
         encoding.check_positions(qp.tensor, "q_pos")
         encoding.check_positions(kp.tensor, "k_pos")
