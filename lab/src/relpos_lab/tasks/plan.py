@@ -29,7 +29,7 @@ from ..training import checkpoint as ckpt
 from .jobs import SCHEDULES, load_result
 from .length_suites import LENGTH_SUITES
 from .multiview_suite import MULTIVIEW
-from .profiles import SUITES, TaskProfile, get_task_profile
+from .profiles import TaskProfile, check_suite, get_task_profile
 from .suite import ModelSpec, Suite
 
 __all__ = ["TaskPlan", "plan_tasks", "get_suite", "RUN_FILE", "RUN_KIND"]
@@ -41,8 +41,7 @@ _SUITES: dict[str, Suite] = {**LENGTH_SUITES, MULTIVIEW.name: MULTIVIEW}
 
 def get_suite(name: str) -> Suite:
     """The suite called ``name``; ``ValueError`` naming ``--suite`` and the known ones."""
-    if name not in _SUITES:
-        raise ValueError(f"--suite must be one of {', '.join(SUITES)}; got {name!r}")
+    check_suite(name)
     return _SUITES[name]
 
 

@@ -31,7 +31,14 @@ from typing import Any
 
 from ..training.profiles import lookup_profile
 
-__all__ = ["SUITES", "TaskProfile", "get_task_profile", "QUICK_CHOMSKY_TASKS", "PROFILES"]
+__all__ = [
+    "SUITES",
+    "TaskProfile",
+    "check_suite",
+    "get_task_profile",
+    "QUICK_CHOMSKY_TASKS",
+    "PROFILES",
+]
 
 QUICK_CHOMSKY_TASKS = (
     "even_pairs",
@@ -339,8 +346,13 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
 SUITES = tuple(PROFILES)
 
 
-def get_task_profile(suite: str, name: str) -> TaskProfile:
-    """The profile ``name`` of ``suite``; ``ValueError`` naming the known ones otherwise."""
+def check_suite(suite: str) -> None:
+    """``ValueError`` naming ``--suite`` and the known suites unless ``suite`` is one."""
     if suite not in PROFILES:
         raise ValueError(f"--suite must be one of {', '.join(SUITES)}; got {suite!r}")
+
+
+def get_task_profile(suite: str, name: str) -> TaskProfile:
+    """The profile ``name`` of ``suite``; ``ValueError`` naming the known ones otherwise."""
+    check_suite(suite)
     return lookup_profile(PROFILES[suite], name)

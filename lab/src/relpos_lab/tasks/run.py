@@ -59,7 +59,6 @@ def run_plan(
     """Train and evaluate every job (in ``plan.workers`` processes); returns the rows."""
     total = len(plan.jobs)
     results: dict[int, dict[str, Any]] = {}
-
     suite = plan.suite
 
     def done(index: int, result: dict[str, Any]) -> None:
