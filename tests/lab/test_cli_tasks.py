@@ -11,7 +11,8 @@ import torch
 
 from relpos_lab.cli import main
 from relpos_lab.tasks import jobs as jobs_module
-from relpos_lab.tasks.jobs import Job, run_job
+from relpos_lab.tasks.jobs import run_job
+from relpos_lab.tasks.length_suites import LENGTH_SUITES, Job
 from relpos_lab.training import checkpoint as ckpt
 
 TINY = ("--dim", "16", "--depth", "1", "--heads", "2", "--batch", "4", "--steps", "3")
@@ -119,6 +120,9 @@ def test_first_seed_runs_later_seeds_and_resume_fills_in_the_earlier_ones(tmp_pa
     assert [s["seeds"] for s in summary] == [2]
 
 
+CHOMSKY = LENGTH_SUITES["chomsky"]
+
+
 def _tiny_job(folder: Path, **kw) -> Job:
     base = dict(
         suite="chomsky", task="reverse_string", model="sinusoidal+random",
@@ -131,7 +135,7 @@ def _tiny_job(folder: Path, **kw) -> Job:
 
 
 def test_resume_after_an_interruption_is_bit_exact(tmp_path, monkeypatch):
-    straight = run_job(_tiny_job(tmp_path / "a"), resume=False)
+    straight = run_job(CHOMSKY, _tiny_job(tmp_path / "a"), resume=False)
     real = jobs_module.learning_rate
 
     def stop_at_three(job, step):
@@ -141,10 +145,10 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path, monkeypatch):
 
     monkeypatch.setattr(jobs_module, "learning_rate", stop_at_three)
     with pytest.raises(KeyboardInterrupt):
-        run_job(_tiny_job(tmp_path / "b"), resume=False)
+        run_job(CHOMSKY, _tiny_job(tmp_path / "b"), resume=False)
     assert ckpt.read_state(tmp_path / "b")["step"] == 2
     monkeypatch.setattr(jobs_module, "learning_rate", real)
-    resumed = run_job(_tiny_job(tmp_path / "b"), resume=True)
+    resumed = run_job(CHOMSKY, _tiny_job(tmp_path / "b"), resume=True)
     a = json.loads((tmp_path / "a" / ckpt.STATE_FILE).read_text())["losses"]
     b = json.loads((tmp_path / "b" / ckpt.STATE_FILE).read_text())["losses"]
     assert a == b and len(a) == 4
@@ -161,7 +165,7 @@ def test_resume_after_an_interruption_is_bit_exact(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--suite", "lisp"), "--suite must be one of chomsky, nope, coupling"),
+        (("--suite", "lisp"), "--suite must be one of chomsky, nope, coupling, multiview; got"),
         (("--suite", "chomsky", "--profile", "huge"), "unknown profile 'huge'"),
         (("--suite", "chomsky", "--tasks", "parity"), "unknown chomsky task 'parity'"),
         (("--suite", "nope", "--encodings", "ropee"), "unknown encoding 'ropee'"),

@@ -9,7 +9,7 @@ import torch
 
 from relpos.nn import TransformerLM
 from relpos_lab.tasks.chomsky import TaskBatch, chomsky_task
-from relpos_lab.tasks.jobs import Job, _Data, build_model, positions
+from relpos_lab.tasks.length_suites import Job, _Data, build_model, positions
 from relpos_lab.tasks.metrics import exact_match, masked_accuracy, mean_ci, ood_score
 from relpos_lab.tasks.models import TaskEncoder, check_encoding_for_tasks
 from relpos_lab.tasks.text import DecoderBatch
@@ -114,7 +114,7 @@ def test_encodings_the_task_models_cannot_run_are_refused_by_name():
 
 
 def test_decoder_scores_report_token_accuracy_beside_exact_match(tmp_path):
-    from relpos_lab.tasks.jobs import evaluate_job
+    from relpos_lab.tasks.length_suites import evaluate_job
 
     job = _job(
         suite="coupling", task="addition", model="nope", encoding="nope", scheme="default",
@@ -181,8 +181,8 @@ def test_wilson_interval_matches_the_closed_form_and_is_not_empty_at_the_edges()
 
 
 def test_exact_match_summaries_pool_the_test_examples_of_every_seed():
+    from relpos_lab.tasks.length_report import markdown_summary, summarize
     from relpos_lab.tasks.metrics import wilson_interval
-    from relpos_lab.tasks.report import markdown_summary, summarize
 
     def row(seed, length, acc, n, suite="nope"):
         return {"suite": suite, "task": "copy", "model": "nope", "seed": seed,

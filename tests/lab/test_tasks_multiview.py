@@ -13,10 +13,13 @@ import torch
 
 from relpos_lab.cli import main
 from relpos_lab.tasks import correspondence as cc
+from relpos_lab.tasks import jobs as jobs_module
 from relpos_lab.tasks import multiview_report as mv_report
 from relpos_lab.tasks import multiview_suite as suite
 from relpos_lab.tasks import nvs
 from relpos_lab.tasks import scenes as multiview
+from relpos_lab.tasks.jobs import run_job
+from relpos_lab.tasks.plan import plan_tasks
 from relpos_lab.training import checkpoint as ckpt
 
 TINY = ("--dim", "16", "--depth", "1", "--heads", "2", "--batch", "4", "--steps", "3")
@@ -141,7 +144,7 @@ def test_nmse_pools_over_batches_and_predicting_the_mean_scores_one():
 
 
 def test_default_plan_has_the_spec_models_and_both_tasks(tmp_path):
-    plan = suite.plan_multiview(profile="quick", out_dir=tmp_path / "run")
+    plan = plan_tasks("multiview", profile="quick", out_dir=tmp_path / "run")
     assert plan.tasks == ["correspondence", "nvs"] and plan.seeds == 3
     corr = plan.task_models["correspondence"]
     for model in ("rope-axial", "rope-axial+plucker", "rope-axial+plucker-first", "gta",
@@ -276,20 +279,20 @@ def _job(folder: Path) -> suite.MultiviewJob:
 
 
 def test_resume_after_an_interruption_is_bit_exact(tmp_path, monkeypatch):
-    straight = suite.run_multiview_job(_job(tmp_path / "a"), resume=False)
-    real = suite.learning_rate
+    straight = run_job(suite.MULTIVIEW, _job(tmp_path / "a"), resume=False)
+    real = jobs_module.learning_rate
 
     def stop_at_three(job, step):
         if step == 3:
             raise KeyboardInterrupt
         return real(job, step)
 
-    monkeypatch.setattr(suite, "learning_rate", stop_at_three)
+    monkeypatch.setattr(jobs_module, "learning_rate", stop_at_three)
     with pytest.raises(KeyboardInterrupt):
-        suite.run_multiview_job(_job(tmp_path / "b"), resume=False)
+        run_job(suite.MULTIVIEW, _job(tmp_path / "b"), resume=False)
     assert ckpt.read_state(tmp_path / "b")["step"] == 2
-    monkeypatch.setattr(suite, "learning_rate", real)
-    resumed = suite.run_multiview_job(_job(tmp_path / "b"), resume=True)
+    monkeypatch.setattr(jobs_module, "learning_rate", real)
+    resumed = run_job(suite.MULTIVIEW, _job(tmp_path / "b"), resume=True)
     a = json.loads((tmp_path / "a" / ckpt.STATE_FILE).read_text())["losses"]
     b = json.loads((tmp_path / "b" / ckpt.STATE_FILE).read_text())["losses"]
     assert a == b and len(a) == 4

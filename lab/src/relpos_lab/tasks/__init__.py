@@ -1,4 +1,6 @@
-"""Algorithmic length generalisation: the task suites behind ``relpos tasks``.
+"""The task suites behind ``relpos tasks``: algorithmic length generalisation and multi-view
+camera encodings.
+
 
 * ``chomsky``: the 15 tasks of Delétang et al. 2023 (reused by Ruoss et al. 2023);
 * ``nope_study``, ``scan``: copy, reverse, addition, sort and SCAN in the text formats of
@@ -7,13 +9,14 @@
 * ``models``: the Chomsky encoder and the position schemes (default, random, random-start,
   coupled) for any 1-D encoding; the decoder tasks use ``relpos.nn.TransformerLM``;
 * ``metrics``: masked accuracy, exact match, the test-length score, mean ± CI over seeds;
-* ``profiles``, ``jobs``, ``plan``, ``run``, ``report``, ``command``: the command (one job
-  per task x model x seed, trained in parallel processes, checkpointed, resumable);
+* ``suite``, ``profiles``, ``plan``, ``jobs``, ``run``, ``report``, ``command``: the
+  pipeline every suite shares (one job per task x model x seed, trained in parallel
+  processes, checkpointed, resumable), with what each suite supplies in ``length_suites`` /
+  ``length_report`` (chomsky, nope, coupling) and ``multiview_suite`` / ``multiview_report``;
 * ``references``: the published numbers set beside the cells;
-* ``correspondence``, ``nvs``, ``multiview_suite``, ``multiview_report``: ``--suite
-  multiview``, the multiview experiment of docs/tasks.md (relative camera encodings against
-  absolute Plücker rays under a rigid change of the test scenes): cross-view correspondence
-  and target-feature regression ("tiny NVS").
+* ``scenes``, ``correspondence``, ``nvs``: the multiview suite's synthetic scenes and its two
+  tasks (relative camera encodings against absolute Plücker rays under a rigid change of the
+  test scenes): cross-view correspondence and target-feature regression ("tiny NVS").
 """
 
 from .chomsky import CHOMSKY_TASKS, ChomskyTask, TaskBatch, chomsky_task

@@ -1,6 +1,6 @@
-"""The ``relpos tasks`` command: its options (``add_arguments``) and ``run_command``, which
-turns the flags into numbers, calls the façade ``run_tasks`` (plan, validate, train,
-evaluate) and writes the report."""
+"""The ``relpos tasks`` command, for every suite: its options (``add_arguments``) and
+``run_command``, which turns the flags into numbers, calls the façade ``run_tasks`` (plan,
+validate, train, evaluate) and writes the suite's report (``report.write_report``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``relpos tasks`` (numbers parsed by ``run_command``, so a bad value is
     one line naming the flag)."""
     add = parser.add_argument
-    add("--suite", required=True, help=f"one of {', '.join(SUITES)}, multiview")
+    add("--suite", required=True, help=f"one of {', '.join(SUITES)}")
     add("--tasks", help="comma-separated tasks of the suite (default: the profile's)")
     add(
         "--encodings",
@@ -69,17 +69,24 @@ def _seed_range(plan: TaskPlan) -> str:
 
 def _print_plan(plan: TaskPlan) -> None:
     p = plan.profile
+    per_task = [len(plan.task_models.get(t, plan.models)) for t in plan.tasks]
+    if all(n == len(plan.models) for n in per_task):
+        count = f"{len(plan.tasks)} tasks x {len(plan.models)} models"
+    else:
+        count = f"{len(plan.tasks)} tasks ({' + '.join(map(str, per_task))} models)"
     print(
-        f"relpos tasks, suite {plan.suite}, profile {p.name}: {len(plan.tasks)} tasks x "
-        f"{len(plan.models)} models x {plan.seeds} seeds = {len(plan.jobs)} models"
-        + _seed_range(plan)
+        f"relpos tasks, suite {plan.suite.name}, profile {p.name}: {count} x {plan.seeds} "
+        f"seeds = {len(plan.jobs)} models" + _seed_range(plan)
     )
-    print(f"  tasks: {', '.join(plan.tasks)}")
-    print(f"  models: {', '.join(plan.models)}")
+    if len(set(map(tuple, plan.task_models.values()))) > 1:
+        for task in plan.tasks:
+            print(f"  {task}: {', '.join(plan.task_models[task])}")
+    else:
+        print(f"  tasks: {', '.join(plan.tasks)}")
+        print(f"  models: {', '.join(plan.models)}")
     print(
         f"  each: dim {p.dim}, depth {p.depth}, {p.num_heads} heads; {p.steps} steps x batch "
-        f"{p.batch_size}, lr {p.lr:g}; train lengths <= {p.train_len}, test "
-        f"{min(p.test_lengths)}-{max(p.test_lengths)}"
+        f"{p.batch_size}, lr {p.lr:g}; {plan.suite.describe(p)}"
     )
     left = plan.jobs_left()
     todo = f" for the {left} left" if left < len(plan.jobs) else ""
@@ -116,10 +123,6 @@ def _length_overrides(args: argparse.Namespace) -> dict[str, object]:
 def run_command(args: argparse.Namespace) -> int:
     """``relpos tasks``: every flag checked before anything is written; then train,
     evaluate, report."""
-    if args.suite == "multiview":
-        from .multiview_suite import run_multiview_command
-
-        return run_multiview_command(args)
     t0 = time.perf_counter()
     argv = getattr(args, "argv", None)
     command = "relpos " + (shlex.join(argv) if argv else f"tasks --suite {args.suite}")
@@ -138,14 +141,15 @@ def run_command(args: argparse.Namespace) -> int:
         meta.update(
             lab_report.run_metadata(
                 command=command,
-                suite=plan.suite,
+                suite=plan.suite.name,
                 profile=plan.profile.name,
                 seeds=plan.seeds,
                 workers=plan.workers,
                 settings=plan.settings(),
             )
         )
-        note = missing_plot_note("accuracy_*.png")
+        plots = dict.fromkeys(plan.suite.report.plot_file(t) for t in plan.tasks)
+        note = missing_plot_note(", ".join(plots))
         if note:
             print(f"  {note}")
 
@@ -171,8 +175,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"relpos: interrupted; continue with: {hint}", file=sys.stderr)
         return exit_code(getattr(stop, "signum", None))
     meta["wall_seconds"] = time.perf_counter() - t0
-    paths = report.write_report(out, rows, meta)
-    report.print_table(paths["summary"])
+    paths = report.write_report(out, rows, meta, plan.suite.report)
+    plan.suite.report.print_table(paths["summary"])
     print(f"wall time {meta['wall_seconds']:.0f} s")
     print(f"report: {paths['md']}")
     return 0

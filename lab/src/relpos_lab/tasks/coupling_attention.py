@@ -36,7 +36,8 @@ import torch
 from ..arguments import parse_int, parse_int_list
 from ..training import checkpoint as ckpt
 from .coupled_addition import addition_example, coupled_batch_positions
-from .jobs import EVAL_SEED, Job, _Data, build_model
+from .jobs import EVAL_SEED
+from .length_suites import Job, _Data, build_model
 from .text import decoder_batch
 
 __all__ = ["digit_attention", "main"]

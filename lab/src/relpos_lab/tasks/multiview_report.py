@@ -1,22 +1,20 @@
-"""The report of ``relpos tasks --suite multiview`` (the run-folder contract of the other
-suites).
+"""The report of the multiview suite of ``relpos tasks`` (``suite.SuiteReport``, written by
+``report.write_report``).
 
-``write_report(out_dir, rows, meta)`` writes, each file atomically:
-
-* ``results.json`` (``{"meta", "summary", "rows"}``) and ``results.csv`` (one row per task x
-  model x seed x condition; correspondence: top-1 accuracy on the labelled target tokens,
-  their count, the appearance-only expectation; ``nvs``: the NMSE over the target tokens
-  that see a sphere and over the labelled ones, their counts);
+* ``results.csv``: one row per task x model x seed x condition (``CSV_COLUMNS`` first;
+  correspondence: top-1 accuracy on the labelled target tokens, their count, the
+  appearance-only expectation; ``nvs``: the NMSE over the target tokens that see a sphere and
+  over the labelled ones, their counts);
+* ``correspondence.png`` (``plot_task``): left, accuracy against the strength of the rigid
+  world change (0 = the training distribution; strength S rotates by S x 90 degrees and
+  translates by 5 S) per model, the mean over seeds as a line and its 95 % interval as a
+  band; right, the three headline conditions (in distribution, random rigid change, other
+  reference camera) as bars with 95 % intervals; the appearance-only expectation dotted;
 * ``nvs.png``: the same two panels for the target-feature regression's NMSE (lower is
   better; dotted: 1, predicting the mean appearance);
-* ``correspondence.png``: left, accuracy against the strength of the rigid world change
-  (0 = the training distribution; strength S rotates by S x 90 degrees and translates by 5 S)
-  per model, the mean over seeds as a line and its 95 % interval as a band; right, the three
-  headline conditions (in distribution, random rigid change, other reference camera) as bars
-  with 95 % intervals; the appearance-only expectation dotted;
-* ``report.md``: the exact command, the table (mean ± CI over seeds per condition, the drop
-  under the rigid change), the spec's acceptance checks where their models ran, the plot,
-  how to read it.
+* ``report.md``: the table of each task (mean ± CI over seeds per condition, the change
+  under the rigid change), the suite's acceptance checks where their models ran
+  (``checks``), the plots, how to read them.
 
 ``summarize(rows)``: per task and model, for each condition, the seeds' values of the task's
 metric (``METRICS``), their mean, 95 % CI half-width (``metrics.mean_ci``), min and max.
@@ -25,33 +23,32 @@ metric (``METRICS``), their mean, 95 % CI half-width (``metrics.mean_ci``), min 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from relpos.optional import installed
-
-from ..report import _write_text, save_figure, write_csv, write_json_file
+from ..report import _write_text, save_figure
 from .correspondence import CONDITIONS, SWEEP
+from .jobs import TRAINING_COLUMNS
 from .metrics import mean_ci
-from .report import run_section
+from .report import mean_ci_cell, print_summary_table, report_head, run_section
 
 __all__ = [
     "summarize",
     "of_task",
-    "write_report",
     "print_table",
     "markdown_summary",
-    "plot_run",
+    "plot_file",
+    "plot_task",
+    "write_markdown",
     "checks",
     "METRICS",
+    "CSV_COLUMNS",
 ]
 
 CSV_COLUMNS = (
     "suite", "task", "model", "encoding", "plucker", "seed", "condition", "accuracy", "hits",
-    "n", "appearance", "nmse", "nmse_labelled", "n_labelled", "mse", "steps", "final_loss",
-    "train_seconds", "dim", "depth", "heads", "batch", "lr",
+    "n", "appearance", "nmse", "nmse_labelled", "n_labelled", "mse", *TRAINING_COLUMNS,
 )  # fmt: skip
 HEADLINE = ("id", "rigid", "ref-swap")
 CORRESPONDENCE, NVS = "correspondence", "nvs"
@@ -118,12 +115,7 @@ def of_task(summary: Sequence[dict[str, Any]], task: str) -> list[dict[str, Any]
 
 
 def _cell(c: dict[str, Any] | None) -> str:
-    if c is None:
-        return "-"
-    text = f"{c['mean']:.3f}"
-    if len(c["values"]) > 1:
-        text += f" ± {c['ci']:.3f}"
-    return text
+    return "-" if c is None else mean_ci_cell(c["mean"], c["ci"], len(c["values"]))
 
 
 def _drop(s: dict[str, Any], condition: str) -> str:
@@ -172,7 +164,7 @@ def _nvs_table(summary: Sequence[dict[str, Any]]) -> str:
 
 
 def checks(summary: Sequence[dict[str, Any]]) -> list[str]:
-    """The spec §5 acceptance checks whose models ran, each a markdown line with the
+    """The suite's acceptance checks whose models ran, each a markdown line with the
     numbers: PRoPE keeps its accuracy under the rigid change (within 0.5 pt); Plücker in
     world coordinates loses at least 10 pt; PRoPE costs at most 3 pt in distribution
     against it."""
@@ -223,22 +215,9 @@ def print_table(summary: Sequence[dict[str, Any]], file: Any = None) -> None:
 
 
 def _print_task(summary: Sequence[dict[str, Any]], title: str, file: Any) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        out = file or sys.stdout
-        print(title, file=out)
-        for s in summary:
-            cells = "".join(f"{_cell(s['conditions'].get(c)):>18}" for c in HEADLINE)
-            print(f"{s['model']:<28}{cells}", file=out)
-        return
-    table = Table(title=title)
-    for name in ("model", "in distribution", "rigid change", "other reference"):
-        table.add_column(name, justify="left" if name == "model" else "right")
-    for s in summary:
-        table.add_row(s["model"], *(_cell(s["conditions"].get(c)) for c in HEADLINE))
-    (Console(file=file) if file is not None else Console()).print(table)
+    cells = [[s["model"], *(_cell(s["conditions"].get(c)) for c in HEADLINE)] for s in summary]
+    columns = ("model", "in distribution", "rigid change", "other reference")
+    print_summary_table(title, columns, cells, file=file)
 
 
 def _band(values: Sequence[float], upper: float = 1.0) -> tuple[float, float, float]:
@@ -246,14 +225,19 @@ def _band(values: Sequence[float], upper: float = 1.0) -> tuple[float, float, fl
     return mean, max(0.0, mean - ci), min(upper, mean + ci)
 
 
-def plot_run(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """``correspondence.png`` or ``nvs.png`` for the rows of one task (module docstring)."""
+def plot_file(task: str) -> str:
+    """The name of ``task``'s plot in the run folder."""
+    return f"{task}.png"
+
+
+def plot_task(path: Path, rows: Sequence[dict[str, Any]], task: str) -> None:
+    """``correspondence.png`` or ``nvs.png``: the rows of ``task`` (module docstring)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    task = _task(rows[0]) if rows else CORRESPONDENCE
+    rows = [r for r in rows if _task(r) == task]
     metric = METRICS[task]
     models = list(dict.fromkeys(r["model"] for r in rows))
     cells: dict[str, dict[str, list[float]]] = {}
@@ -322,7 +306,7 @@ def plot_run(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 
 HOW_TO_READ = """\
-Each model was trained on scenes at the origin (spec camera §5) to point, for every target
+Each model was trained on scenes at the origin to point, for every target
 token, at the context token that sees the same sphere (labels: depth-consistent
 reprojection, `relpos_lab.tasks.scenes`); the score is top-1 accuracy over the labelled target
 tokens of {scenes} test scenes, the same scenes for every model and condition. *rigid
@@ -338,7 +322,7 @@ tokens of the target's colour). Intervals are 95% Student-t over seeds (none for
 
 
 NVS_HOW_TO_READ = """\
-*Target-feature regression* ("tiny NVS", spec camera §5's secondary task): the same scenes
+*Target-feature regression* ("tiny NVS", the suite's second task): the same scenes
 and conditions, but the target view's tokens get no appearance features, only their rays /
 cameras; the model regresses each target token's noise-free appearance (the one-hot colour
 of the sphere its centre ray hits, or background) from the context views. NMSE = squared
@@ -357,26 +341,16 @@ def write_markdown(
     meta: dict[str, Any],
     plots: Sequence[str],
 ) -> None:
+    """``report.md``: the command and profile, each task's table (correspondence: with the
+    acceptance checks) and plot, how to read them, the run."""
     first = rows[0] if rows else {}
     scenes = meta.get("settings", {}).get("eval_scenes", "?")
     corr = of_task(summary, CORRESPONDENCE)
     nvs = of_task(summary, NVS)
     chance = [s["appearance"] for s in corr if s["appearance"] is not None]
     chance_text = f"{sum(chance) / len(chance):.3f}" if chance else "-"
-    lines = [
-        "# relpos tasks: the multiview suite (cross-view correspondence, target-feature "
-        "regression)",
-        "",
-        "```sh",
-        str(meta.get("command", "relpos tasks --suite multiview")),
-        "```",
-        "",
-        f"Profile `{meta.get('profile', '?')}`: dim {first.get('dim')}, depth "
-        f"{first.get('depth')}, {first.get('heads')} heads, batch {first.get('batch')} scenes, "
-        f"lr {first.get('lr')}, {first.get('steps')} steps; conditions "
-        f"{', '.join(CONDITIONS)}.",
-        "",
-    ]
+    title = "the multiview suite (cross-view correspondence, target-feature regression)"
+    lines = report_head(title, meta, first, f"conditions {', '.join(CONDITIONS)}")
     if corr:
         lines += [
             "## Cross-view correspondence (top-1 accuracy)",
@@ -386,7 +360,7 @@ def write_markdown(
         ]
         found = checks(summary)
         if found:
-            lines += ["Spec §5 acceptance checks (where their models ran):", "", *found, ""]
+            lines += ["The suite's acceptance checks (where their models ran):", "", *found, ""]
         if "correspondence.png" in plots:
             lines += ["![correspondence.png](correspondence.png)", ""]
     if nvs:
@@ -407,29 +381,3 @@ def write_markdown(
         lines += [NVS_HOW_TO_READ.format(scenes=scenes).rstrip("\n"), ""]
     lines += [*run_section(meta)]
     _write_text(path, "\n".join(lines))
-
-
-def write_report(
-    out_dir: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]
-) -> dict[str, Any]:
-    """Write every report file into ``out_dir``; returns ``{"json", "csv", "md", "png":
-    [paths], "summary"}``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows)
-    write_json_file(out / "results.json", {"meta": meta, "summary": summary, "rows": list(rows)})
-    write_csv(out / "results.csv", rows, CSV_COLUMNS)
-    plots: list[str] = []
-    if rows and installed("matplotlib"):
-        for task in dict.fromkeys(_task(r) for r in rows):
-            name = f"{task}.png"
-            plot_run(out / name, [r for r in rows if _task(r) == task])
-            plots.append(name)
-    write_markdown(out / "report.md", rows, summary, meta, plots)
-    return {
-        "json": out / "results.json",
-        "csv": out / "results.csv",
-        "md": out / "report.md",
-        "png": [out / p for p in plots],
-        "summary": summary,
-    }

@@ -1,13 +1,26 @@
-"""Profiles of ``relpos tasks``: per suite, the tasks, models, sizes and the length protocol.
+"""Profiles of ``relpos tasks``: per suite, the tasks, models, sizes and the test protocol.
 
-``quick`` is a CPU protocol (minutes per model on one core);
-``full`` is the larger one of the same table (hours). Every number can be overridden from the
-command line (``--dim --depth --heads --batch --lr --steps --seeds``,
-``relpos_lab.training.profiles.add_training_arguments``).
+``quick`` is the CPU protocol (minutes per model on one core); ``full`` is the larger one of
+the same suite (hours). Every number can be overridden from the command line (``--dim
+--depth --heads --batch --lr --steps --seeds --eval-size``, and ``--train-len
+--test-lengths`` for the suites that test on lengths; ``relpos_lab.training.profiles.
+add_training_arguments``).
 
-Model specs are ``NAME[+SCHEME]``: a registry name and a position scheme of
-``relpos_lab.tasks.models.POSITION_SCHEMES`` (``rope+random``: RoPE with Ruoss et al.'s
-randomized positions; ``learned+coupled``: a learned absolute table over coupled ids).
+Model specs are ``NAME[+VARIANT]``: a registry name and the suite's variant. The length
+suites take a position scheme of ``relpos_lab.tasks.models.POSITION_SCHEMES`` (``rope+random``:
+RoPE with Ruoss et al.'s randomized positions; ``learned+coupled``: a learned absolute table
+over coupled ids); the multiview suite an absolute Plücker embedding
+(``rope-axial+plucker``, ``relpos_lab.tasks.correspondence.PLUCKER_SCHEMES``) or the
+``-known-depth`` suffix (``rayrope-known-depth``).
+
+The multiview profiles train, for cross-view correspondence, 2-D RoPE alone (``rope-axial``),
+world-frame Plücker rays with 2-D RoPE (``rope-axial+plucker``), Plücker rays in the first
+camera's frame (``rope-axial+plucker-first``), Plücker rays with random rigid changes of the
+training scenes (``rope-axial+plucker-aug``), GTA, PRoPE, RayRoPE with the scenes' true depth,
+UCPE, CaPE (6-DoF) and no positions; target-feature regression (``nvs``) trains five of them.
+``quick`` has 2 heads of 32 channels (RayRoPE rotates 24 of them, one frequency per
+coordinate, and passes 8 through); ``full`` 2 heads of 48 (RayRoPE: 2 frequencies per
+coordinate).
 """
 
 from __future__ import annotations
@@ -18,9 +31,15 @@ from typing import Any
 
 from ..training.profiles import lookup_profile
 
-__all__ = ["SUITES", "TaskProfile", "get_task_profile", "QUICK_CHOMSKY_TASKS"]
+__all__ = [
+    "SUITES",
+    "TaskProfile",
+    "check_suite",
+    "get_task_profile",
+    "QUICK_CHOMSKY_TASKS",
+    "PROFILES",
+]
 
-SUITES = ("chomsky", "nope", "coupling")
 QUICK_CHOMSKY_TASKS = (
     "even_pairs",
     "parity_check",
@@ -31,15 +50,20 @@ QUICK_CHOMSKY_TASKS = (
 )
 #: the NoPE study's RoPE: GPT-J style (interleaved pairs) on 25 % of the head dimension
 NOPE_STUDY_OPTIONS = {"rope": {"partial_rotary_factor": 0.25, "layout": "interleaved"}}
+#: the multiview suite's target-feature regression models
+MULTIVIEW_NVS_MODELS = ("nope", "rope-axial+plucker", "prope", "gta", "ucpe")
 
 
 @dataclass(frozen=True)
 class TaskProfile:
-    """One suite at one size. Lengths: ``train_len`` (Chomsky: train lengths ``1..N``; NoPE:
-    ``1..L``; coupling: ``1..L`` digits), ``test_lengths`` (the out-of-distribution ones the
-    score averages over; SCAN: its fixed target lengths), ``eval_size`` sequences per length.
+    """One suite at one size. ``models``: the model specs every task trains, unless
+    ``task_models`` names a task's own. ``eval_size``: test sequences per length (multiview:
+    test scenes per condition). Lengths (the length suites): ``train_len`` (Chomsky: train
+    lengths ``1..N``; NoPE: ``1..L``; coupling: ``1..L`` digits), ``test_lengths`` (the
+    out-of-distribution ones the score averages over; SCAN: its fixed target lengths).
     ``max_length``: the range of randomized positions (Ruoss's ``L``); ``max_position``: the
-    largest coupled position id."""
+    largest coupled position id. ``scene``: the multiview scenes' options
+    (``relpos_lab.tasks.scenes.make_scenes``: views, points, grid, ...)."""
 
     name: str
     suite: str
@@ -52,10 +76,11 @@ class TaskProfile:
     steps: int
     lr: float
     warmup: int
-    train_len: int
-    test_lengths: tuple[int, ...]
     eval_size: int
     seeds: int
+    task_models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    train_len: int = 0
+    test_lengths: tuple[int, ...] = ()
     optimizer: str = "adam"  # adam (Chomsky: optax.adam, no decay) or adamw
     weight_decay: float = 0.0
     schedule: str = "constant"  # after warmup: constant, cosine to lr / 10, linear to 0
@@ -66,35 +91,15 @@ class TaskProfile:
     max_position: int = 40
     checkpoint_every: int = 500
     encoding_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    scene: Mapping[str, Any] = field(default_factory=dict)
     #: CPU seconds per training step of one model on one core (``time.process_time`` over
     #: the profile's jobs, one torch thread, torch 2.13; ``plan.TaskPlan.estimate_seconds``
     #: turns it into wall time for the workers and the machine's load)
     seconds_per_step: float = 0.1
 
-    def settings(self) -> dict[str, Any]:
-        """What a run's models depend on (``--resume`` compares it)."""
-        return {
-            k: getattr(self, k)
-            for k in (
-                "suite",
-                "dim",
-                "depth",
-                "num_heads",
-                "batch_size",
-                "steps",
-                "lr",
-                "warmup",
-                "train_len",
-                "optimizer",
-                "weight_decay",
-                "schedule",
-                "grad_clip",
-                "dropout",
-                "mlp_ratio",
-                "max_length",
-                "max_position",
-            )
-        }
+    def models_for(self, task: str) -> tuple[str, ...]:
+        """The model specs ``task`` trains by default."""
+        return tuple(self.task_models.get(task, self.models))
 
 
 PROFILES: dict[str, dict[str, TaskProfile]] = {
@@ -271,11 +276,83 @@ PROFILES: dict[str, dict[str, TaskProfile]] = {
             seconds_per_step=2.9,
         ),
     },
+    "multiview": {
+        "quick": TaskProfile(
+            name="quick",
+            suite="multiview",
+            tasks=("correspondence", "nvs"),
+            models=(
+                "nope",
+                "rope-axial",
+                "rope-axial+plucker",
+                "prope",
+                "gta",
+                "ucpe",
+                "cape-6dof",
+                "rope-axial+plucker-first",
+                "rope-axial+plucker-aug",
+                "rayrope-known-depth",
+            ),
+            task_models={"nvs": MULTIVIEW_NVS_MODELS},
+            dim=64,
+            depth=2,
+            num_heads=2,
+            batch_size=32,
+            steps=1000,
+            lr=1e-3,
+            warmup=100,
+            eval_size=1000,
+            seeds=3,
+            optimizer="adamw",
+            weight_decay=0.01,
+            schedule="cosine",
+            seconds_per_step=0.07,
+        ),
+        "full": TaskProfile(
+            name="full",
+            suite="multiview",
+            tasks=("correspondence", "nvs"),
+            models=(
+                "rope-axial",
+                "rope-axial+plucker",
+                "rope-axial+plucker-first",
+                "gta",
+                "prope",
+                "rope-axial+plucker-aug",
+                "rayrope-known-depth",
+                "ucpe",
+                "cape-6dof",
+                "nope",
+            ),
+            task_models={"nvs": MULTIVIEW_NVS_MODELS},
+            dim=96,
+            depth=4,
+            num_heads=2,
+            batch_size=64,
+            steps=3000,
+            lr=3e-4,
+            warmup=200,
+            eval_size=2000,
+            seeds=3,
+            optimizer="adamw",
+            weight_decay=0.01,
+            schedule="cosine",
+            checkpoint_every=1000,
+            seconds_per_step=0.4,
+        ),
+    },
 }
+#: the suites of ``relpos tasks``, by ``--suite`` name
+SUITES = tuple(PROFILES)
+
+
+def check_suite(suite: str) -> None:
+    """``ValueError`` naming ``--suite`` and the known suites unless ``suite`` is one."""
+    if suite not in PROFILES:
+        raise ValueError(f"--suite must be one of {', '.join(SUITES)}; got {suite!r}")
 
 
 def get_task_profile(suite: str, name: str) -> TaskProfile:
     """The profile ``name`` of ``suite``; ``ValueError`` naming the known ones otherwise."""
-    if suite not in PROFILES:
-        raise ValueError(f"--suite must be one of {', '.join(SUITES)}, multiview; got {suite!r}")
+    check_suite(suite)
     return lookup_profile(PROFILES[suite], name)

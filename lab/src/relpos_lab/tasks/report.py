@@ -1,230 +1,71 @@
-"""The report of a ``relpos tasks`` run (the run-folder contract of ``relpos extrapolate``).
+"""The report of a ``relpos tasks`` run, for every suite (the run-folder contract of
+``relpos extrapolate``).
 
-``write_report(out_dir, rows, meta)`` writes, each file atomically:
+``write_report(out_dir, rows, meta, suite_report)`` writes, each file atomically:
 
-* ``results.json``: ``{"meta", "summary", "rows"}``; ``results.csv``: the rows (one per
-  task x model x seed x length);
-* ``accuracy_<task>.png``: accuracy against length per model, the mean over seeds as a line
-  and its 95 % interval as a band (seeds > 1), the train length dashed, chance dotted;
-* ``report.md``: the exact command, the summary table (test-length score: mean ± CI over
-  seeds, max over seeds, the test examples' Wilson interval, the published reference), the
-  plots and how to read them.
+* ``results.json``: ``{"meta", "summary", "rows"}``; ``results.csv``: the rows, the suite's
+  ``CSV_COLUMNS`` first;
+* one plot per task (``suite_report.plot_file(task)``) when matplotlib is installed;
+* ``report.md`` (``suite_report.write_markdown``): the exact command and the profile
+  (``report_head``), the suite's tables and plots, how to read them, and the run
+  (``run_section``).
 
-``summarize(rows)``: per task x model, the score of each seed (mean accuracy over the test
-lengths, ``metrics.ood_score``), their mean, 95 % CI half-width, max, the mean accuracy at
-the training lengths and, for the exact-match suites, the test examples pooled over seeds
-with their Wilson interval (``metrics.wilson_interval``). ``print_table(summary)`` prints it
-with rich.
+The suites' own parts are ``length_report`` and ``multiview_report``
+(``suite.SuiteReport``); ``print_summary_table`` shows a summary in the terminal.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from relpos.optional import installed
 
-from ..report import _write_text, save_figure, write_csv, write_json_file
-from ..terminal import Table
-from ..terminal import print_table as print_table_text
-from .chomsky import CHOMSKY_TASKS
-from .metrics import mean_ci, wilson_interval
-from .references import REFERENCE_NOTES, reference
+from ..report import write_csv, write_json_file
+from ..terminal import Table, print_table
+from .suite import SuiteReport
 
-__all__ = ["summarize", "write_report", "print_table", "markdown_summary", "plot_task"]
-
-CSV_COLUMNS = (
-    "suite", "task", "model", "encoding", "scheme", "seed", "length", "test", "accuracy",
-    "token_accuracy", "n", "train_len", "steps", "final_loss", "train_seconds", "dim",
-    "depth", "heads", "batch", "lr",
-)  # fmt: skip
-#: suites scored by exact match per example (a binomial rate: Wilson intervals apply)
-EXACT_MATCH_SUITES = ("nope", "coupling")
-METRIC = {
-    "chomsky": "per-token accuracy",
-    "nope": "exact match",
-    "coupling": "exact match",
-}
+__all__ = ["write_report", "report_head", "run_section", "print_summary_table", "mean_ci_cell"]
 
 
-def _chance(suite: str, task: str) -> float | None:
-    if suite == "chomsky" and task in CHOMSKY_TASKS:
-        return CHOMSKY_TASKS[task].chance
-    return None
-
-
-def _is_test(row: dict[str, Any]) -> bool:
-    value = row["test"]
-    return value if isinstance(value, bool) else str(value) == "True"
-
-
-def _mean(pairs: list[tuple[float, float]]) -> float:
-    return sum(a * w for a, w in pairs) / sum(w for _, w in pairs)
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One summary row per (task, model), in the rows' order."""
-    groups: dict[tuple[str, str], dict[int, dict[str, list[float]]]] = {}
-    suites: dict[tuple[str, str], str] = {}
-    examples: dict[tuple[str, str], list] = {}  # exact-match suites: [hits, n] at test lengths
-    for r in rows:
-        key = (r["task"], r["model"])
-        suites[key] = r["suite"]
-        seed = groups.setdefault(key, {}).setdefault(int(r["seed"]), {"test": [], "train": []})
-        # the NoPE study scores the mean over test examples, the others the mean over lengths
-        weight = float(r["n"]) if r["suite"] == "nope" else 1.0
-        seed["test" if _is_test(r) else "train"].append((float(r["accuracy"]), weight))
-        if _is_test(r) and r["suite"] in EXACT_MATCH_SUITES:
-            pooled = examples.setdefault(key, [0.0, 0])
-            pooled[0] += float(r["accuracy"]) * int(r["n"])
-            pooled[1] += int(r["n"])
-    out = []
-    for (task, model), seeds in groups.items():
-        scores = [_mean(s["test"]) for s in seeds.values() if s["test"]]
-        train = [_mean(s["train"]) for s in seeds.values() if s["train"]]
-        if not scores:
-            continue
-        mean, ci = mean_ci(scores)
-        suite = suites[(task, model)]
-        hits, n = examples.get((task, model), (0.0, 0))
-        wilson = list(wilson_interval(min(hits, n), n)) if n else None
-        out.append(
-            {
-                "suite": suite,
-                "task": task,
-                "model": model,
-                "seeds": len(scores),
-                "scores": scores,
-                "mean": mean,
-                "ci": ci,
-                "max": max(scores),
-                "min": min(scores),
-                "train_mean": sum(train) / len(train) if train else None,
-                "reference": reference(suite, task, model),
-                "chance": _chance(suite, task),
-                "test_examples": n,
-                "examples_ci": wilson,
-            }
-        )
-    return out
-
-
-def _cell(s: dict[str, Any]) -> str:
-    text = f"{s['mean']:.3f}"
-    if s["seeds"] > 1:
-        text += f" ± {s['ci']:.3f}"
+def mean_ci_cell(mean: float, ci: float, seeds: int) -> str:
+    """``"0.812 ± 0.031"`` (no interval for one seed)."""
+    text = f"{mean:.3f}"
+    if seeds > 1:
+        text += f" ± {ci:.3f}"
     return text
 
 
-def _examples_cell(s: dict[str, Any]) -> str:
-    """``n [low, high]``: the pooled test examples and their Wilson interval (exact match)."""
-    ci = s.get("examples_ci")
-    if not ci:
-        return "-"
-    return f"{s['test_examples']} [{ci[0]:.3f}, {ci[1]:.3f}]"
+def print_summary_table(
+    title: str,
+    columns: Sequence[str],
+    cells: Sequence[Sequence[str]],
+    *,
+    left: int = 1,
+    file: Any = None,
+) -> None:
+    """A table in the terminal (``relpos_lab.terminal``: rich on a terminal wide enough,
+    aligned text otherwise): the first ``left`` columns aligned left, the others right."""
+    table = Table(title, columns, cells, right=frozenset(range(left, len(columns))))
+    print_table(table, file)
 
 
-def markdown_summary(summary: Sequence[dict[str, Any]]) -> str:
-    """The summary as a markdown table (one row per task x model)."""
-    lines = [
-        "| task | model | test score (mean ± 95% CI) | max over seeds | test examples "
-        "(95% Wilson) | train lengths | published | chance |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+def report_head(title: str, meta: dict[str, Any], first: dict[str, Any], detail: str) -> list[str]:
+    """The first lines of ``report.md``: the title, the exact command, the profile's sizes
+    (read from the first row) and ``detail`` (how the models were trained and tested)."""
+    return [
+        f"# relpos tasks: {title}",
+        "",
+        "```sh",
+        str(meta.get("command", "relpos tasks")),
+        "```",
+        "",
+        f"Profile `{meta.get('profile', '?')}`: dim {first.get('dim')}, depth "
+        f"{first.get('depth')}, {first.get('heads')} heads, batch {first.get('batch')}, lr "
+        f"{first.get('lr')}, {first.get('steps')} steps; {detail}.",
+        "",
     ]
-    for s in summary:
-        ref = "-" if s["reference"] is None else f"{s['reference']:.3f}"
-        chance = "-" if s["chance"] is None else f"{s['chance']:.2f}"
-        train = "-" if s["train_mean"] is None else f"{s['train_mean']:.3f}"
-        lines.append(
-            f"| {s['task']} | `{s['model']}` | {_cell(s)} | {s['max']:.3f} | "
-            f"{_examples_cell(s)} | {train} | {ref} | {chance} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def print_table(summary: Sequence[dict[str, Any]], file: Any = None) -> None:
-    """The summary in the terminal (``relpos_lab.terminal``)."""
-    if not summary:
-        return
-    rows = []
-    for s in summary:
-        ref = "-" if s["reference"] is None else f"{s['reference']:.3f}"
-        train = "-" if s["train_mean"] is None else f"{s['train_mean']:.3f}"
-        rows.append([s["task"], s["model"], _cell(s), f"{s['max']:.3f}", train, ref])
-    table = Table(
-        "test-length score: mean ± 95% CI over seeds (max), published",
-        ("task", "model", "mean ± CI", "max", "train", "published"),
-        rows,
-        right=frozenset(range(2, 6)),
-    )
-    print_table_text(table, file)
-
-
-def plot_task(path: Path, rows: Sequence[dict[str, Any]], task: str) -> None:
-    """Accuracy vs length for one task: mean over seeds per model, a 95 % CI band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .metrics import T_QUANTILE_975
-
-    rows = [r for r in rows if r["task"] == task]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7.0, 4.0))
-    colors = plt.get_cmap("tab10")
-    for k, model in enumerate(models):
-        by_len: dict[int, list[float]] = {}
-        for r in rows:
-            if r["model"] == model:
-                by_len.setdefault(int(r["length"]), []).append(float(r["accuracy"]))
-        xs = sorted(by_len)
-        means = [sum(by_len[x]) / len(by_len[x]) for x in xs]
-        ax.plot(xs, means, color=colors(k % 10), linewidth=1.5, label=model)
-        if max(len(v) for v in by_len.values()) > 1:
-            lo, hi = [], []
-            for x, m in zip(xs, means, strict=True):
-                v = by_len[x]
-                n = len(v)
-                sd = math.sqrt(sum((a - m) ** 2 for a in v) / (n - 1)) if n > 1 else 0.0
-                t = T_QUANTILE_975[min(n - 2, len(T_QUANTILE_975) - 1)] if n > 1 else 0.0
-                lo.append(max(0.0, m - t * sd / math.sqrt(n)))
-                hi.append(min(1.0, m + t * sd / math.sqrt(n)))
-            ax.fill_between(xs, lo, hi, color=colors(k % 10), alpha=0.18, linewidth=0)
-    first = rows[0]
-    test = sorted({int(r["length"]) for r in rows if _is_test(r)})
-    if first["suite"] != "nope" or first["task"] != "scan":
-        ax.axvline(first["train_len"], color="0.35", linestyle="--", linewidth=1.0)
-    elif test:
-        ax.axvline(test[0] - 0.5, color="0.35", linestyle="--", linewidth=1.0)
-    chance = _chance(first["suite"], task)
-    if chance is not None:
-        ax.axhline(chance, color="0.5", linestyle=":", linewidth=1.0)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("length (dashed: longest training length)")
-    ax.set_ylabel(METRIC.get(first["suite"], "accuracy"))
-    ax.set_title(f"{task}: mean over seeds, band = 95% CI", fontsize=10)
-    ax.grid(True, alpha=0.25)
-    ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
-HOW_TO_READ = """\
-Each model was trained on lengths up to the dashed line and scored at every length up to
-the longest test length. The *test score* of a seed is the mean {metric} over the test
-lengths ({test}; for the NoPE study's tasks the mean over the test examples, as the paper).
-The table gives its mean over seeds with a 95% Student-t interval (no interval for one seed)
-and the max over seeds (the Chomsky papers report the max; the mean is much lower,
-maintainer: Transformer on Even Pairs averages 67.7 ± 15.2 over 10 seeds). *train lengths*
-is the mean score at the training lengths (did the model learn the task at all?). *test
-examples* (exact-match suites): how many test examples the score pools over all seeds and
-their 95% Wilson interval, the spread the evaluation sample alone allows (two models whose
-intervals overlap are not told apart by this test set, whatever the seeds say).
-*published*: {ref_note}. Chance is 1 / classes for the Chomsky tasks.
-"""
 
 
 def run_section(meta: dict[str, Any]) -> list[str]:
@@ -252,67 +93,26 @@ def run_section(meta: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_markdown(
-    path: Path,
-    rows: Sequence[dict[str, Any]],
-    summary: Sequence[dict[str, Any]],
-    meta: dict[str, Any],
-    plots: Sequence[str],
-) -> None:
-    first = rows[0] if rows else {}
-    suite = first.get("suite", meta.get("suite", "?"))
-    test = sorted({int(r["length"]) for r in rows if _is_test(r)})
-    test_text = f"{test[0]}-{test[-1]}" if test else "-"
-    lines = [
-        f"# relpos tasks: the {suite} suite",
-        "",
-        "```sh",
-        str(meta.get("command", "relpos tasks")),
-        "```",
-        "",
-        f"Profile `{meta.get('profile', '?')}`: dim {first.get('dim')}, depth "
-        f"{first.get('depth')}, {first.get('heads')} heads, batch {first.get('batch')}, lr "
-        f"{first.get('lr')}, {first.get('steps')} steps; train lengths up to "
-        f"{first.get('train_len')}, test lengths {test_text}.",
-        "",
-        markdown_summary(summary).rstrip("\n"),
-        "",
-    ]
-    for p in plots:
-        lines += [f"![{p}]({p})", ""]
-    if not plots:
-        lines += ["(no plots: matplotlib was not installed)", ""]
-    lines += [
-        "## How to read it",
-        "",
-        HOW_TO_READ.format(
-            metric=METRIC.get(suite, "accuracy"),
-            test=test_text,
-            ref_note=REFERENCE_NOTES.get(suite, "-"),
-        ).rstrip("\n"),
-        "",
-        *run_section(meta),
-    ]
-    _write_text(path, "\n".join(lines))
-
-
 def write_report(
-    out_dir: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]
+    out_dir: str | Path,
+    rows: Sequence[dict[str, Any]],
+    meta: dict[str, Any],
+    suite_report: SuiteReport,
 ) -> dict[str, Any]:
     """Write every report file into ``out_dir``; returns ``{"json", "csv", "md", "png":
     [paths], "summary"}``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows)
+    summary = suite_report.summarize(rows)
     write_json_file(out / "results.json", {"meta": meta, "summary": summary, "rows": list(rows)})
-    write_csv(out / "results.csv", rows, CSV_COLUMNS)
+    write_csv(out / "results.csv", rows, suite_report.CSV_COLUMNS)
     plots: list[str] = []
     if rows and installed("matplotlib"):
-        for task in dict.fromkeys(r["task"] for r in rows):
-            name = f"accuracy_{task}.png"
-            plot_task(out / name, rows, task)
+        for task in dict.fromkeys(str(r["task"]) for r in rows):
+            name = suite_report.plot_file(task)
+            suite_report.plot_task(out / name, rows, task)
             plots.append(name)
-    write_markdown(out / "report.md", rows, summary, meta, plots)
+    suite_report.write_markdown(out / "report.md", rows, summary, meta, plots)
     return {
         "json": out / "results.json",
         "csv": out / "results.csv",

@@ -1,11 +1,11 @@
-"""Running a planned ``relpos tasks``: write ``run.json``, train and evaluate every job (one
-process per model when ``workers > 1``, each on one thread), collect the rows; the façade
-``run_tasks`` (plan, start, run).
+"""Running a planned ``relpos tasks``, for every suite: write ``run.json``, train and evaluate
+every job (one process per model when ``workers > 1``, each on one thread), collect the rows
+(``Suite.rows``); the façade ``run_tasks`` (plan, start, run).
 
 Ctrl-C / SIGTERM: every training loop notes the signal, finishes its step and writes its
-checkpoint (``relpos_lab.training.runtime.SignalStop``); the run then raises ``KeyboardInterrupt``
-and
-``--resume`` continues each model where it stopped (finished models are skipped).
+checkpoint (``relpos_lab.training.runtime.SignalStop``); the run then raises
+``KeyboardInterrupt`` and ``--resume`` continues each model where it stopped (finished models
+are skipped).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+import torch
+
 from .. import report
 from ..training.runtime import RaiseOnSignal
-from .jobs import Job, eval_lengths, one_thread, run_job, worker
-from .plan import RUN_FILE, RUN_KIND, TaskPlan, plan_tasks
-from .report import summarize
+from .jobs import one_thread, run_job
+from .plan import RUN_FILE, RUN_KIND, TaskPlan, get_suite, plan_tasks
 
-__all__ = ["start_run", "run_plan", "run_tasks", "job_rows", "run_parallel"]
+__all__ = ["start_run", "run_plan", "run_tasks", "run_parallel", "worker"]
 
 
 def start_run(plan: TaskPlan, meta: dict[str, Any]) -> None:
@@ -33,7 +34,7 @@ def start_run(plan: TaskPlan, meta: dict[str, Any]) -> None:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "kind": RUN_KIND,
-        "suite": plan.suite,
+        "suite": plan.suite.name,
         "profile": plan.profile.name,
         "settings": plan.settings(),
         "tasks": plan.tasks,
@@ -52,88 +53,56 @@ def start_run(plan: TaskPlan, meta: dict[str, Any]) -> None:
     report.write_json_file(path, record)
 
 
-def job_rows(job: Job, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per evaluated length of a job."""
-    rows = []
-    per_length = result["per_length"]
-    test = set(job.test_lengths)
-    for length in eval_lengths(job):
-        cell = per_length.get(str(length))
-        if cell is None:
-            continue
-        rows.append(
-            {
-                "suite": job.suite,
-                "task": job.task,
-                "model": job.model,
-                "encoding": job.encoding,
-                "scheme": job.scheme,
-                "seed": job.seed,
-                "length": length,
-                "test": length in test,
-                "accuracy": cell["accuracy"],
-                "token_accuracy": cell.get("token_accuracy", ""),
-                "n": cell["n"],
-                "train_len": job.train_len,
-                "steps": result["train"]["steps"],
-                "final_loss": result["train"]["final_loss"],
-                "train_seconds": result["train"]["train_seconds"],
-                "dim": job.dim,
-                "depth": job.depth,
-                "heads": job.num_heads,
-                "batch": job.batch_size,
-                "lr": job.lr,
-            }
-        )
-    return rows
-
-
 def run_plan(
     plan: TaskPlan, *, progress: bool = True, log: Callable[[str], None] = print
 ) -> list[dict[str, Any]]:
     """Train and evaluate every job (in ``plan.workers`` processes); returns the rows."""
     total = len(plan.jobs)
     results: dict[int, dict[str, Any]] = {}
+    suite = plan.suite
 
     def done(index: int, result: dict[str, Any]) -> None:
         job = plan.jobs[index]
         results[index] = result
-        # the report's test score (the NoPE study: the mean over test examples, else lengths)
-        summary = summarize(job_rows(job, result))
-        score = summary[0]["mean"] if summary else float("nan")
         log(
-            f"[{len(results)}/{total}] {job.task} {job.model} seed {job.seed}: test score "
-            f"{score:.3f} (loss {result['train']['final_loss']:.3f}, "
+            f"[{len(results)}/{total}] {job.task} {job.model} seed {job.seed}: "
+            f"{suite.result_text(job, result)} (loss {result['train']['final_loss']:.3f}, "
             f"{result['train']['train_seconds']:.0f} s)"
         )
 
     if plan.workers <= 1 or total <= 1:
         with one_thread():
             for index, job in enumerate(plan.jobs):
-                done(index, run_job(job, resume=plan.resume, progress=progress, log=log))
+                done(index, run_job(suite, job, resume=plan.resume, progress=progress, log=log))
     else:
         run_parallel(plan, done)
     rows = []
     for index, job in enumerate(plan.jobs):
-        rows.extend(job_rows(job, results[index]))
+        rows.extend(suite.rows(job, results[index]))
     return rows
 
 
-def run_parallel(
-    plan: Any,
-    done: Callable[[int, dict[str, Any]], None],
-    job_worker: Callable[[dict[str, Any], bool], dict[str, Any]] = worker,
-) -> None:
-    """``plan.jobs`` in ``plan.workers`` spawned processes, each through ``job_worker(job
-    JSON, resume)`` (the multiview suite passes its own); on a signal every worker is asked
-    to stop (SIGTERM: it checkpoints after its step) and ``KeyboardInterrupt`` is raised."""
+def worker(suite: str, job_data: dict[str, Any], resume: bool) -> dict[str, Any]:
+    """Entry point of a worker process: one job of ``suite`` from its JSON, on one thread
+    (one thread per model is faster than two on a loaded machine), no progress bar."""
+    torch.set_num_threads(1)
+    found = get_suite(suite)
+    job = found.job_type(**job_data)
+    return run_job(found, job, resume=resume, progress=False, log=lambda _: None)
+
+
+def run_parallel(plan: TaskPlan, done: Callable[[int, dict[str, Any]], None]) -> None:
+    """``plan.jobs`` in ``plan.workers`` spawned processes (``worker``), ``done(index,
+    result)`` as each finishes; on a signal every worker is asked to stop (SIGTERM: it
+    checkpoints after its step) and ``KeyboardInterrupt`` is raised."""
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=plan.workers, mp_context=context)
     pending: dict[Future, int] = {}
     try:
         with RaiseOnSignal():
             for index, job in enumerate(plan.jobs):
-                pending[pool.submit(job_worker, job.to_json(), plan.resume)] = index
+                job_data = job.to_json()
+                pending[pool.submit(worker, plan.suite.name, job_data, plan.resume)] = index
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
