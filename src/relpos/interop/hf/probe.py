@@ -159,6 +159,26 @@ def _layer_of(records, facts: ModelFacts) -> dict[int, tuple[Tensor, Tensor]]:
     return out
 
 
+def _rotary_state(module: nn.Module) -> tuple[dict, dict]:
+    """A rotary module's buffers and plain attributes (dynamic NTK keeps the longest length
+    it has seen and its frequencies there): the probe's far positions must not change them."""
+    buffers = {k: None if v is None else v.clone() for k, v in module._buffers.items()}
+    plain = {
+        k: (v.clone() if torch.is_tensor(v) else v)
+        for k, v in vars(module).items()
+        if not k.startswith("_") and not isinstance(v, nn.Module)
+    }
+    return buffers, plain
+
+
+def _restore(module: nn.Module, state: tuple[dict, dict]) -> None:
+    buffers, plain = state
+    for k, v in buffers.items():
+        module._buffers[k] = v
+    for k, v in plain.items():
+        setattr(module, k, v)
+
+
 def _joined(near: dict, far: dict) -> dict[int, tuple[Tensor, Tensor]]:
     """The records of the near and the far run, one batch per layer."""
     return {
@@ -229,8 +249,12 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
             "patch replaces the RoPE a rotary_emb module computes"
         )
     device = next(iter(model.parameters())).device
-    last = int(getattr(model.config, "max_position_embeddings", 64) or 64) - 1
-    near = sorted({*PROBE_POSITIONS, last})
+    # the last position below the trained length: transformers' dynamic NTK goes back to its
+    # base frequencies only for calls shorter than that length
+    last = int(getattr(model.config, "max_position_embeddings", 64) or 64) - 2
+    # near positions within the trained length: length-dependent scalings (dynamic NTK,
+    # LongRoPE) then use their base frequencies, whatever the rotary module saw before
+    near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
     tokens = facts.head_dim + 8
     vocab = int(getattr(model.config, "vocab_size", 2) or 2)
     gen = torch.Generator().manual_seed(0)
@@ -239,6 +263,7 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
     pos = pos.expand(-1, tokens).contiguous()
     was_training = model.training
     model.eval()
+    saved = [_rotary_state(module) for module in rotary]
     try:
         # the far row alone: length-dependent scalings (dynamic NTK) read the largest position
         # of a call, so it must not set the frequencies of the near rows
@@ -251,6 +276,8 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
         }
     finally:
         model.train(was_training)
+        for module, state in zip(rotary, saved, strict=True):
+            _restore(module, state)
     raw, rot = (_joined(*runs[identity]) for identity in (True, False))
     if set(raw) != set(rot) or not raw:
         raise ValueError(
@@ -276,7 +303,7 @@ def _far_position(facts: ModelFacts) -> int:
 
 def _tolerance(x: Tensor) -> float:
     eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 1e-7
-    return max(1e-4, 64 * eps) * float(x.abs().max().clamp(min=1.0))
+    return max(1e-4, 4 * eps) * float(x.abs().max().clamp(min=1.0))
 
 
 def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | None:
