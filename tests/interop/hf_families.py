@@ -116,6 +116,8 @@ def tiny_config(model_type: str):
                 setattr(cfg, key, value)
     if getattr(cfg, "qk_rope_head_dim", None) is not None:
         cfg.head_dim = cfg.qk_rope_head_dim  # multi-head latent attention: the rotary part
+    if getattr(cfg, "kv_lora_rank", None) is not None:
+        cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
     for key, value in SPECIAL_TOKENS.items():
         current = getattr(cfg, key, None)
         if current is None or isinstance(current, list) or current >= SIZES["vocab_size"]:
@@ -254,18 +256,26 @@ def check_family(model_type: str, class_name: str) -> Outcome:
     return outcome("exact", f"rope {err:.1e}, self-extend decode {se_err:.1e}")
 
 
-def walk(selected: tuple[str, ...] | None = None) -> list[Outcome]:
+def walk(selected: tuple[str, ...] | None = None, progress: bool = False) -> list[Outcome]:
     """The outcome of every family (or of the ``selected`` model types)."""
     import transformers
 
     transformers.logging.set_verbosity_error()
     results = []
-    for model_type, class_name in families():
-        if selected is not None and model_type not in selected:
-            continue
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            results.append(check_family(model_type, class_name))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend
+    try:
+        for model_type, class_name in families():
+            if selected is not None and model_type not in selected:
+                continue
+            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+                warnings.simplefilter("ignore")
+                results.append(check_family(model_type, class_name))
+            if progress:
+                r = results[-1]
+                print(f"{r.family:28s} {r.status:14s} {r.detail[:110]}", flush=True)
+    finally:
+        torch.set_num_threads(threads)
     return results
 
 
@@ -306,9 +316,7 @@ def table(results: list[Outcome]) -> str:
 
 def main(argv: list[str]) -> int:
     selected = tuple(argv) or None
-    results = walk(selected)
-    for r in results:
-        print(f"{r.family:28s} {r.status:14s} {r.detail[:110]}", flush=True)
+    results = walk(selected, progress=True)
     if selected is None:
         out = Path(__file__).resolve().parents[2] / "docs" / "hf_families.md"
         out.write_text(table(results), encoding="utf-8")
