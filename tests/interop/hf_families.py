@@ -244,9 +244,18 @@ def check_family(model_type: str, class_name: str) -> Outcome:
         err = max(_relative(rope, ref), _relative(rope_steps, ref_steps))
         if not err <= RTOL:
             return outcome("FAILED", f"rope differs from the unpatched model by {err:.2e}")
+        own = _relative(ref_steps, ref[:, LENGTH - STEPS :])
         with patch(model, "self-extend", **SELF_EXTEND):
             full, steps = _forward_and_decode(model, batch, mask, pos)
         se_err = _relative(steps, full[:, LENGTH - STEPS :])
+        if not own <= RTOL:
+            # the unpatched model's own decoding differs from its forward (Moshi's sliding
+            # window applies in its cache only): self-extend cannot be held to more
+            return outcome(
+                "exact",
+                f"rope {err:.1e}; the unpatched model's own decoding differs from its forward "
+                f"by {own:.1e}, so self-extend decoding (off by {se_err:.1e}) is not checked",
+            )
         if not se_err <= RTOL:
             return outcome("FAILED", f"self-extend decoding differs from its forward: {se_err:.2e}")
     except ValueError as err:

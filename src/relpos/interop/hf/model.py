@@ -126,8 +126,17 @@ class ModelFacts:
         return self.layer_types[layer_idx]
 
 
+def _read(config: Any, key: str) -> Any:
+    """``config.key``, or None where the config has none or no single value (transformers'
+    per-layer attributes raise on the global read)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError
+        return None
+
+
 def _need(config: Any, key: str, model_type: str) -> Any:
-    value = getattr(config, key, None)
+    value = _read(config, key)
     if value is None:
         raise ValueError(
             f"relpos.interop.hf: the {model_type} config has no {key!r}; the patch needs the "
@@ -142,12 +151,12 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     params = dict(params)
     base = params.pop("rope_theta", None)
     if base is None:
-        base = getattr(config, "rope_theta", None)
+        base = _read(config, "rope_theta")
     if base is None:
         raise ValueError("relpos.interop.hf: the config's rope_parameters have no 'rope_theta'")
     partial = params.pop("partial_rotary_factor", None)
     if partial is None:
-        partial = getattr(config, "partial_rotary_factor", None) or 1.0
+        partial = _read(config, "partial_rotary_factor") or 1.0
     applied = {k: params.pop(k) for k in sorted(MODEL_APPLIED_KEYS & set(params))}
     applied = {k: v for k, v in applied.items() if v is not None}
     for key in UNREAD_KEYS:
@@ -158,21 +167,21 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
         base=float(base),
         partial_rotary_factor=float(partial),
         scaling=scaling,
-        max_position_embeddings=getattr(config, "max_position_embeddings", None),
+        max_position_embeddings=_read(config, "max_position_embeddings"),
         model_applied=applied,
     )
 
 
 def _rope_per_type(config: Any) -> dict[str, RopeFacts]:
-    params = getattr(config, "rope_parameters", None)
+    params = _read(config, "rope_parameters")
     if params is None:
-        params = getattr(config, "rope_scaling", None)
+        params = _read(config, "rope_scaling")
     if not isinstance(params, Mapping):
         raise ValueError(
             "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
             "decoders (transformers >= 5)"
         )
-    layer_types = getattr(config, "layer_types", None) or ()
+    layer_types = _read(config, "layer_types") or ()
     if layer_types and all(isinstance(params.get(t), Mapping) for t in set(layer_types)):
         return {t: rope_facts(params[t], config) for t in sorted(set(layer_types))}
     return {FULL: rope_facts(params, config)}
@@ -212,7 +221,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
             "transformers' attention interface (_supports_attention_backend is False), so a "
             "registered attention function would never run"
         )
-    softcap = getattr(config, "attn_logit_softcapping", None)
+    softcap = _read(config, "attn_logit_softcapping")
     if softcap is not None:
         raise ValueError(
             f"relpos.interop.hf: attention-logit softcapping ({model_type}: "
@@ -227,13 +236,11 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
             "needs models whose RoPE is computed once per forward by decoder.rotary_emb"
         )
     heads = int(_need(config, "num_attention_heads", model_type))
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = getattr(config, "head_dim", None) or (
-        int(_need(config, "hidden_size", model_type)) // heads
-    )
+    kv_heads = int(_read(config, "num_key_value_heads") or heads)
+    head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
     layers = int(_need(config, "num_hidden_layers", model_type))
     rope = _rope_per_type(config)
-    layer_types = tuple(getattr(config, "layer_types", None) or (FULL,) * layers)
+    layer_types = tuple(_read(config, "layer_types") or (FULL,) * layers)
     facts = ModelFacts(
         model_type=model_type,
         num_heads=heads,

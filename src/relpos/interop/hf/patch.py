@@ -206,7 +206,7 @@ def _encoding_for(
             continue
         full[key] = value
     full.update(options)
-    return create(method, num_heads=facts.num_heads, head_dim=spec.head_dim, **full)
+    return create(method, num_heads=spec.num_heads, head_dim=spec.head_dim, **full)
 
 
 def _encoding_keys(facts: ModelFacts) -> tuple[dict[str, LayerRotary], tuple[str | None, ...]]:

@@ -59,6 +59,7 @@ class LayerRotary:
         layout: relpos's pair layout (``"half"`` or ``"interleaved"``) after ``permutation``.
         rotary_dim: the number of rotated channels ``r``.
         head_dim: the channels of q and k ``D``.
+        num_heads: the query heads of the layer.
         permutation: channel order that turns the model's pairs into relpos's ``layout``
             (``q[..., permutation]``), None when the model's order already is relpos's.
     """
@@ -68,13 +69,21 @@ class LayerRotary:
     rotary_dim: int
     head_dim: int
     permutation: tuple[int, ...] | None = field(default=None)
+    num_heads: int = 1
 
     @property
     def partial_rotary_factor(self) -> float:
         return self.rotary_dim / self.head_dim
 
     def key(self) -> tuple[Any, ...]:
-        return (self.layer_type, self.layout, self.rotary_dim, self.head_dim, self.permutation)
+        return (
+            self.layer_type,
+            self.layout,
+            self.rotary_dim,
+            self.head_dim,
+            self.permutation,
+            self.num_heads,
+        )
 
 
 def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
@@ -338,7 +347,9 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
     # the sense of rotation: pair (a, b) turns a towards b, or b towards a
     for oriented in (pairs, [(b, a) for a, b in pairs]):
         layout, permutation = _layout(sorted(oriented, key=min), head_dim)
-        spec = LayerRotary(layer_type, layout, 2 * len(pairs), head_dim, permutation)
+        spec = LayerRotary(
+            layer_type, layout, 2 * len(pairs), head_dim, permutation, q_raw.shape[1]
+        )
         options = dict(base_options, layout=layout)
         options["partial_rotary_factor"] = spec.partial_rotary_factor
         try:
