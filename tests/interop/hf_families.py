@@ -305,8 +305,8 @@ def table(results: list[Outcome]) -> str:
         "batch with KV-cache decoding: `baseline` bit-identical to the unpatched model, `rope` "
         "(relpos recomputing the model's own RoPE from the probed facts, eager backend) equal "
         f"to it within relative error {RTOL:g}, `self-extend` decoding equal to its full "
-        "forward; or a refusal by name. See docs/hf_families_refusals.md for why the refused "
-        "families are refused.",
+        "forward; or a refusal by name. See hf_interop.md for how the probe works and why "
+        "the refused families are refused.",
         "",
         "| outcome | families |",
         "|---|---|",

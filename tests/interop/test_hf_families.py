@@ -80,15 +80,16 @@ def test_the_probe_reads_each_convention_from_the_model():
 
 
 def test_the_probe_finds_llama4_nope_layers():
-    hf = _tiny("llama4_text", no_rope_layers=[1, 0])
+    hf = _tiny("llama4_text")  # chunked-attention RoPE layers 0-2, a NoPE layer 3
+    assert hf.config.no_rope_layers == [1, 1, 1, 0]
     layers = inspect_model(hf, probe=True).layers
     assert layers[0] is not None and layers[0].layout == "interleaved"
-    assert layers[1] is None
+    assert layers[3] is None
     ids = tokens(20)
     with torch.no_grad():
         ref = hf(ids).logits
     with patch(hf, "rope", backend="eager") as handle, torch.no_grad():
-        assert handle.encoding(1) is None
+        assert handle.encoding(3) is None
         torch.testing.assert_close(hf(ids).logits, ref, atol=1e-5, rtol=0)
 
 
