@@ -10,9 +10,19 @@ missing), the facts every part of the integration needs:
   keys; None for ``default``) and ``max_position_embeddings``. Models with one RoPE
   (Llama, Qwen2, Mistral, Phi-3) have one type, ``"full_attention"``; Gemma-3-style configs
   nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``;
-* the decoder (``model.get_decoder()``) and its ``rotary_emb`` module, which computes the
-  ``(cos, sin)`` every layer applies (``apply_rotary_pos_emb``: ``q cos + rotate_half(q) sin``,
-  pairs ``(i, i + r/2)``: relpos ``layout="half"``).
+* the decoder (``model.get_decoder()``) and its ``rotary_emb`` module(s), which compute the
+  rotation every layer applies;
+* with ``probe=True``, how each attention layer actually rotates q and k (``probe.py``: pair
+  layout, rotated channels and their place, sense of rotation, frequencies and attention
+  scaling, layers without RoPE), read by running the model's own code on a known input, not
+  from a table of model types. Every non-baseline patch, ``from_hf`` and ``HFCausalLM`` use
+  these facts.
+
+Keys of a RoPE dict that the model's attention applies itself, outside the rotation, are
+left to the model (``RopeFacts.model_applied``): Ministral-3's ``llama_4_scaling_beta``
+(Llama-4's attention temperature, ``q * (1 + beta log(1 + floor(p / original_length)))``
+after RoPE, in ``Ministral3Attention``). relpos's rotation is linear, so it commutes with
+that per-position factor.
 
 It refuses, by name and with the reason, models it cannot run exactly: a model that does not
 dispatch attention through transformers' attention interface (``_supports_attention_backend``
@@ -24,15 +34,26 @@ kernels do not apply), and encoder-decoder models. Read against transformers 5.2
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
 
-__all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts"]
+from .probe import LayerRotary, probe_rotary, rotary_modules
+
+__all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
 
 #: the layer type of models whose every layer has the same RoPE
 FULL = "full_attention"
+
+#: RoPE-dict keys whose effect the model's attention module applies itself, outside the
+#: rotation (transformers ``models/ministral3/modeling_ministral3.py``:
+#: ``get_llama_4_attn_scale`` multiplies q after RoPE)
+MODEL_APPLIED_KEYS = frozenset({"llama_4_scaling_beta"})
+
+#: RoPE-dict keys transformers' RoPE functions do not read (``modeling_rope_utils`` takes
+#: the length from ``config.max_position_embeddings``; Ministral-3's dicts carry a copy)
+UNREAD_KEYS = frozenset({"max_position_embeddings"})
 
 
 @dataclass(frozen=True)
@@ -44,12 +65,15 @@ class RopeFacts:
         partial_rotary_factor: fraction of the head's channels that rotate (Phi-3, NeoX).
         scaling: the HF scaling dict (``rope_type`` and its keys), None for plain RoPE.
         max_position_embeddings: ``config.max_position_embeddings`` (HF's reference length).
+        model_applied: keys of the RoPE dict the model's attention applies itself
+            (``MODEL_APPLIED_KEYS``), kept out of ``scaling``.
     """
 
     base: float
     partial_rotary_factor: float = 1.0
     scaling: dict[str, Any] | None = None
     max_position_embeddings: int | None = None
+    model_applied: dict[str, Any] = field(default_factory=dict)
 
     def options(self) -> dict[str, Any]:
         """The options of relpos's ``RoPE`` (``ROPE_OPTIONS``) that state this RoPE."""
@@ -75,6 +99,20 @@ class ModelFacts:
     layer_types: tuple[str, ...]
     decoder: nn.Module = field(repr=False, compare=False)
     rotary: nn.Module = field(repr=False, compare=False)
+    rotary_modules: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
+    layers: tuple[LayerRotary | None, ...] | None = None
+
+    def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
+        """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the
+        facts of ``inspect_model(model, probe=True)``."""
+        if self.layers is None:
+            raise ValueError("relpos.interop.hf: the model was inspected without probe=True")
+        if layer_idx is None or not 0 <= layer_idx < len(self.layers):
+            raise ValueError(
+                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
+                f"model ({len(self.layers)} layers)"
+            )
+        return self.layers[layer_idx]
 
     def layer_type(self, layer_idx: int | None) -> str:
         """The layer type of attention layer ``layer_idx`` (its RoPE's key in ``rope``)."""
@@ -88,8 +126,17 @@ class ModelFacts:
         return self.layer_types[layer_idx]
 
 
+def _read(config: Any, key: str) -> Any:
+    """``config.key``, or None where the config has none or no single value (transformers'
+    per-layer attributes raise on the global read)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError
+        return None
+
+
 def _need(config: Any, key: str, model_type: str) -> Any:
-    value = getattr(config, key, None)
+    value = _read(config, key)
     if value is None:
         raise ValueError(
             f"relpos.interop.hf: the {model_type} config has no {key!r}; the patch needs the "
@@ -104,40 +151,59 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     params = dict(params)
     base = params.pop("rope_theta", None)
     if base is None:
-        base = getattr(config, "rope_theta", None)
+        base = _read(config, "rope_theta")
     if base is None:
         raise ValueError("relpos.interop.hf: the config's rope_parameters have no 'rope_theta'")
     partial = params.pop("partial_rotary_factor", None)
     if partial is None:
-        partial = getattr(config, "partial_rotary_factor", None) or 1.0
+        partial = _read(config, "partial_rotary_factor") or 1.0
+    applied = {k: params.pop(k) for k in sorted(MODEL_APPLIED_KEYS & set(params))}
+    applied = {k: v for k, v in applied.items() if v is not None}
+    for key in UNREAD_KEYS:
+        params.pop(key, None)
     rope_type = params.get("rope_type", params.get("type", "default"))
     scaling = None if rope_type == "default" else params
     return RopeFacts(
         base=float(base),
         partial_rotary_factor=float(partial),
         scaling=scaling,
-        max_position_embeddings=getattr(config, "max_position_embeddings", None),
+        max_position_embeddings=_read(config, "max_position_embeddings"),
+        model_applied=applied,
     )
 
 
 def _rope_per_type(config: Any) -> dict[str, RopeFacts]:
-    params = getattr(config, "rope_parameters", None)
+    params = _read(config, "rope_parameters")
     if params is None:
-        params = getattr(config, "rope_scaling", None)
+        params = _read(config, "rope_scaling")
     if not isinstance(params, Mapping):
         raise ValueError(
             "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
             "decoders (transformers >= 5)"
         )
-    layer_types = getattr(config, "layer_types", None) or ()
+    layer_types = _read(config, "layer_types") or ()
     if layer_types and all(isinstance(params.get(t), Mapping) for t in set(layer_types)):
         return {t: rope_facts(params[t], config) for t in sorted(set(layer_types))}
     return {FULL: rope_facts(params, config)}
 
 
-def inspect_model(model: nn.Module) -> ModelFacts:
+def _decoder(model: nn.Module) -> nn.Module:
+    """``model.get_decoder()``, or where that has no ``rotary_emb`` (Llama-4's causal LM
+    returns itself) the shallowest submodule that has one."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    if isinstance(getattr(decoder, "rotary_emb", None), nn.Module):
+        return decoder
+    for _, module in decoder.named_modules():
+        if isinstance(getattr(module, "rotary_emb", None), nn.Module):
+            return module
+    return decoder
+
+
+def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     """The ``ModelFacts`` of a transformers causal LM (or its decoder); ``ValueError`` naming
-    what is missing or refused (see the module docstring); ``TypeError`` for a non-model."""
+    what is missing or refused (see the module docstring); ``TypeError`` for a non-model.
+    ``probe=True`` also reads how every layer rotates q and k (``probe.probe_rotary``: two
+    forward passes of the model on a short known input)."""
     config = getattr(model, "config", None)
     if not isinstance(model, nn.Module) or config is None:
         raise TypeError(
@@ -155,14 +221,14 @@ def inspect_model(model: nn.Module) -> ModelFacts:
             "transformers' attention interface (_supports_attention_backend is False), so a "
             "registered attention function would never run"
         )
-    softcap = getattr(config, "attn_logit_softcapping", None)
+    softcap = _read(config, "attn_logit_softcapping")
     if softcap is not None:
         raise ValueError(
             f"relpos.interop.hf: attention-logit softcapping ({model_type}: "
             f"attn_logit_softcapping={softcap}) is not supported: relpos's kernels add no "
             "tanh to the logits, so the model would change"
         )
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    decoder = _decoder(model)
     rotary = getattr(decoder, "rotary_emb", None)
     if not isinstance(rotary, nn.Module):
         raise ValueError(
@@ -170,14 +236,12 @@ def inspect_model(model: nn.Module) -> ModelFacts:
             "needs models whose RoPE is computed once per forward by decoder.rotary_emb"
         )
     heads = int(_need(config, "num_attention_heads", model_type))
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = getattr(config, "head_dim", None) or (
-        int(_need(config, "hidden_size", model_type)) // heads
-    )
+    kv_heads = int(_read(config, "num_key_value_heads") or heads)
+    head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
     layers = int(_need(config, "num_hidden_layers", model_type))
     rope = _rope_per_type(config)
-    layer_types = tuple(getattr(config, "layer_types", None) or (FULL,) * layers)
-    return ModelFacts(
+    layer_types = tuple(_read(config, "layer_types") or (FULL,) * layers)
+    facts = ModelFacts(
         model_type=model_type,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -187,4 +251,8 @@ def inspect_model(model: nn.Module) -> ModelFacts:
         layer_types=layer_types,
         decoder=decoder,
         rotary=rotary,
+        rotary_modules=tuple(rotary_modules(decoder)),
     )
+    if probe:
+        facts = replace(facts, layers=probe_rotary(model, facts))
+    return facts

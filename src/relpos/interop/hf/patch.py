@@ -26,15 +26,26 @@ Methods:
   longrope, ... as ``relpos.rope_scaling`` computes them), the piecewise schedules
   ``"self-extend"``, ``"dca"``, ``"lm-infinite"``, other rotary variants, and biases
   (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
-  model's RoPE is switched off (a forward hook on ``decoder.rotary_emb`` makes its ``(cos,
-  sin)`` exactly ``(1, 0)``, so ``apply_rotary_pos_emb`` returns q and k unchanged and the
-  cache stores raw keys) and relpos applies the encoding with float64 angle products. A
-  rotary encoding takes the model's ``rope_theta``, ``partial_rotary_factor``, scaling dict and
-  ``max_position_embeddings`` (of each layer's type: Gemma-3's local and global RoPE), and
-  ``layout="half"``; ``options`` override them. One encoding per layer type is shared by its
-  layers; learnable ones train through ``handle.parameters()``.
+  model's RoPE is switched off (a forward hook on its ``rotary_emb`` module(s) makes the
+  rotation exactly the identity: ``(cos, sin) = (1, 0)``, or the complex ``1``, so the
+  model's apply function returns q and k unchanged and the cache stores raw keys) and relpos
+  applies the encoding with float64 angle products.
 
-Positions: transformers passes the query positions ``position_ids (B, Lq)`` only. Keys are
+  How each layer rotates is read from the model first (``probe.probe_rotary``: the model's
+  own code run on a known input): pair layout, rotated channels and their place, sense of
+  rotation, layers without RoPE. A rotary encoding takes the model's ``rope_theta``,
+  scaling dict and ``max_position_embeddings`` (of each layer's type: Gemma-3's local and
+  global RoPE) with the probed layout and ``partial_rotary_factor``; pairs relpos's layouts
+  do not name (NanoChat's reversed half-split pairs, DeepSeek's rotated channels at the end
+  of the head) are brought into relpos's ``half`` layout by a channel permutation of q and k
+  (logits are unchanged by a permutation applied to both). ``options`` override the facts.
+  Layers the probe finds without RoPE (Llama-4's and SmolLM3's NoPE layers) run without an
+  encoding for every method. One encoding per distinct layer RoPE is shared by its layers;
+  learnable ones train through ``handle.parameters()``.
+
+Positions: transformers passes the query positions ``position_ids (B, Lq)`` only (where the
+model does not pass them to attention, Persimmon, the positions its rotary module received
+in the same forward are used; 3-D M-RoPE ids must agree on every axis, i.e. text). Keys are
 contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
 ``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
 are clamped to 0 and masked. A row whose query positions do not follow from that (packed
@@ -71,6 +82,7 @@ from ...encodings.options import Refused
 from ...encodings.registry import available, create, encoding_class
 from ...optional import require
 from .model import ModelFacts, inspect_model
+from .probe import LayerRotary, identity_rotation
 
 __all__ = ["patch", "PatchHandle", "BASELINE", "BACKENDS", "call_positions"]
 
@@ -153,7 +165,7 @@ class _PositionMemo:
 
 
 def _encoding_for(
-    method: str, facts: ModelFacts, layer_type: str, options: dict[str, Any]
+    method: str, facts: ModelFacts, spec: LayerRotary, options: dict[str, Any]
 ) -> Encoding:
     cls = encoding_class(method)
     if cls.adds_to_input:
@@ -173,13 +185,18 @@ def _encoding_for(
             "position_ids"
         )
     specs = cls.option_specs
-    model_rope = facts.rope[layer_type].options()
+    model_rope = facts.rope[spec.layer_type].options()
+    model_rope.update(layout=spec.layout, partial_rotary_factor=spec.partial_rotary_factor)
     full: dict[str, Any] = {}
     for key, value in model_rope.items():
         if key in options or value is None:
             continue
         if key not in specs or isinstance(specs[key], Refused):
-            needed = (key == "partial_rotary_factor" and value != 1.0) or key == "scaling"
+            needed = (
+                (key == "partial_rotary_factor" and value != 1.0)
+                or key == "scaling"
+                or (key == "layout" and value != "half")
+            )
             if needed and cls.has_rotary:
                 reason = specs[key].reason if key in specs else "it has no such option"
                 raise ValueError(
@@ -189,7 +206,26 @@ def _encoding_for(
             continue
         full[key] = value
     full.update(options)
-    return create(method, num_heads=facts.num_heads, head_dim=facts.head_dim, **full)
+    return create(method, num_heads=spec.num_heads, head_dim=spec.head_dim, **full)
+
+
+def _encoding_keys(facts: ModelFacts) -> tuple[dict[str, LayerRotary], tuple[str | None, ...]]:
+    """One name per distinct layer RoPE (its layer type, numbered when a type has several)
+    and each layer's name (None: no RoPE)."""
+    by_key: dict[tuple, str] = {}
+    specs: dict[str, LayerRotary] = {}
+    names: list[str | None] = []
+    for spec in facts.layers or ():
+        if spec is None:
+            names.append(None)
+            continue
+        if spec.key() not in by_key:
+            taken = sum(1 for s in specs.values() if s.layer_type == spec.layer_type)
+            name = spec.layer_type if taken == 0 else f"{spec.layer_type}_{taken}"
+            by_key[spec.key()] = name
+            specs[name] = spec
+        names.append(by_key[spec.key()])
+    return specs, tuple(names)
 
 
 # ------------------------------------------------------------------------------ the handle
@@ -211,8 +247,13 @@ class PatchHandle:
         backend: str | None,
         facts: ModelFacts,
         encodings: nn.ModuleDict,
+        layer_keys: tuple[str | None, ...] = (),
+        permutations: dict[str, Tensor] | None = None,
     ) -> None:
         self.model = model
+        self.layer_keys = layer_keys
+        self.permutations = permutations or {}
+        self._rotary_positions: Tensor | None = None
         self.method = method
         self.backend = backend
         self.facts = facts
@@ -233,9 +274,12 @@ class PatchHandle:
         AttentionMaskInterface.register(self.name, sdpa_mask)
         if self.method != BASELINE:
             self._hooks = [
-                self.facts.rotary.register_forward_hook(self._identity_rotation),
-                self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True),
+                module.register_forward_hook(self._identity_rotation, with_kwargs=True)
+                for module in self.facts.rotary_modules or (self.facts.rotary,)
             ]
+            self._hooks.append(
+                self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True)
+            )
         try:
             self.model.set_attn_implementation(self.name)
             if self.model.config._attn_implementation != self.name:
@@ -283,10 +327,22 @@ class PatchHandle:
         return self.encodings.parameters()
 
     def encoding(self, layer_idx: int | None = None) -> Encoding | None:
-        """The encoding layer ``layer_idx`` runs (None for baseline)."""
+        """The encoding layer ``layer_idx`` runs (None for baseline and layers without
+        RoPE)."""
         if not len(self.encodings):
             return None
-        return self.encodings[self.facts.layer_type(layer_idx)]
+        if layer_idx is None:
+            layer_idx = next(i for i, k in enumerate(self.layer_keys) if k is not None)
+        key = self._layer_key(layer_idx)
+        return None if key is None else self.encodings[key]
+
+    def _layer_key(self, layer_idx: int | None) -> str | None:
+        if layer_idx is None or not 0 <= layer_idx < len(self.layer_keys):
+            raise ValueError(
+                f"attention layer index {layer_idx!r} is not a layer of this "
+                f"{self.facts.model_type} model ({len(self.layer_keys)} layers)"
+            )
+        return self.layer_keys[layer_idx]
 
     def __repr__(self) -> str:
         state = "active" if self.active else "unpatched"
@@ -310,17 +366,36 @@ class PatchHandle:
                     "latest tokens in order. Use the default DynamicCache, or method='baseline'"
                 )
 
-    def _identity_rotation(self, module: nn.Module, args: Any, output: Any) -> Any:
-        """``decoder.rotary_emb``'s ``(cos, sin)`` replaced by ``(1, 0)``: the model's
-        ``q cos + rotate_half(q) sin`` is then exactly ``q`` (relpos rotates instead)."""
-        if not (isinstance(output, tuple) and len(output) == 2):
-            raise ValueError(
-                f"relpos.interop.hf: {type(module).__name__} returned "
-                f"{type(output).__name__}, expected (cos, sin)"
-            )
-        cos, sin = output
+    def _identity_rotation(
+        self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        """The rotary module's rotation replaced by the identity (``probe.identity_rotation``:
+        the model's apply function then returns q and k unchanged; relpos rotates instead);
+        the positions it was asked for are kept for attention calls without position_ids."""
+        out = identity_rotation(output, type(module).__name__)
+        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if torch.is_tensor(position_ids):
+            self._rotary_positions = position_ids
         self._rotary_calls += 1
-        return torch.ones_like(cos), torch.zeros_like(sin)
+        return out
+
+    def _position_ids(self, kwargs: dict[str, Any]) -> Tensor:
+        """The query positions of an attention call: its ``position_ids``, else those the
+        rotary module received in this forward; 3-D (M-RoPE) ids must agree on every axis."""
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None:
+            position_ids = self._rotary_positions
+        what = f"relpos.interop.hf method {self.method!r}"
+        if position_ids is None:
+            raise ValueError(f"{what}: the model passed no position_ids to attention")
+        if position_ids.dim() == 3:
+            if not bool((position_ids == position_ids[:1]).all()):
+                raise ValueError(
+                    f"{what}: multi-axis (M-RoPE) position_ids that differ between axes "
+                    "(image or video tokens) are not 1-D positions"
+                )
+            position_ids = position_ids[0]
+        return position_ids
 
     def attend(
         self,
@@ -377,17 +452,20 @@ class PatchHandle:
         if self.method != BASELINE:
             if self._rotary_calls == 0:
                 raise ValueError(
-                    f"{what}: the model's RoPE did not come from decoder.rotary_emb, so it "
+                    f"{what}: the model's RoPE did not come from its rotary_emb module, so it "
                     "cannot be replaced"
                 )
-            encoding = self.encodings[self.facts.layer_type(getattr(module, "layer_idx", None))]
-            _to_device(encoding, query.device)
-            position_ids = kwargs.get("position_ids")
-            if position_ids is None:
-                raise ValueError(f"{what}: the model passed no position_ids to attention")
-            q_pos, k_pos = self._positions.get(
-                position_ids, query.shape[0], lq, lk, mask, self.method
-            )
+            name = self._layer_key(getattr(module, "layer_idx", None))
+            if name is not None:
+                encoding = self.encodings[name]
+                _to_device(encoding, query.device)
+                perm = self.permutations.get(name)
+                if perm is not None:  # the model's pairs in relpos's layout (q and k alike)
+                    perm = perm.to(query.device)
+                    query, key = query[..., perm], key[..., perm]
+                q_pos, k_pos = self._positions.get(
+                    self._position_ids(kwargs), query.shape[0], lq, lk, mask, self.method
+                )
         out = attention(
             query,
             key,
@@ -458,6 +536,8 @@ def patch(
     if existing is not None and existing.active:
         raise ValueError(f"the model is already patched ({existing!r}); unpatch it first")
     encodings = nn.ModuleDict()
+    layer_keys: tuple[str | None, ...] = ()
+    permutations: dict[str, Tensor] = {}
     if method == BASELINE:
         if options:
             raise ValueError(
@@ -467,9 +547,18 @@ def patch(
     else:
         if method not in available():
             encoding_class(method)  # ValueError naming the known encodings (or an alias)
+        facts = inspect_model(model, probe=True)
+        specs, layer_keys = _encoding_keys(facts)
+        if not specs:
+            raise ValueError(
+                f"relpos.interop.hf: no layer of the {facts.model_type} model applies RoPE, so "
+                f"method {method!r} has no RoPE to replace"
+            )
         device = next(itertools.chain(model.parameters(), [torch.empty(0)])).device
-        for layer_type in facts.rope:
-            encodings[layer_type] = _encoding_for(method, facts, layer_type, options).to(device)
+        for key, spec in specs.items():
+            encodings[key] = _encoding_for(method, facts, spec, options).to(device)
+            if spec.permutation is not None:
+                permutations[key] = torch.tensor(spec.permutation, dtype=torch.long)
         if backend is None:
             backend = "auto"
         from ...attention import supported_backends
@@ -480,6 +569,6 @@ def patch(
                 f"backend {backend!r} cannot run method {method!r} exactly; its backends are "
                 f"{allowed} (or 'auto')"
             )
-    handle = PatchHandle(model, method, backend, facts, encodings)
+    handle = PatchHandle(model, method, backend, facts, encodings, layer_keys, permutations)
     handle._install()
     return handle

@@ -15,15 +15,19 @@ tensors (copied) under these names (``i`` = layer):
     lm_head.weight                                 lm_head.weight (absent when tied)
 
 Both models are the same function: pre-norm blocks, RMSNorm in float32 then
-``weight * x.to(dtype)``, SwiGLU, GQA, RoPE in transformers' half layout (``rope_layout="half"``;
-``layout="interleaved"`` permutes the q/k rows, ``relpos.interop.rope_layout``), the RoPE
-scaling dict carried over as the ``rope`` encoding's ``scaling``. Logits agree to float32
+``weight * x.to(dtype)``, SwiGLU, GQA, RoPE in the pair layout ``from_hf`` reads from the
+model itself (``inspect_model(model, probe=True)``: transformers' Llama pairs channels
+half-split; a model found to pair them interleaved has its q/k rows permuted into the
+requested ``layout``, ``relpos.interop.rope_layout``), the RoPE scaling dict carried over as
+the ``rope`` encoding's ``scaling``. Logits agree to float32
 rounding both ways (tests/interop/test_hf_weights.py).
 
 Refused by name: anything ``LlamaLM`` cannot represent exactly. Leftover tensors (Qwen2's q/k/v
 biases, Qwen3's q/k norms, ...), another activation than SiLU, a head size other than
-``hidden_size / num_attention_heads``, partial rotary, a sliding window (Mistral), and for
-``to_hf`` an encoding other than ``rope``.
+``hidden_size / num_attention_heads``, partial rotary, a sliding window (Mistral), layers
+without RoPE, pairs in neither relpos layout, a RoPE-dict key the model's attention applies
+itself (Ministral-3's ``llama_4_scaling_beta``), and for ``to_hf`` an encoding other than
+``rope``.
 """
 
 from __future__ import annotations
@@ -97,12 +101,44 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
     return out, rope.scaling
 
 
-def _qk(weight: Tensor, heads: int, head_dim: int, layout: str, to_relpos: bool) -> Tensor:
-    if layout == "half":
+def _qk(weight: Tensor, heads: int, head_dim: int, source: str, target: str) -> Tensor:
+    """q/k projection rows of pair layout ``source`` reordered for layout ``target``."""
+    if source == target:
         return weight
-    if to_relpos:  # half (transformers) -> interleaved rows
+    if target == "interleaved":
         return half_to_interleaved(weight, heads, head_dim)
     return interleaved_to_half(weight, heads, head_dim)
+
+
+def _source_layout(model: nn.Module) -> str:
+    """The pair layout every layer of ``model`` rotates q and k in (probed); ``ValueError``
+    naming what ``LlamaLM`` cannot state."""
+    facts = inspect_model(model, probe=True)
+    what = f"from_hf: {facts.model_type}"
+    for rope in facts.rope.values():
+        if rope.model_applied:
+            raise ValueError(
+                f"{what} applies {sorted(rope.model_applied)} in its attention (a position-"
+                "dependent query temperature); LlamaLM has none"
+            )
+    layouts = set()
+    for i, layer in enumerate(facts.layers or ()):
+        if layer is None:
+            raise ValueError(f"{what} layer {i} has no RoPE; LlamaLM rotates every layer")
+        if layer.rotary_dim != layer.head_dim:
+            raise ValueError(
+                f"{what} layer {i} rotates {layer.rotary_dim} of {layer.head_dim} channels; "
+                "LlamaLM rotates whole heads"
+            )
+        if layer.permutation is not None:
+            raise ValueError(
+                f"{what} layer {i} pairs its channels in neither the half-split nor the "
+                "interleaved layout; LlamaLM's rope has these two"
+            )
+        layouts.add(layer.layout)
+    if len(layouts) != 1:
+        raise ValueError(f"{what} rotates its layers in different layouts {sorted(layouts)}")
+    return layouts.pop()
 
 
 def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") -> LlamaLM:
@@ -111,15 +147,16 @@ def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") ->
     Args:
         model: ``LlamaForCausalLM`` (or any model with exactly Llama's tensors: Mistral
             without a sliding window, ...).
-        layout: RoPE pair layout of the result (``"half"``: transformers' rows as they are).
+        layout: RoPE pair layout of the result (``"half"``: a half-split model's rows as
+            they are).
         backend: the ``LlamaLM``'s attention backend.
 
     The encoding is ``rope`` with the model's base, trained length and scaling dict. Returned
     in the model's training mode and dtype, on its device.
     """
     _transformers()
-    inspect_model(model)  # the refusals every HF entry point shares
     config, scaling = llama_config_from_hf(model.config, layout=layout)
+    source = _source_layout(model)  # the refusals every HF entry point shares
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
 
     def take(name: str) -> Tensor:
@@ -139,8 +176,8 @@ def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") ->
         sd[b + "mlp_norm.weight"] = take(p + "post_attention_layernorm.weight")
         q = take(p + "self_attn.q_proj.weight")
         k = take(p + "self_attn.k_proj.weight")
-        sd[b + "attn.q_proj.weight"] = _qk(q, config.num_heads, hd, layout, True)
-        k = _qk(k, config.num_kv_heads, hd, layout, True)
+        sd[b + "attn.q_proj.weight"] = _qk(q, config.num_heads, hd, source, layout)
+        k = _qk(k, config.num_kv_heads, hd, source, layout)
         sd[b + "attn.kv_proj.weight"] = torch.cat((k, take(p + "self_attn.v_proj.weight")), 0)
         sd[b + "attn.out_proj.weight"] = take(p + "self_attn.o_proj.weight")
         for name in ("gate_proj", "up_proj", "down_proj"):
@@ -216,8 +253,8 @@ def to_hf(lm: LlamaLM) -> nn.Module:
         sd[p + "post_attention_layernorm.weight"] = src[b + "mlp_norm.weight"]
         q = src[b + "attn.q_proj.weight"]
         k, v = src[b + "attn.kv_proj.weight"].split(c.num_kv_heads * hd, 0)
-        sd[p + "self_attn.q_proj.weight"] = _qk(q, c.num_heads, hd, layout, False)
-        sd[p + "self_attn.k_proj.weight"] = _qk(k, c.num_kv_heads, hd, layout, False)
+        sd[p + "self_attn.q_proj.weight"] = _qk(q, c.num_heads, hd, layout, "half")
+        sd[p + "self_attn.k_proj.weight"] = _qk(k, c.num_kv_heads, hd, layout, "half")
         sd[p + "self_attn.v_proj.weight"] = v
         sd[p + "self_attn.o_proj.weight"] = src[b + "attn.out_proj.weight"]
         for name in ("gate_proj", "up_proj", "down_proj"):

@@ -1,0 +1,337 @@
+"""Every causal-LM family of the installed transformers through ``relpos.interop.hf.patch``.
+
+``walk()`` builds each ``*ForCausalLM`` class of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` from a
+tiny random config (its default config, shrunk: 4 heads of 16 channels, 2 key-value heads,
+vocabulary 128, one layer per distinct per-layer setting, sliding windows and attention chunks
+of 8) and checks it (``check_family``) on a left-padded batch with KV-cache decoding:
+
+* ``baseline``: the patched model's logits equal the unpatched model's bit for bit;
+* ``rope`` (backend ``eager``): relpos recomputes the model's own RoPE from the probed facts;
+  logits equal the unpatched model's to float32 rounding (relative error <= ``RTOL``), in the
+  full forward and in every decoding step;
+* ``self-extend``: cached decoding equals the full forward of the same patched model;
+
+or ``patch`` refuses by name (a ``ValueError``). The outcome of a family is ``exact``,
+``refused`` (with the reason), ``not buildable`` (with why), ``no rope`` (no rotary module:
+out of scope) or ``FAILED`` (a silent difference or a raw exception).
+
+``python -m hf_families`` (from ``tests/interop``, ``PYTHONPATH=src``) or
+``python tests/interop/hf_families.py`` writes ``docs/hf_families.md`` from the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import signal
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SIZES = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+)
+#: set only where the default config has the key (not None)
+OPTIONAL_SIZES = dict(
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    n_group=1,
+    topk_group=1,
+    sliding_window=8,
+    attention_chunk_size=8,
+    rotary_dim=8,
+)
+SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MAX_LAYERS = 4
+RTOL = 1e-4
+SELF_EXTEND = dict(group_size=4, neighbor_window=6)
+PAD = 3
+LENGTH = 20
+STEPS = 3
+BUILD_SECONDS = 30
+#: one family per RoPE convention, for the fast tier
+REPRESENTATIVES = (
+    "llama",  # half-split pairs
+    "cohere",  # interleaved pairs
+    "glm",  # interleaved pairs in the first half of the head (partial rotary)
+    "nanochat",  # half-split pairs rotated the other way (a channel permutation)
+    "phi3",  # half-split partial rotary
+    "gemma3_text",  # per-layer-type RoPE, sliding window
+    "llama4_text",  # NoPE layers, chunked attention, complex rotation
+    "ministral3",  # YaRN with Llama-4's attention temperature
+    "persimmon",  # no position_ids reach attention
+    "deepseek_v3",  # rotated channels at the end of the head (MLA)
+    "falcon",  # no attention interface: refused
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    family: str
+    model_class: str
+    status: str  # exact | refused | not buildable | no rope | FAILED
+    detail: str = ""
+
+
+def families() -> list[tuple[str, str]]:
+    """``(model_type, class name)`` of every ``*ForCausalLM`` class, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(
+        (model_type, name)
+        for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()
+        if isinstance(name, str) and name.endswith("ForCausalLM")
+    )
+
+
+def tiny_config(model_type: str):
+    """The default config of ``model_type``, shrunk (module docstring)."""
+    from transformers import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING[model_type]()
+    depth = getattr(cfg, "num_hidden_layers", None)
+    for key, value in {**SIZES, **OPTIONAL_SIZES}.items():
+        if key in SIZES or getattr(cfg, key, None) is not None:
+            with contextlib.suppress(Exception):
+                setattr(cfg, key, value)
+    if getattr(cfg, "qk_rope_head_dim", None) is not None:
+        cfg.head_dim = cfg.qk_rope_head_dim  # multi-head latent attention: the rotary part
+    if getattr(cfg, "kv_lora_rank", None) is not None:
+        cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
+    for key, value in SPECIAL_TOKENS.items():
+        current = getattr(cfg, key, None)
+        if current is None or isinstance(current, list) or current >= SIZES["vocab_size"]:
+            with contextlib.suppress(Exception):
+                setattr(cfg, key, value)
+    per_layer = {
+        k: v for k, v in vars(cfg).items() if isinstance(v, list) and depth and len(v) == depth
+    }
+    # one layer per distinct per-layer setting (layer types, NoPE flags, ...), at least 2
+    keep: list[int] = []
+    seen: set = set()
+    for i in range(depth or 0):
+        row = tuple(repr(v[i]) for v in per_layer.values())
+        if row not in seen:
+            seen.add(row)
+            keep.append(i)
+    keep = sorted(set(keep[:MAX_LAYERS]) | {0, 1})[:MAX_LAYERS]
+    cfg.num_hidden_layers = len(keep)
+    for key, values in per_layer.items():
+        setattr(cfg, key, [values[i] for i in keep])
+    return cfg
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(*_):
+    raise _Timeout(f"took over {BUILD_SECONDS} s")
+
+
+def build(model_type: str, class_name: str):
+    """The tiny model (float32, eval, seed 0); raises what building raised."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    cfg = tiny_config(model_type)
+    torch.manual_seed(0)
+    model = cls(cfg).float().eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, SIZES["vocab_size"], (1, LENGTH), generator=gen)
+    row = torch.cat([torch.zeros(PAD, dtype=ids.dtype), ids[0, : LENGTH - PAD]])
+    batch = torch.stack([ids[0], row])
+    mask = torch.ones_like(batch)
+    mask[1, :PAD] = 0
+    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    return batch, mask, pos
+
+
+def _forward_and_decode(model, batch, mask, pos):
+    """``(full, steps)``: logits of the full forward, and of the last ``STEPS`` positions
+    decoded one at a time with the KV cache after a prefill of the rest."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        full = model(batch, attention_mask=mask, position_ids=pos).logits
+        cache = DynamicCache(config=model.config)
+        start = LENGTH - STEPS
+        model(
+            batch[:, :start],
+            attention_mask=mask[:, :start],
+            position_ids=pos[:, :start],
+            cache=cache,
+            use_cache=True,
+        )
+        steps = []
+        for t in range(start, LENGTH):
+            out = model(
+                batch[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=pos[:, t : t + 1],
+                cache=cache,
+                use_cache=True,
+            )
+            steps.append(out.logits[:, -1])
+    return full, torch.stack(steps, 1)
+
+
+def _real(x: torch.Tensor) -> torch.Tensor:
+    """The logits of real (not pad) tokens: row 0 whole, row 1 after its pads."""
+    return torch.cat([x[0].flatten(), x[1, PAD:].flatten()])
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = _real(a), _real(b)
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def check_family(model_type: str, class_name: str) -> Outcome:
+    """The outcome of one family (module docstring)."""
+    from relpos.interop.hf import patch
+
+    def outcome(status: str, detail: str = "") -> Outcome:
+        return Outcome(model_type, class_name, status, detail.replace("\n", " ").strip())
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(BUILD_SECONDS)
+    try:
+        model = build(model_type, class_name)
+        batch, mask, pos = _inputs()
+        ref, ref_steps = _forward_and_decode(model, batch, mask, pos)
+    except Exception as err:  # noqa: BLE001 - recorded as the reason it cannot be built
+        return outcome("not buildable", f"{type(err).__name__}: {str(err)[:160]}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    from relpos.interop.hf.probe import rotary_modules
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    if not rotary_modules(model) and not hasattr(decoder, "rotary_emb"):
+        return outcome("no rope", "no rotary_emb module")
+    try:
+        with patch(model, "baseline"):
+            base, base_steps = _forward_and_decode(model, batch, mask, pos)
+        if not (torch.equal(base, ref) and torch.equal(base_steps, ref_steps)):
+            return outcome("FAILED", "baseline differs from the unpatched model")
+        with patch(model, "rope", backend="eager"):
+            rope, rope_steps = _forward_and_decode(model, batch, mask, pos)
+        err = max(_relative(rope, ref), _relative(rope_steps, ref_steps))
+        if not err <= RTOL:
+            return outcome("FAILED", f"rope differs from the unpatched model by {err:.2e}")
+        own = _relative(ref_steps, ref[:, LENGTH - STEPS :])
+        with patch(model, "self-extend", **SELF_EXTEND):
+            full, steps = _forward_and_decode(model, batch, mask, pos)
+        se_err = _relative(steps, full[:, LENGTH - STEPS :])
+        if not own <= RTOL:
+            # the unpatched model's own decoding differs from its forward (Moshi's sliding
+            # window applies in its cache only): self-extend cannot be held to more
+            return outcome(
+                "exact",
+                f"rope {err:.1e}; the unpatched model's own decoding differs from its forward "
+                f"by {own:.1e}, so self-extend decoding (off by {se_err:.1e}) is not checked",
+            )
+        if not se_err <= RTOL:
+            return outcome("FAILED", f"self-extend decoding differs from its forward: {se_err:.2e}")
+    except ValueError as err:
+        return outcome("refused", str(err))
+    except Exception as err:  # noqa: BLE001 - a raw exception is a failure of the patch
+        return outcome("FAILED", f"{type(err).__name__}: {str(err)[:200]}")
+    return outcome("exact", f"rope {err:.1e}, self-extend decode {se_err:.1e}")
+
+
+def walk(selected: tuple[str, ...] | None = None, progress: bool = False) -> list[Outcome]:
+    """The outcome of every family (or of the ``selected`` model types)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    results = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend
+    try:
+        for model_type, class_name in families():
+            if selected is not None and model_type not in selected:
+                continue
+            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+                warnings.simplefilter("ignore")
+                results.append(check_family(model_type, class_name))
+            if progress:
+                r = results[-1]
+                print(f"{r.family:28s} {r.status:14s} {r.detail[:110]}", flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+def table(results: list[Outcome]) -> str:
+    """``docs/hf_families.md``: the counts and one row per family."""
+    import transformers
+
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    order = ("exact", "refused", "FAILED", "not buildable", "no rope")
+    lines = [
+        "# transformers causal-LM families under `relpos.interop.hf.patch`",
+        "",
+        f"Generated by `tests/interop/hf_families.py` (transformers {transformers.__version__}, "
+        f"torch {torch.__version__}); do not edit by hand. Each `*ForCausalLM` class is built "
+        "from its default config shrunk to a tiny random model and checked on a left-padded "
+        "batch with KV-cache decoding: `baseline` bit-identical to the unpatched model, `rope` "
+        "(relpos recomputing the model's own RoPE from the probed facts, eager backend) equal "
+        f"to it within relative error {RTOL:g}, `self-extend` decoding equal to its full "
+        "forward; or a refusal by name. See hf_interop.md for how the probe works and why "
+        "the refused families are refused.",
+        "",
+        "| outcome | families |",
+        "|---|---|",
+        *(f"| {s} | {counts[s]} |" for s in order if s in counts),
+        "",
+        "| family | class | outcome | detail |",
+        "|---|---|---|---|",
+    ]
+    for status in order:
+        for r in results:
+            if r.status == status:
+                detail = r.detail.replace("|", "\\|")
+                lines.append(f"| {r.family} | {r.model_class} | {r.status} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    selected = tuple(argv) or None
+    results = walk(selected, progress=True)
+    if selected is None:
+        out = Path(__file__).resolve().parents[2] / "docs" / "hf_families.md"
+        out.write_text(table(results), encoding="utf-8")
+        print(f"wrote {out}")
+    return 1 if any(r.status == "FAILED" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

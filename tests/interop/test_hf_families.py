@@ -1,0 +1,118 @@
+"""Every causal-LM family of the installed transformers is exact under
+``relpos.interop.hf.patch`` or refused by name (``hf_families.py`` builds and checks them);
+the probe reads each convention from the model's own code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_families  # noqa: E402
+from hf_tiny import model, tokens  # noqa: E402
+
+from relpos.interop.hf import inspect_model, patch  # noqa: E402
+
+#: family -> the words its refusal must name (families not listed must be exact)
+REFUSED = {
+    "falcon": "attention interface",
+    "stablelm": "attention interface",
+}
+
+
+def _family(model_type: str) -> tuple[str, str]:
+    for family in hf_families.families():
+        if family[0] == model_type:
+            return family
+    pytest.skip(f"transformers has no {model_type} causal LM")
+
+
+@pytest.mark.parametrize("model_type", hf_families.REPRESENTATIVES)
+def test_one_family_per_rope_convention_is_exact_or_refused_by_name(model_type):
+    outcome = hf_families.check_family(*_family(model_type))
+    if model_type in REFUSED:
+        assert outcome.status == "refused", outcome
+        assert REFUSED[model_type] in outcome.detail
+    else:
+        assert outcome.status == "exact", outcome
+
+
+@pytest.mark.slow
+def test_every_family_is_exact_refused_or_not_buildable():
+    results = hf_families.walk()
+    print()
+    print(hf_families.table(results))
+    silent = [r for r in results if r.status == "FAILED"]
+    assert not silent, silent
+    exact = {r.family for r in results if r.status == "exact"}
+    assert {"llama", "cohere", "glm", "glm4", "helium", "nanochat", "ernie4_5"} <= exact
+    for r in results:
+        if r.status == "refused":
+            assert r.detail.startswith(("relpos.interop.hf", "method")), r
+
+
+# ------------------------------------------------------------------------------ the probe
+
+
+def _tiny(model_type: str, **overrides):
+    cfg = hf_families.tiny_config(model_type)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    import transformers
+
+    torch.manual_seed(0)
+    return getattr(transformers, _family(model_type)[1])(cfg).eval()
+
+
+def test_the_probe_reads_each_convention_from_the_model():
+    half = inspect_model(model("llama"), probe=True).layers[0]
+    assert (half.layout, half.rotary_dim, half.permutation) == ("half", 16, None)
+    cohere = inspect_model(_tiny("cohere"), probe=True).layers[0]
+    assert (cohere.layout, cohere.rotary_dim, cohere.permutation) == ("interleaved", 16, None)
+    glm = inspect_model(_tiny("glm"), probe=True).layers[0]  # first half, interleaved
+    assert (glm.layout, glm.rotary_dim, glm.permutation) == ("interleaved", 8, None)
+    phi3 = inspect_model(model("phi3"), probe=True).layers[0]
+    assert (phi3.layout, phi3.rotary_dim) == ("half", 8)
+    # NanoChat rotates by -p: its half-split pairs with their two channels swapped
+    nanochat = inspect_model(_tiny("nanochat"), probe=True).layers[0]
+    assert nanochat.permutation == (*range(8, 16), *range(8))
+
+
+def test_the_probe_finds_llama4_nope_layers():
+    hf = _tiny("llama4_text")  # chunked-attention RoPE layers 0-2, a NoPE layer 3
+    assert hf.config.no_rope_layers == [1, 1, 1, 0]
+    layers = inspect_model(hf, probe=True).layers
+    assert layers[0] is not None and layers[0].layout == "interleaved"
+    assert layers[3] is None
+    ids = tokens(20)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    with patch(hf, "rope", backend="eager") as handle, torch.no_grad():
+        assert handle.encoding(3) is None
+        torch.testing.assert_close(hf(ids).logits, ref, atol=1e-5, rtol=0)
+
+
+def test_a_rotation_relpos_cannot_state_is_refused_with_what_was_found():
+    """A model whose rotary module turns every pair twice as fast as its rope_theta says:
+    the probe finds half-split pairs and names the difference."""
+    hf = model("llama")
+
+    def doubled(module, args, out):
+        cos, sin = out
+        return cos * cos - sin * sin, 2 * sin * cos
+
+    hf.model.rotary_emb.register_forward_hook(doubled)
+    with pytest.raises(ValueError, match=r"llama layer 0: relpos's rope .* differs"):
+        patch(hf, "rope")
+    with patch(hf, "baseline"):  # the model's own RoPE: nothing to match
+        hf(tokens(8))
+
+
+def test_the_probe_leaves_a_dynamic_ntk_model_as_it_was():
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    hf = model("llama", max_position_embeddings=16, rope_scaling=scaling)
+    before = hf.model.rotary_emb.inv_freq.clone()
+    inspect_model(hf, probe=True)  # its far row is beyond the trained length
+    assert torch.equal(hf.model.rotary_emb.inv_freq, before)
+    assert hf.model.rotary_emb.max_seq_len_cached == 16
