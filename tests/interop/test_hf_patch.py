@@ -117,8 +117,8 @@ def test_schedules_through_the_patch_equal_relpos_llama_on_the_same_weights(meth
 
 def test_self_extend_pins_its_reference_values():
     """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM", arXiv 2401.01325; official code
-    datamllab/LongLM) with G=4, W=6 (fractional shift 4.5) on the tiny Llama: values recorded
-    from this patch on torch 2.13 CPU when they matched the official formula."""
+    datamllab/LongLM) with G=4, W=6 (fractional shift 4.5) on the tiny Llama: regression values
+    pinned on torch 2.13 CPU."""
     hf = model("llama", num_hidden_layers=2)
     with patch(hf, "self-extend", group_size=4, neighbor_window=6):
         out = logits(hf, tokens(40))
