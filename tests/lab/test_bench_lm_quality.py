@@ -1,4 +1,5 @@
-"""``benchmarks/bench_lm_quality.py``: the model specs of the peer comparison and its
+"""``benchmarks/bench_lm_quality.py``: the model specs of the peer comparison (the peer at
+its own defaults and at the matched configuration, every option it is given named), and its
 optimizer groups (``enc_lr``: the encoding's own parameters at a multiple of the learning
 rate, the knob of docs/benchmarks.md's T5 experiment), on tiny models."""
 
@@ -50,7 +51,8 @@ def test_parse_model_reads_knobs_and_encoding_options(bench):
         ("relpos[lr=3]", "unknown knob 'lr=3'"),
         ("relpos[enc_lr=]", "unknown knob 'enc_lr='"),
         ("relpos[init=gpt2", "must look like relpos[knob=value,...]"),
-        ("x-transformers[init=gpt2]", "knobs apply to relpos only"),
+        ("x-transformers[init=gpt2]", "unknown knob 'init=gpt2'"),
+        ("x-transformers-matched[enc_lr=2]", "unknown knob 'enc_lr=2'"),
         ("gpt", "unknown model 'gpt'"),
     ],
 )
@@ -119,3 +121,59 @@ def test_enc_lr_moves_the_table_faster_in_one_step(bench):
     others = [n for n in moved[1.0] if n not in table]
     for n in others:
         assert moved[10.0][n] == pytest.approx(moved[1.0][n], rel=1e-4, abs=1e-9)
+
+
+def test_peer_at_its_defaults_is_given_only_the_sizes_and_the_stated_options(bench):
+    """``x-transformers`` passes nothing that changes a default beyond the sizes, the head
+    size (dim // heads) and, for ALiBi, ``use_abs_pos_emb=False``: an untied head and its
+    default partial rotary. ``x-transformers-matched`` adds exactly the tied head and the
+    whole-head rotary."""
+    head_dim = bench.DIM // bench.HEADS
+    assert bench.peer_options("x-transformers", "alibi") == {
+        "wrapper": {"max_seq_len": bench.SEQ, "use_abs_pos_emb": False},
+        "decoder": {"attn_dim_head": head_dim, "alibi_pos_bias": True},
+    }
+    assert bench.peer_options("x-transformers", "rope") == {
+        "wrapper": {"max_seq_len": bench.SEQ},
+        "decoder": {"attn_dim_head": head_dim, "rotary_pos_emb": True},
+    }
+    matched = bench.peer_options("x-transformers-matched", "rope")
+    assert matched["wrapper"] == {"max_seq_len": bench.SEQ, "tie_embedding": True}
+    assert matched["decoder"]["rotary_emb_dim"] == head_dim
+    knob = bench.peer_options("x-transformers[rotary_emb_dim=32]", "rope")
+    assert knob["decoder"]["rotary_emb_dim"] == 32 and "tie_embedding" not in knob["wrapper"]
+    with pytest.raises(ValueError, match="x-transformers runs alibi and rope"):
+        bench.peer_options("x-transformers", "fire")
+
+
+@pytest.mark.parametrize(
+    ("spec", "tied", "rotary_dim"),
+    [("x-transformers", False, 16), ("x-transformers-matched", True, 32)],
+)
+def test_peer_models_build_with_the_head_and_rotary_they_name(bench, spec, tied, rotary_dim):
+    pytest.importorskip("x_transformers")
+    model = bench.build(spec, "rope", 0)
+    assert bench.tied_head(model) is tied
+    assert model.attn_layers.rotary_pos_emb.inv_freq.numel() * 2 == rotary_dim
+    alibi = bench.build(spec, "alibi", 0)
+    assert bench.tied_head(alibi) is tied
+    with torch.no_grad():  # no absolute embedding: runs past max_seq_len
+        assert alibi(torch.zeros(1, 2 * bench.SEQ, dtype=torch.long)).shape[1] == 2 * bench.SEQ
+
+
+def test_relpos_head_knob_builds_the_untied_model(bench):
+    assert bench.tied_head(bench.build("relpos", "alibi", 0)) is True
+    untied = bench.build("relpos[head=untied]", "alibi", 0)
+    assert untied.tie_embedding is False and untied.head is not None
+    assert bench.tied_head(untied) is False
+    with pytest.raises(ValueError, match="head must be tied or untied, got 'both'"):
+        bench.build_relpos("alibi", {"head": "both"})
+
+
+def test_old_peer_results_are_labelled_as_the_matched_configuration(bench):
+    """Before the peer's defaults were run, ``x-transformers`` meant the tied head and
+    whole-head rotary; those results (no ``peer_options``) are today's matched model."""
+    old = {"model": "x-transformers", "encoding": "alibi"}
+    assert bench.normalise(dict(old))["model"] == "x-transformers-matched"
+    new = {**old, "peer_options": bench.peer_options("x-transformers", "alibi")}
+    assert bench.normalise(dict(new))["model"] == "x-transformers"

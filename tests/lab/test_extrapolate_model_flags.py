@@ -1,5 +1,6 @@
 """``relpos extrapolate --qkv-conv K`` (RCMHA's causal depth-wise q/k/v convolutions in every
-layer) and ``--qk-norm rms`` (TRA's q/k RMS normalisation): each flag is parsed with the
+layer), ``--qk-norm rms`` (TRA's q/k RMS normalisation) and ``--untied-head`` (an output
+layer of its own): each flag is parsed with the
 flag's name in its errors, recorded in the run's settings and each checkpoint's config, built
 into the model, and a resume with another value is refused."""
 
@@ -90,3 +91,18 @@ def test_a_run_records_the_kernel_and_resume_checks_it(capsys, tmp_path):
                  "--resume"])  # fmt: skip
     _, err = capsys.readouterr()
     assert code == 2 and "qk_norm None -> 'rms'" in err
+
+
+@pytest.mark.slow  # one tiny training run (seconds)
+def test_untied_head_is_recorded_built_and_checked_on_resume(capsys, tmp_path):
+    out = tmp_path / "run"
+    tiny = [*TINY[2:], "--encodings", "alibi"]
+    assert main(["extrapolate", *tiny, "--untied-head", "--out", str(out)]) == 0
+    assert json.loads((out / "run.json").read_text())["settings"]["tie_embedding"] is False
+    config = json.loads((out / "alibi" / "state.json").read_text())["config"]
+    assert config["tie_embedding"] is False
+    assert build_model(TrainConfig.from_json(config), 256).head is not None
+    assert "untied head" in capsys.readouterr().out
+    code = main(["extrapolate", *tiny, "--out", str(out), "--resume"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "tie_embedding False -> True" in err

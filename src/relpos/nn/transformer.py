@@ -66,7 +66,7 @@ INIT_SCHEMES = ("gpt2", "fan-in")
 
 
 class TransformerLM(nn.Module):
-    """Decoder-only LM (pre-norm, GELU MLP, tied input/output embeddings).
+    """Decoder-only LM (pre-norm, GELU MLP, tied or untied input/output embeddings).
 
     Args:
         vocab_size, dim, depth, num_heads: the usual sizes.
@@ -104,6 +104,15 @@ class TransformerLM(nn.Module):
             for its linear and embedding layers unless it keeps its own init
             (``Encoding.keeps_own_init`` / ``own_init_modules``). The state dict keys do
             not depend on ``init``.
+        tie_embedding: True (default): the output layer is the token embedding, logits
+            ``norm(x) @ E^T`` (times ``dim ** -0.5`` with ``init="fan-in"``). False: an
+            output layer of its own, ``head = nn.Linear(dim, vocab_size, bias=False)``
+            (state dict key ``head.weight``), logits ``head(norm(x))`` unscaled, initialised
+            by ``init`` like the other linear layers: ``N(0, 0.02)`` for ``"gpt2"`` (GPT-2's
+            untied ``lm_head`` in transformers' ``GPT2LMHeadModel._init_weights``),
+            PyTorch's fan-in init for ``"fan-in"`` (x-transformers' ``LinearNoBias`` head,
+            its ``TransformerWrapper`` default ``tie_embedding=False``). The head is built
+            last, so every other weight gets the same random draws as the tied model.
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -136,10 +145,13 @@ class TransformerLM(nn.Module):
         qkv_conv: int | None = None,
         qk_norm: str | None = None,
         init: str = "gpt2",
+        tie_embedding: bool = True,
     ) -> None:
         super().__init__()
         if init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {', '.join(INIT_SCHEMES)}, got {init!r}")
+        if not isinstance(tie_embedding, bool):
+            raise TypeError(f"tie_embedding must be a bool, got {tie_embedding!r}")
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.vocab_size, self.dim, self.depth = vocab_size, dim, depth
@@ -182,9 +194,16 @@ class TransformerLM(nn.Module):
         )
         self.norm = nn.LayerNorm(dim)
         self.init = init
+        self.tie_embedding = tie_embedding
         #: multiplies the tied head's logits (``init="fan-in"``: ``dim ** -0.5``)
-        self.logit_scale = dim**-0.5 if init == "fan-in" else 1.0
+        self.logit_scale = dim**-0.5 if init == "fan-in" and tie_embedding else 1.0
+        #: the untied output layer (None: logits from the token embedding)
+        self.head: nn.Linear | None = None
         self._initialise(depth)
+        if not tie_embedding:  # built and drawn last: the rest as in the tied model
+            self.head = nn.Linear(dim, vocab_size, bias=False)  # fan-in init
+            if init == "gpt2":
+                nn.init.normal_(self.head.weight, std=0.02)
 
     def _initialise(self, depth: int) -> None:
         """The ``init`` scheme on the model's own layers; GPT-2's ``N(0, 0.02)`` (zero biases)
@@ -242,6 +261,8 @@ class TransformerLM(nn.Module):
             layer_cache = cache.layers[index] if cache is not None else None
             x = block(x, attn_pos, layer_cache, inputs, mask_mod)
         x = self.norm(x)
+        if self.head is not None:
+            return self.head(x)
         if self.logit_scale != 1.0:
             x = x * self.logit_scale  # (B, L, dim): fewer products than scaling the logits
         return x @ self.embed.weight.t()

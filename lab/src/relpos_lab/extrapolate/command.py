@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rms: RMS-normalise q and k per head in every layer (TRA's layer, Opper et al. "
         "2025; default: off)",
     )
+    add(
+        "--untied-head",
+        action="store_true",
+        help="an output layer of its own instead of the tied token embedding "
+        "(TransformerLM(tie_embedding=False); default: tied)",
+    )
     add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
     add("--tokenizer", default="bytes", help="bytes (default) or bpe")
     add("--bpe-vocab-size", default="2048", help="vocabulary of --tokenizer bpe (> 256)")
@@ -75,6 +81,7 @@ def _print_plan(plan: EvalPlan) -> None:
         f"{profile.num_heads} heads"
         + ("" if profile.qkv_conv is None else f", q/k/v convolutions K={profile.qkv_conv}")
         + ("" if profile.qk_norm is None else f", q/k norm {profile.qk_norm}")
+        + ("" if profile.tie_embedding else ", untied head")
         + f"; {plan.steps} steps x batch {profile.batch_size} x "
         f"L={plan.train_len} on {corpus.name} ({corpus.tokenizer}, "
         f"{corpus.train.numel():,} train tokens)"
@@ -137,6 +144,8 @@ def run_command(args: argparse.Namespace) -> int:
     qk_norm = getattr(args, "qk_norm", None)
     if qk_norm is not None:
         overrides["qk_norm"] = check_choice(qk_norm, "--qk-norm", ("rms",))
+    if getattr(args, "untied_head", False):
+        overrides["tie_embedding"] = False
     profile = dataclasses.replace(profile, **overrides)
     if profile.dim % profile.num_heads:
         raise ValueError(

@@ -67,6 +67,9 @@ class Profile:
     #: ``"rms"``: q/k RMS normalisation in every layer (``TransformerLM(qk_norm=)``,
     #: ``--qk-norm``; TRA's layer); None: off
     qk_norm: str | None = None
+    #: False: an output layer of its own instead of the token embedding
+    #: (``TransformerLM(tie_embedding=)``, ``--untied-head``); True: tied
+    tie_embedding: bool = True
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
         """Options for ``relpos.create``, read from what the encoding declares: one that has a

@@ -54,10 +54,10 @@ BETAS = (0.9, 0.95)
 # config keys a checkpoint must share with the config that resumes it
 MODEL_KEYS = (
     "encoding", "encoding_options", "dim", "depth", "num_heads", "seq_len", "init", "qkv_conv",
-    "qk_norm",
+    "qk_norm", "tie_embedding",
 )  # fmt: skip
 #: what a saved config without a key meant (written before the key existed)
-LEGACY_DEFAULTS = {"init": "gpt2", "qkv_conv": None, "qk_norm": None}
+LEGACY_DEFAULTS = {"init": "gpt2", "qkv_conv": None, "qk_norm": None, "tie_embedding": True}
 # keys that do not change the numbers (no warning when they differ on resume)
 NEUTRAL_KEYS = ("checkpoint_every", "backend", "device")
 
@@ -75,6 +75,9 @@ class TrainConfig:
     (``TransformerLM(qkv_conv=)``), None for none (also what a config without the key means).
     ``qk_norm``: ``"rms"`` normalises q and k per head in every layer (``TransformerLM(qk_norm=)``,
     TRA's layer), None for off (also what a config without the key means).
+    ``tie_embedding``: True (default) for logits from the token embedding, False for an output
+    layer of its own (``TransformerLM(tie_embedding=)``); a config without the key is from
+    before the option and means True, the only head then.
     """
 
     encoding: str
@@ -97,6 +100,7 @@ class TrainConfig:
     init: str = "gpt2"
     qkv_conv: int | None = None
     qk_norm: str | None = None
+    tie_embedding: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:
@@ -121,6 +125,8 @@ class TrainConfig:
             check_int(self.qkv_conv, "qkv_conv (a kernel size, or None)")
         if self.qk_norm is not None:
             check_choice(self.qk_norm, "qk_norm (or None)", ("rms",))
+        if not isinstance(self.tie_embedding, bool):
+            raise TypeError(f"tie_embedding must be a bool, got {self.tie_embedding!r}")
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (what ``state.json`` records)."""
@@ -178,6 +184,7 @@ def build_model(config: TrainConfig, vocab_size: int) -> TransformerLM:
         init=config.init,
         qkv_conv=config.qkv_conv,
         qk_norm=config.qk_norm,
+        tie_embedding=config.tie_embedding,
     )
 
 
