@@ -248,7 +248,8 @@ def png_text(path: str | os.PathLike) -> dict[str, str]:
 
 def add_png_text(data: bytes, items: dict[str, str]) -> bytes:
     """PNG bytes with ``tEXt`` chunks for ``items`` inserted before ``IEND`` (PNG
-    specification, section 11.3.4.3: Latin-1 keyword of 1-79 characters, a NUL, the text)."""
+    Specification, Second Edition, section 11.3.4.3: Latin-1 keyword of 1-79 characters, a
+    NUL, the text)."""
     chunks = _chunks(data)
     if not chunks or chunks[-1][0] != b"IEND":
         raise ValueError("PNG file without a final IEND chunk")
@@ -312,10 +313,12 @@ class _LoadSampler:
 def rerun_demo() -> dict[str, Any]:
     """Run ``relpos demo`` in the current folder (into ``runs/demo``, replacing it); returns
     how it ran: wall and CPU seconds of this process, the load average (at the start, at the
-    end, mean and max of samples every ``LOAD_SAMPLE_SECONDS``), niceness, OMP_NUM_THREADS."""
+    end, mean and max of samples every ``LOAD_SAMPLE_SECONDS``), the niceness at the start and
+    the end, OMP_NUM_THREADS."""
     from .cli import main as relpos_main
 
     started = datetime.datetime.now(datetime.timezone.utc)
+    nice = os.nice(0) if hasattr(os, "nice") else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     with _LoadSampler() as load:
         code = relpos_main(DEMO_COMMAND.split()[1:])
@@ -336,7 +339,7 @@ def rerun_demo() -> dict[str, Any]:
             "samples": len(samples),
             "every_seconds": LOAD_SAMPLE_SECONDS,
         },
-        "nice": os.nice(0) if hasattr(os, "nice") else None,
+        "nice": {"start": nice, "end": os.nice(0) if hasattr(os, "nice") else None},
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
 
