@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := src lab/src tests $(wildcard benchmarks)
 
-.PHONY: venv test test-slow lint format demo docs clean
+.PHONY: venv test test-slow lint format demo docs readme-results clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,12 @@ export UPDATE_README
 
 docs: $(STAMP)
 	$(PY) -c "$$UPDATE_README"
+
+# Rewrite README.md's demo block and redraw docs/img/ppl_vs_length.png from the recorded
+# `relpos demo` run (docs/runs/demo/results.json). `make readme-results RERUN=1` first reruns
+# the demo (minutes; into runs/demo) and records it.
+readme-results: $(STAMP)
+	$(PY) -m relpos_lab.readme_results $(if $(RERUN),--rerun)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info lab/src/*.egg-info .pytest_cache .ruff_cache

@@ -46,7 +46,7 @@ LAB_LAYERS: list[set[str]] = [
     {"analysis"},
     {"tasks"},
     {"bench", "demo", "listing"},
-    {"cli", ""},
+    {"cli", "", "readme_results"},
 ]
 LAYERS = {"relpos": LIBRARY_LAYERS, "relpos_lab": LAB_LAYERS}
 
