@@ -34,17 +34,16 @@ kernels do not apply), and encoder-decoder models. Read against transformers 5.2
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
-from .probe import LayerRotary, probe_rotary, rotary_modules
+from .facts import FULL, ModelFacts, RopeFacts
+from .probe import probe_rotary, rotary_modules
 
 __all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
 
-#: the layer type of models whose every layer has the same RoPE
-FULL = "full_attention"
 
 #: RoPE-dict keys whose effect the model's attention module applies itself, outside the
 #: rotation (transformers ``models/ministral3/modeling_ministral3.py``:
@@ -54,76 +53,6 @@ MODEL_APPLIED_KEYS = frozenset({"llama_4_scaling_beta"})
 #: RoPE-dict keys transformers' RoPE functions do not read (``modeling_rope_utils`` takes
 #: the length from ``config.max_position_embeddings``; Ministral-3's dicts carry a copy)
 UNREAD_KEYS = frozenset({"max_position_embeddings"})
-
-
-@dataclass(frozen=True)
-class RopeFacts:
-    """The RoPE of one layer type, as relpos's ``rope`` options.
-
-    Attributes:
-        base: ``rope_theta``.
-        partial_rotary_factor: fraction of the head's channels that rotate (Phi-3, NeoX).
-        scaling: the HF scaling dict (``rope_type`` and its keys), None for plain RoPE.
-        max_position_embeddings: ``config.max_position_embeddings`` (HF's reference length).
-        model_applied: keys of the RoPE dict the model's attention applies itself
-            (``MODEL_APPLIED_KEYS``), kept out of ``scaling``.
-    """
-
-    base: float
-    partial_rotary_factor: float = 1.0
-    scaling: dict[str, Any] | None = None
-    max_position_embeddings: int | None = None
-    model_applied: dict[str, Any] = field(default_factory=dict)
-
-    def options(self) -> dict[str, Any]:
-        """The options of relpos's ``RoPE`` (``ROPE_OPTIONS``) that state this RoPE."""
-        return {
-            "base": self.base,
-            "layout": "half",
-            "partial_rotary_factor": self.partial_rotary_factor,
-            "scaling": None if self.scaling is None else dict(self.scaling),
-            "max_position_embeddings": self.max_position_embeddings,
-        }
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """The sizes and RoPE of a transformers decoder (see the module docstring)."""
-
-    model_type: str
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_layers: int
-    rope: dict[str, RopeFacts]
-    layer_types: tuple[str, ...]
-    decoder: nn.Module = field(repr=False, compare=False)
-    rotary: nn.Module = field(repr=False, compare=False)
-    rotary_modules: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
-    layers: tuple[LayerRotary | None, ...] | None = None
-
-    def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
-        """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the
-        facts of ``inspect_model(model, probe=True)``."""
-        if self.layers is None:
-            raise ValueError("relpos.interop.hf: the model was inspected without probe=True")
-        if layer_idx is None or not 0 <= layer_idx < len(self.layers):
-            raise ValueError(
-                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
-                f"model ({len(self.layers)} layers)"
-            )
-        return self.layers[layer_idx]
-
-    def layer_type(self, layer_idx: int | None) -> str:
-        """The layer type of attention layer ``layer_idx`` (its RoPE's key in ``rope``)."""
-        if len(self.rope) == 1:
-            return next(iter(self.rope))
-        if layer_idx is None or not 0 <= layer_idx < len(self.layer_types):
-            raise ValueError(
-                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
-                f"model ({len(self.layer_types)} layers)"
-            )
-        return self.layer_types[layer_idx]
 
 
 def _read(config: Any, key: str) -> Any:

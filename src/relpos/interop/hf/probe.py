@@ -35,55 +35,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from .model import ModelFacts
+from .facts import LayerRotary, ModelFacts
 
 __all__ = ["LayerRotary", "probe_rotary", "identity_rotation", "rotary_modules", "PROBE_POSITIONS"]
 
 #: the positions the probe places its rows at (the model's last trained position is added)
 PROBE_POSITIONS = (0, 1, 5, 37)
-
-
-@dataclass(frozen=True)
-class LayerRotary:
-    """How one attention layer rotates q and k, as relpos's ``rope`` states it.
-
-    Attributes:
-        layer_type: the config's layer type, whose ``rope_parameters`` give base and scaling.
-        layout: relpos's pair layout (``"half"`` or ``"interleaved"``) after ``permutation``.
-        rotary_dim: the number of rotated channels ``r``.
-        head_dim: the channels of q and k ``D``.
-        num_heads: the query heads of the layer.
-        permutation: channel order that turns the model's pairs into relpos's ``layout``
-            (``q[..., permutation]``), None when the model's order already is relpos's.
-    """
-
-    layer_type: str
-    layout: str
-    rotary_dim: int
-    head_dim: int
-    permutation: tuple[int, ...] | None = field(default=None)
-    num_heads: int = 1
-
-    @property
-    def partial_rotary_factor(self) -> float:
-        return self.rotary_dim / self.head_dim
-
-    def key(self) -> tuple[Any, ...]:
-        return (
-            self.layer_type,
-            self.layout,
-            self.rotary_dim,
-            self.head_dim,
-            self.permutation,
-            self.num_heads,
-        )
 
 
 def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
@@ -249,7 +211,7 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
     """The ``LayerRotary`` of each attention layer (None: the layer applies no RoPE); see
     the module docstring. ``ValueError`` naming the model, the layer and what was found
     when relpos's ``rope`` cannot reproduce a layer's rotation exactly."""
-    from ...registry import create
+    from ...encodings.registry import create
 
     rotary = rotary_modules(facts.decoder)
     if not rotary:

@@ -1,0 +1,126 @@
+"""The facts ``relpos.interop.hf`` reads from a transformers decoder, as records.
+
+* ``RopeFacts``: the RoPE of one layer type, as relpos's ``rope`` options;
+* ``LayerRotary``: how one attention layer rotates q and k, as probed from the model's own
+  code (``relpos.interop.hf.probe``);
+* ``ModelFacts``: the attention sizes, the RoPE of each layer type and the probed layers
+  (``relpos.interop.hf.model.inspect_model``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["FULL", "RopeFacts", "LayerRotary", "ModelFacts"]
+
+#: the layer type of models whose every layer has the same RoPE
+FULL = "full_attention"
+
+
+@dataclass(frozen=True)
+class LayerRotary:
+    """How one attention layer rotates q and k, as relpos's ``rope`` states it.
+
+    Attributes:
+        layer_type: the config's layer type, whose ``rope_parameters`` give base and scaling.
+        layout: relpos's pair layout (``"half"`` or ``"interleaved"``) after ``permutation``.
+        rotary_dim: the number of rotated channels ``r``.
+        head_dim: the channels of q and k ``D``.
+        num_heads: the query heads of the layer.
+        permutation: channel order that turns the model's pairs into relpos's ``layout``
+            (``q[..., permutation]``), None when the model's order already is relpos's.
+    """
+
+    layer_type: str
+    layout: str
+    rotary_dim: int
+    head_dim: int
+    permutation: tuple[int, ...] | None = field(default=None)
+    num_heads: int = 1
+
+    @property
+    def partial_rotary_factor(self) -> float:
+        return self.rotary_dim / self.head_dim
+
+    def key(self) -> tuple[Any, ...]:
+        return (
+            self.layer_type,
+            self.layout,
+            self.rotary_dim,
+            self.head_dim,
+            self.permutation,
+            self.num_heads,
+        )
+
+
+@dataclass(frozen=True)
+class RopeFacts:
+    """The RoPE of one layer type, as relpos's ``rope`` options.
+
+    Attributes:
+        base: ``rope_theta``.
+        partial_rotary_factor: fraction of the head's channels that rotate (Phi-3, NeoX).
+        scaling: the HF scaling dict (``rope_type`` and its keys), None for plain RoPE.
+        max_position_embeddings: ``config.max_position_embeddings`` (HF's reference length).
+        model_applied: keys of the RoPE dict the model's attention applies itself
+            (``MODEL_APPLIED_KEYS``), kept out of ``scaling``.
+    """
+
+    base: float
+    partial_rotary_factor: float = 1.0
+    scaling: dict[str, Any] | None = None
+    max_position_embeddings: int | None = None
+    model_applied: dict[str, Any] = field(default_factory=dict)
+
+    def options(self) -> dict[str, Any]:
+        """The options of relpos's ``RoPE`` (``ROPE_OPTIONS``) that state this RoPE."""
+        return {
+            "base": self.base,
+            "layout": "half",
+            "partial_rotary_factor": self.partial_rotary_factor,
+            "scaling": None if self.scaling is None else dict(self.scaling),
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The sizes and RoPE of a transformers decoder (see the module docstring)."""
+
+    model_type: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_layers: int
+    rope: dict[str, RopeFacts]
+    layer_types: tuple[str, ...]
+    decoder: nn.Module = field(repr=False, compare=False)
+    rotary: nn.Module = field(repr=False, compare=False)
+    rotary_modules: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
+    layers: tuple[LayerRotary | None, ...] | None = None
+
+    def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
+        """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the
+        facts of ``inspect_model(model, probe=True)``."""
+        if self.layers is None:
+            raise ValueError("relpos.interop.hf: the model was inspected without probe=True")
+        if layer_idx is None or not 0 <= layer_idx < len(self.layers):
+            raise ValueError(
+                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
+                f"model ({len(self.layers)} layers)"
+            )
+        return self.layers[layer_idx]
+
+    def layer_type(self, layer_idx: int | None) -> str:
+        """The layer type of attention layer ``layer_idx`` (its RoPE's key in ``rope``)."""
+        if len(self.rope) == 1:
+            return next(iter(self.rope))
+        if layer_idx is None or not 0 <= layer_idx < len(self.layer_types):
+            raise ValueError(
+                f"attention layer index {layer_idx!r} is not a layer of this {self.model_type} "
+                f"model ({len(self.layer_types)} layers)"
+            )
+        return self.layer_types[layer_idx]
