@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from markdown_examples import python_blocks, run_python_block
 
+from markdown_examples import python_blocks, run_python_block
 from relpos_lab.cli import main, markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from markdown_examples import python_blocks, run_python_block
 
 GUIDES = sorted((Path(__file__).resolve().parents[2] / "docs" / "guide").glob("*.md"))
@@ -17,8 +18,6 @@ def test_every_guide_has_runnable_examples():
         assert python_blocks(guide), f"{guide.name} has no ```python block"
 
 
-@pytest.mark.parametrize(
-    ("guide", "index"), EXAMPLES, ids=[f"{g.stem}-{i}" for g, i in EXAMPLES]
-)
+@pytest.mark.parametrize(("guide", "index"), EXAMPLES, ids=[f"{g.stem}-{i}" for g, i in EXAMPLES])
 def test_guide_example_runs(guide, index):
     run_python_block(guide, index)

@@ -10,9 +10,11 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .atlas import GridMap, Patterns, Profile
 
-__all__ = ["profile_png", "grid_png", "patterns_png", "comparison_png"]
+__all__ = ["profile_png", "grid_png", "patterns_png", "comparison_png", "pattern_comparison_png"]
 
 #: heads a grid map shows (the first ones)
 GRID_HEADS = 4
@@ -71,7 +73,8 @@ def grid_png(name: str, grid: GridMap) -> bytes:
     values = grid.values.numpy()
     heads = min(GRID_HEADS, values.shape[0])
     slices = values.shape[1]
-    finite = values[:heads][~(values[:heads] != values[:heads])]  # drop NaN
+    shown = values[:heads]
+    finite = shown[np.isfinite(shown)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     fig, axes = plt.subplots(
         heads, slices, figsize=(1.9 * slices + 1.2, 1.9 * heads), squeeze=False
@@ -94,6 +97,13 @@ def grid_png(name: str, grid: GridMap) -> bytes:
     return _png(fig)
 
 
+def _row_scaled(weights: Any) -> Any:
+    """Each row divided by its largest weight (rows of many keys stay visible beside rows of
+    one); masked entries stay 0."""
+    top = weights.max(dim=-1, keepdim=True).values.clamp_min(1e-30)
+    return (weights / top).numpy()
+
+
 def patterns_png(name: str, patterns: Patterns) -> bytes:
     """Rows: shared ``q = k = u`` and independent random ``q, k``; columns: lengths."""
     plt = _pyplot()
@@ -103,17 +113,25 @@ def patterns_png(name: str, patterns: Patterns) -> bytes:
     for r, (label, weights) in enumerate(rows):
         for c in range(n):
             ax = axes[r][c]
-            ax.imshow(weights[c].numpy(), cmap="viridis", vmin=0.0, interpolation="nearest")
+            ax.imshow(
+                _row_scaled(weights[c]), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest"
+            )
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
                 shape = " x ".join(map(str, patterns.shapes[c]))
-                ax.set_title(f"L = {patterns.lengths[c]}" + (f" ({shape})" if len(
-                    patterns.shapes[c]) > 1 else ""), fontsize=8)
+                ax.set_title(
+                    f"L = {patterns.lengths[c]}"
+                    + (f" ({shape})" if len(patterns.shapes[c]) > 1 else ""),
+                    fontsize=8,
+                )
             if c == 0:
                 ax.set_ylabel(label, fontsize=8)
     mask = "causal" if patterns.causal else "no mask"
-    fig.suptitle(f"{name}: attention weights of head 0 ({mask}; rows query, columns key)", fontsize=9)
+    fig.suptitle(
+        f"{name}: attention weights of head 0 ({mask}; rows: queries, scaled to their maximum)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return _png(fig)
 
@@ -131,6 +149,24 @@ def comparison_png(profiles: Sequence[tuple[str, Profile]], columns: int = 3) ->
         ax.xaxis.label.set_size(7)
         ax.yaxis.label.set_size(7)
     for j in range(len(profiles), rows * columns):
+        axes[j // columns][j % columns].axis("off")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def pattern_comparison_png(weights: Sequence[tuple[str, Any]], columns: int = 3) -> bytes:
+    """Attention weights ``(L, L)`` of several encodings side by side, each row scaled to its
+    maximum (the README's second atlas figure)."""
+    plt = _pyplot()
+    rows = -(-len(weights) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.9 * columns, 3.0 * rows), squeeze=False)
+    for i, (name, w) in enumerate(weights):
+        ax = axes[i // columns][i % columns]
+        ax.imshow(_row_scaled(w), cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for j in range(len(weights), rows * columns):
         axes[j // columns][j % columns].axis("off")
     fig.tight_layout()
     return _png(fig)

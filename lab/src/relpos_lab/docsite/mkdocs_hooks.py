@@ -18,8 +18,7 @@ from typing import Any
 
 import relpos
 from relpos.registry import encoding_class
-
-from . import pages
+from relpos_lab.docsite import pages
 
 log = logging.getLogger("mkdocs.plugins.relpos_docsite")
 

@@ -63,7 +63,8 @@ _CAPTIONS = {
         "columns and further axes stay 0."
     ),
     "patterns": (
-        "Attention weights of head 0 (rows: queries, columns: keys). Top row: every query and "
+        "Attention weights of head 0 (rows: queries, columns: keys; each row divided by its "
+        "largest weight, so long rows stay visible). Top row: every query and "
         "key is the same random vector u, so all structure comes from the encoding; bottom "
         "row: independent random q, k ~ N(0, I). 1-D encodings under a causal mask; m-D "
         "encodings over grids in row-major token order, without a mask."
@@ -132,21 +133,21 @@ def _first_paragraph(text: str) -> str:
 def _paper_section(cls: type[relpos.Encoding]) -> list[str]:
     facts = reference.paper_facts(cls)
     rows = [
-        {"": "cited as", " ": facts.citation or "-"},
-        {"": "summary", " ": facts.summary or "-"},
+        {"field": "cited as", "value": facts.citation or "-"},
+        {"field": "summary", "value": facts.summary or "-"},
         {
-            "": "arXiv",
-            " ": ", ".join(f"[{a}](https://arxiv.org/abs/{a})" for a in facts.arxiv) or "-",
+            "field": "arXiv",
+            "value": ", ".join(f"[{a}](https://arxiv.org/abs/{a})" for a in facts.arxiv) or "-",
         },
         {
-            "": "code cited",
-            " ": ", ".join(f"[{c}](https://github.com/{c})" for c in facts.code) or "-",
+            "field": "code cited",
+            "value": ", ".join(f"[{c}](https://github.com/{c})" for c in facts.code) or "-",
         },
     ]
     return [
         "## Paper",
         "",
-        _table(rows, ["", " "]),
+        _table(rows, ["field", "value"]),
         "",
         "The citation is the class's `paper` attribute; arXiv ids and repositories are the "
         "ones its class and module docstrings cite.",
@@ -193,17 +194,25 @@ def _atlas_section(name: str, figs: EncodingFigures) -> list[str]:
     return lines
 
 
-def _backend_section(name: str) -> list[str]:
-    enc = relpos.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM)
+def _backend_section(name: str, options: dict) -> list[str]:
+    enc = relpos.create(name, num_heads=LIST_HEADS, head_dim=LIST_HEAD_DIM, **options)
     backends = ", ".join(f"`{b}`" for b in reference.supported(enc))
+    with_options = ", ".join(f"`{k}={v!r}`" for k, v in options.items())
     return [
         "## Backends",
         "",
         f"Backends that compute it exactly (`relpos.attention.supported_backends`): {backends}.",
         "",
-        f"What `backend=\"auto\"` picks (`relpos.attention.plan`) on the CPU, for the encoding "
-        f"with default options at {LIST_HEADS} heads of {LIST_HEAD_DIM} channels, batch 1, "
-        "random q, k, v (1-D: causal; m-D: a grid of positions, no mask):",
+        f'What `backend="auto"` picks (`relpos.attention.plan`) on the CPU at {LIST_HEADS} '
+        f"heads of {LIST_HEAD_DIM} channels"
+        + (f", with the example options {with_options}" if with_options else "")
+        + ", batch 1, random q, k, v (1-D: causal; m-D: a grid of positions, no mask)"
+        + (
+            ", and the encoding's `example_inputs`"
+            if enc.required_inputs or enc.needs_inputs
+            else ""
+        )
+        + ":",
         "",
         _table(reference.backend_rows(enc), ["call", "backend", "path"]),
         "",
@@ -249,7 +258,7 @@ def encoding_page(name: str, figs: EncodingFigures) -> str:
         _table(reference.capability_rows(enc), ["flag", "value", "meaning"]),
         "",
     ]
-    lines += _backend_section(name)
+    lines += _backend_section(name, figs.item.options)
     lines += _atlas_section(name, figs)
     lines += [
         "## Definition",
@@ -257,6 +266,10 @@ def encoding_page(name: str, figs: EncodingFigures) -> str:
         "The class and module docstrings, as the code states the formula.",
         "",
         f"::: {cls.__module__}.{cls.__qualname__}",
+        "    options:",
+        "      members: false",
+        "",
+        f"### Module `{cls.__module__}`",
         "",
         f"::: {cls.__module__}",
         "    options:",
@@ -332,9 +345,9 @@ def atlas_page(drawn: dict[str, EncodingFigures]) -> str:
                 f"[`{name}`]({ENCODINGS_DIR}/{name}.md): "
                 f"{_cell(encoding_class(name).paper or '-')}",
                 "",
-                f'![{name}: {_VIEW_TITLES[first].lower()}]({figure_path(name, first)})'
+                f"![{name}: {_VIEW_TITLES[first].lower()}]({figure_path(name, first)})"
                 "{ loading=lazy width=440 } "
-                f'![{name}: attention patterns]({figure_path(name, patterns)})'
+                f"![{name}: attention patterns]({figure_path(name, patterns)})"
                 "{ loading=lazy width=440 }",
                 "",
             ]

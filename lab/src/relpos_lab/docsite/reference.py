@@ -256,13 +256,13 @@ BACKEND_CALLS = (
 )
 
 
-def _call_positions(enc: Encoding, length: int) -> torch.Tensor | str:
-    """Positions of a call of about ``length`` tokens, or why there is none: 1-D ``0..L-1``
-    (refused past a learned table); m-D a grid (2-D ``a x b``; 3-D ``2 x a x b``), reduced
-    into a window table per axis (windowed encodings accept repeated coordinates)."""
+def _call_positions(enc: Encoding, length: int) -> torch.Tensor:
+    """Positions of a call of about ``length`` tokens: 1-D ``0..L-1`` (at most a learned
+    table's ``max_positions``); m-D a grid (2-D ``a x b``; 3-D ``2 x a x b``), reduced into a
+    window table per axis (windowed encodings accept repeated coordinates)."""
     if enc.dims == 1:
-        if enc.max_positions is not None and length > enc.max_positions:
-            return f"the encoding holds {enc.max_positions} positions"
+        if enc.max_positions is not None:
+            length = min(length, enc.max_positions)
         return torch.arange(length)
     plane = length if enc.dims == 2 else length // 2
     side = 2 ** (int(math.log2(plane)) // 2)
@@ -282,9 +282,6 @@ def backend_rows(enc: Encoding) -> list[dict[str, str]]:
     rows = []
     for call in BACKEND_CALLS:
         pos = _call_positions(enc, call.length)
-        if isinstance(pos, str):
-            rows.append({"call": call.label, "backend": "-", "path": f"none: {pos}"})
-            continue
         length = pos.shape[0]
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, h, length, d, generator=gen) for _ in range(3))
@@ -300,7 +297,11 @@ def backend_rows(enc: Encoding) -> list[dict[str, str]]:
                     backend, path = plan(q, k, v, enc, inputs=inputs, **kw)
             else:
                 backend, path = plan(q, k, v, enc, inputs=inputs, **kw)
-        label = call.label if length == call.length else f"{call.label} ({length} tokens)"
+        label = call.label
+        if length != call.length:
+            label += f" ({length} tokens" + (
+                f": the encoding holds {enc.max_positions} positions)" if enc.dims == 1 else ")"
+            )
         rows.append({"call": label, "backend": f"`{backend}`", "path": f"`{path}`"})
     return rows
 
@@ -314,4 +315,3 @@ def usage(name: str, options: dict[str, Any]) -> str:
     """A ``relpos.create`` line for the page (the options the atlas used, if any)."""
     args = "".join(f", {key}={value!r}" for key, value in options.items())
     return f'enc = relpos.create("{name}", num_heads=8, head_dim=64{args})'
-
