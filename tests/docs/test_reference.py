@@ -96,7 +96,7 @@ def test_every_capability_flag_has_a_meaning_from_the_encoding_docstring():
 
 
 @pytest.mark.parametrize(
-    "name", ["alibi", "rope", "shaw", "dca", "prope", "graph-spd", "swin-2d", "aw-rope"]
+    "name", ["alibi", "rope", "shaw", "dca", "prope", "layoutlmv2", "swin-2d", "aw-rope"]
 )
 def test_auto_picks_a_backend_that_runs_the_encoding(name):
     enc = relpos.create(name, num_heads=8, head_dim=64, **encoding_class(name).example_options())

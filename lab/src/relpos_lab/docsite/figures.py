@@ -67,7 +67,7 @@ def profile_png(name: str, profile: Profile) -> bytes:
 
 
 def grid_png(name: str, grid: GridMap) -> bytes:
-    """Rows: the first ``GRID_HEADS`` heads; columns: slices along axis 0 (m >= 3). The
+    """Columns: the first ``GRID_HEADS`` heads; rows: slices along axis 0 (m >= 3). The
     query's cell is marked with a cross."""
     plt = _pyplot()
     values = grid.values.numpy()
@@ -77,23 +77,23 @@ def grid_png(name: str, grid: GridMap) -> bytes:
     finite = shown[np.isfinite(shown)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     fig, axes = plt.subplots(
-        heads, slices, figsize=(1.9 * slices + 1.2, 1.9 * heads), squeeze=False
+        slices, heads, figsize=(2.1 * heads + 1.0, 2.1 * slices + 0.6), squeeze=False
     )
     image = None
-    for h in range(heads):
-        for s in range(slices):
-            ax = axes[h][s]
+    for s in range(slices):
+        for h in range(heads):
+            ax = axes[s][h]
             image = ax.imshow(values[h, s], cmap="magma", vmin=vmin, vmax=vmax)
             if slices == 1 or s == grid.centre[0]:
                 ax.plot(grid.centre[-1], grid.centre[-2], "c+", ms=8, mew=1.5)
             ax.set_xticks([])
             ax.set_yticks([])
             if s == 0:
-                ax.set_ylabel(f"head {h}", fontsize=8)
+                ax.set_title(f"head {h}", fontsize=8)
             if h == 0 and slices > 1:
-                ax.set_title(f"axis 0 = {grid.slice_values[s]}", fontsize=8)
+                ax.set_ylabel(f"axis 0 = {grid.slice_values[s]}", fontsize=8)
     fig.suptitle(f"{name}: logit added (similar key) from the centre query", fontsize=9)
-    fig.colorbar(image, ax=[axes[h][s] for h in range(heads) for s in range(slices)], shrink=0.8)
+    fig.colorbar(image, ax=[axes[s][h] for s in range(slices) for h in range(heads)], shrink=0.8)
     return _png(fig)
 
 

@@ -228,7 +228,7 @@ def encoding_page(name: str, figs: EncodingFigures) -> str:
         f"# `{name}`",
         "",
         f"**{_cell(cls.paper or name)}** · family `{enc.family}` · "
-        f"[compare in the atlas](../{ATLAS_PAGE}#{name})",
+        f"[compare in the atlas](../{ATLAS_PAGE}#{enc.family})",
         "",
         "```python",
         "import relpos",
@@ -314,43 +314,55 @@ def encodings_index(names: Iterable[str]) -> str:
     )
 
 
+ATLAS_COLUMNS = 3
+
+
+def _gallery(names: list[str], view: str, link_prefix: str) -> list[str]:
+    """A table of ``ATLAS_COLUMNS`` figures a row, each under its encoding's name."""
+    cells = [
+        f"[`{name}`]({link_prefix}{name}.md)<br>"
+        f"![{name}: {_VIEW_TITLES[view].lower()}]({figure_path(name, view)})"
+        "{ loading=lazy width=360 }"
+        for name in names
+    ]
+    cells += [""] * (-len(cells) % ATLAS_COLUMNS)
+    lines = ["| " + " | ".join([" "] * ATLAS_COLUMNS) + " |", "|" + "---|" * ATLAS_COLUMNS]
+    for row in range(0, len(cells), ATLAS_COLUMNS):
+        lines.append("| " + " | ".join(cells[row : row + ATLAS_COLUMNS]) + " |")
+    return lines
+
+
 def atlas_page(drawn: dict[str, EncodingFigures]) -> str:
-    """``atlas.md``: every encoding's figures side by side, grouped by family."""
+    """``atlas.md``: the encodings' figures side by side, by family and kind of figure."""
     families: dict[str, list[str]] = {}
     for name, figs in drawn.items():
         families.setdefault(figs.item.encoding.family, []).append(name)
     lines = [
+        "---",
+        "hide:",
+        "  - navigation",
+        "  - toc",
+        "---",
+        "",
         "# Atlas",
         "",
-        "What each encoding does to attention, drawn at build time from the code "
+        "What each encoding does to attention, drawn at build time from its code "
         f"(`relpos_lab.docsite.atlas`) at {atlas.ATLAS_HEADS} heads of "
-        f"{atlas.ATLAS_HEAD_DIM} channels: the left column is the logit the encoding adds "
-        "against relative distance (or over a grid, or the similarity of its position "
-        "embeddings), the right column its attention patterns. Each encoding's page explains "
-        "its figures and the options and inputs they were drawn with.",
+        f"{atlas.ATLAS_HEAD_DIM} channels, side by side within each family. Each encoding's "
+        "page explains its figures and the options and inputs they were drawn with.",
         "",
     ]
-    for view in ("profile", "embedding", "grid", "patterns"):
+    views = ("profile", "embedding", "grid", "patterns")
+    for view in views:
         lines += [f"- **{_VIEW_TITLES[view]}**: {_caption(view)}"]
-    lines.append("")
+    lines += ["", "Families: " + ", ".join(f"[{f}](#{f})" for f in sorted(families)), ""]
     for family in sorted(families):
         lines += [f"## {family}", ""]
-        for name in families[family]:
-            figs = drawn[name]
-            views = list(figs.images)
-            first, patterns = views[0], views[-1]
-            lines += [
-                f"### {name}",
-                "",
-                f"[`{name}`]({ENCODINGS_DIR}/{name}.md): "
-                f"{_cell(encoding_class(name).paper or '-')}",
-                "",
-                f"![{name}: {_VIEW_TITLES[first].lower()}]({figure_path(name, first)})"
-                "{ loading=lazy width=440 } "
-                f"![{name}: attention patterns]({figure_path(name, patterns)})"
-                "{ loading=lazy width=440 }",
-                "",
-            ]
+        for view in views:
+            names = [n for n in families[family] if view in drawn[n].images]
+            if names:
+                lines += [f"### {family}: {_VIEW_TITLES[view].lower()}", ""]
+                lines += _gallery(names, view, f"{ENCODINGS_DIR}/") + [""]
     return "\n".join(lines)
 
 
