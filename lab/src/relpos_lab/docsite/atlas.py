@@ -72,7 +72,7 @@ PROFILE_DISTANCE = 64
 #: the largest grid side of a grid map (odd, so one cell is the centre)
 GRID_SIDE = 15
 #: random draws averaged in profiles and grid maps
-DRAWS = 8
+DRAWS = 4
 #: values taken by axis 0 of an m-D grid (m >= 3)
 SLICES = 3
 
