@@ -30,6 +30,7 @@ def test_paper_facts_read_arxiv_ids_and_repositories_from_the_docstrings():
     facts = reference.paper_facts(Cited)
     assert facts.citation == "Doe et al. 2030"
     assert facts.summary.startswith("A made-up encoding (Doe et al. 2030")
+    assert facts.module_summary.startswith("What an encoding page states")
     assert facts.arxiv == ("3001.00001", "3001.00002")
     assert facts.code == ("owner-1/Repo_x",)
 

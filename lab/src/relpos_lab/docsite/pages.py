@@ -134,7 +134,8 @@ def _paper_section(cls: type[relpos.Encoding]) -> list[str]:
     facts = reference.paper_facts(cls)
     rows = [
         {"field": "cited as", "value": facts.citation or "-"},
-        {"field": "summary", "value": facts.summary or "-"},
+        {"field": "class docstring", "value": facts.summary or "-"},
+        {"field": "module docstring", "value": facts.module_summary or "-"},
         {
             "field": "arXiv",
             "value": ", ".join(f"[{a}](https://arxiv.org/abs/{a})" for a in facts.arxiv) or "-",
@@ -149,8 +150,9 @@ def _paper_section(cls: type[relpos.Encoding]) -> list[str]:
         "",
         _table(rows, ["field", "value"]),
         "",
-        "The citation is the class's `paper` attribute; arXiv ids and repositories are the "
-        "ones its class and module docstrings cite.",
+        "The citation is the class's `paper` attribute, the docstring rows are the first "
+        "paragraphs of the class and module docstrings, and the arXiv ids and repositories "
+        "are the ones those docstrings cite (the full docstrings are under Definition).",
         "",
     ]
 

@@ -72,6 +72,7 @@ class PaperFacts:
 
     citation: str
     summary: str
+    module_summary: str
     arxiv: tuple[str, ...]
     code: tuple[str, ...]
 
@@ -79,6 +80,10 @@ class PaperFacts:
 def _docstrings(cls: type[Encoding]) -> str:
     module = sys.modules[cls.__module__]
     return (inspect.getdoc(cls) or "") + "\n\n" + (inspect.getdoc(module) or "")
+
+
+def _first_paragraph(doc: str) -> str:
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def _is_repository(owner: str, name: str) -> bool:
@@ -90,10 +95,11 @@ def _is_repository(owner: str, name: str) -> bool:
 
 
 def paper_facts(cls: type[Encoding]) -> PaperFacts:
-    """The ``paper`` attribute, the docstring's first paragraph, and the arXiv ids and
-    ``owner/repository`` names cited in the class and module docstrings (in order)."""
+    """The ``paper`` attribute, the first paragraphs of the class and module docstrings, and
+    the arXiv ids and ``owner/repository`` names cited in them (in order)."""
     text = _docstrings(cls)
-    summary = " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
+    summary = _first_paragraph(inspect.getdoc(cls) or "")
+    module_summary = _first_paragraph(inspect.getdoc(sys.modules[cls.__module__]) or "")
     arxiv = tuple(dict.fromkeys(_ARXIV.findall(text)))
     code = tuple(
         dict.fromkeys(
@@ -102,7 +108,13 @@ def paper_facts(cls: type[Encoding]) -> PaperFacts:
             if _is_repository(owner, name)
         )
     )
-    return PaperFacts(citation=cls.paper or "", summary=summary, arxiv=arxiv, code=code)
+    return PaperFacts(
+        citation=cls.paper or "",
+        summary=summary,
+        module_summary=module_summary,
+        arxiv=arxiv,
+        code=code,
+    )
 
 
 def _default(cls: type[Encoding], option: str) -> str:
