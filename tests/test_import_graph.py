@@ -46,6 +46,8 @@ LAB_LAYERS: list[set[str]] = [
     {"analysis"},
     {"tasks"},
     {"bench", "demo", "listing"},
+    # the reference site's generated pages and atlas figures (mkdocs.yml's hook)
+    {"docsite"},
     {"cli", "", "readme_results"},
 ]
 LAYERS = {"relpos": LIBRARY_LAYERS, "relpos_lab": LAB_LAYERS}

@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
+from markdown_examples import python_blocks, run_python_block
 from relpos_lab.cli import main, markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- encodings:start -->", "<!-- encodings:end -->"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
-
-
 def test_readme_has_python_examples():
-    assert python_blocks(), "README.md has no ```python block"
+    assert python_blocks(README), "README.md has no ```python block"
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
+@pytest.mark.parametrize("index", range(len(python_blocks(README))))
 def test_readme_python_block_runs(index):
-    code = python_blocks()[index]
-    exec(compile(code, f"README.md[python block {index}]", "exec"), {"__name__": "__readme__"})
+    run_python_block(README, index)
 
 
 def test_readme_encoding_table_is_current(capsys):
