@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
+import json
 import math
 import os
 import statistics
@@ -119,14 +119,13 @@ FAMILY_CASES = tuple(
 )
 QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
 #: representatives of every kind of call the policy distinguishes (``policy.KINDS``):
-#: plain (rope), toeplitz (alibi with its fold, kerple-log, t5, FIRE below its threshold),
+#: plain (rope), toeplitz (alibi with its fold, kerple-log, FIRE below its threshold),
 #: tile (FIRE above it, from the first length on with a threshold of 1; transformer-xl's
 #: table reads), band (deberta), probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
 CALIBRATION_CASES = (
     EncodingCase("rope"),
     EncodingCase("alibi"),
     EncodingCase("kerple-log"),
-    EncodingCase("t5"),
     EncodingCase("fire"),
     EncodingCase("fire", (("init_L", 1.0),)),
     EncodingCase("transformer-xl"),
@@ -136,6 +135,9 @@ CALIBRATION_CASES = (
     EncodingCase("cope"),
 )
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: calibration stops at 4096: beyond it only O(L)-memory candidates remain (chunked, fold,
+#: flex), ranked as at 4096
+CALIBRATION_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 1024)
 
 
@@ -323,6 +325,10 @@ def run_case(plan: GridPlan, case: EncodingCase, length: int, causal: bool, trai
     fns = {BASELINE: _step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                            [q, k, v], train)}  # fmt: skip
     names = list(facts.candidates) if facts is not None else list(BACKENDS)
+    if facts is not None:
+        timed = [b for b in names if b != "flex" or length in plan.flex_lengths]
+        if len(timed) < 2:  # nothing to choose between: no measurement needed
+            return {**row, "skipped": f"one candidate to time: {timed}"}
     notes: dict[str, str] = {}
     first: dict[str, float] = {}
     for backend in names:
@@ -390,8 +396,19 @@ def _progress(row: dict[str, Any]) -> str:
     return f"  {what}: " + ", ".join(f"{b}={r:.2f}" for b, r in row.get("ratios", {}).items())
 
 
-def run_grid(plan: GridPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every call of the grid (``run_case``); ``{"machine", "settings", "rows"}``."""
+def row_key(row: dict[str, Any]) -> tuple:
+    """What identifies a call of the grid."""
+    return (row["encoding"], row["length"], row["causal"], row["mode"], row["dtype"])
+
+
+def run_grid(
+    plan: GridPlan,
+    log: Callable[[str], None] = print,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    done: dict[tuple, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Every call of the grid (``run_case``); ``{"machine", "settings", "rows"}``. ``sink``
+    gets each row as it is measured; rows found in ``done`` (by ``row_key``) are reused."""
     info = measure.machine_info()
     rows = []
     t0 = time.perf_counter()
@@ -400,8 +417,15 @@ def run_grid(plan: GridPlan, log: Callable[[str], None] = print) -> dict[str, An
             for causal in plan.masks:
                 for length in plan.lengths:
                     for case in plan.cases:
-                        rows.append(run_case(plan, case, length, causal, train, dname, log))
-                        gc.collect()  # the call's tensors and closures are gone
+                        mode = "train" if train else "forward"
+                        key = (case.label, length, causal, mode, dname)
+                        if done and key in done:
+                            rows.append(done[key])
+                            continue
+                        row = run_case(plan, case, length, causal, train, dname, log)
+                        rows.append(row)
+                        if sink is not None:
+                            sink(row)
     info["loadavg_end"] = list(os.getloadavg())
     info["wall_s"] = time.perf_counter() - t0
     return {"machine": info, "settings": plan.settings(), "rows": rows}
@@ -545,6 +569,8 @@ def grid_plan(args: argparse.Namespace) -> GridPlan:
         if args.lengths
         else QUICK_LENGTHS
         if quick
+        else CALIBRATION_LENGTHS
+        if calibrate
         else LENGTHS
     )
     dtypes = tuple(parse_names(args.dtypes or "float32,bfloat16", "--dtypes"))
@@ -605,12 +631,29 @@ def run_command(args: argparse.Namespace, command: str) -> int:
             )
     if args.threads is not None:
         torch.set_num_threads(parse_int(args.threads, "--threads"))
-    result = run_grid(plan, log=lambda m: print(m, file=sys.stderr, flush=True))
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "rows.jsonl"
+    done = {}
+    if args.resume and partial.exists():
+        for line in partial.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row_key(row)] = row
+        print(f"relpos bench: resuming, {len(done)} calls from {partial}", file=sys.stderr)
+    elif partial.exists():
+        partial.unlink()
+
+    def sink(row: dict[str, Any]) -> None:
+        with open(partial, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    result = run_grid(
+        plan, log=lambda m: print(m, file=sys.stderr, flush=True), sink=sink, done=done
+    )
     result["command"] = command
     if plan.with_auto:
         result["summary"] = summarize(result["rows"])
     report = markdown(result, command)
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", result)
     (out / "report.md").write_text(report + "\n")
     print(report)

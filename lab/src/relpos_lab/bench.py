@@ -398,6 +398,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "waits are not counted) or wall-clock time (default on CUDA)",
     )
     grid.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the calls already measured in --out/rows.jsonl (written as the grid runs)",
+    )
+    grid.add_argument(
         "--table",
         default=None,
         help="--calibrate: where to write the table (default: this machine's table path, "
