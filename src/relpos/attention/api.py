@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import Encoding
-from . import policy
+from . import call_memo, policy
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
 from .disentangled import disentangled_fold_pays, folds_disentangled
@@ -268,11 +268,21 @@ def _dispatch(
             "cache=LinearState is the recurrent state of kernelized attention: pass "
             "feature_map=... (or a relpos.nn.LayerCache for softmax attention)"
         )
+    memo = call_memo.memo_applies(encoding, call)
+    if memo:  # an earlier call of this shape was prepared: reuse it
+        assert isinstance(encoding, Encoding)
+        table = policy.active_table()
+        hit = call_memo.lookup(q, k, v, encoding, backend, call.get("causal"), table)
+        if hit is not None:
+            return None, hit[0], hit[1]
     blocks = split_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
     if blocks is not None:
         return blocks, None, backend
     prepared = prepare_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
-    return None, prepared, choose_backend(prepared) if backend == "auto" else backend
+    name = choose_backend(prepared) if backend == "auto" else backend
+    if memo:
+        call_memo.store(prepared, backend, name, call.get("causal"), table)
+    return None, prepared, name
 
 
 def plan(

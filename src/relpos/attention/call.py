@@ -122,6 +122,15 @@ class AttentionCall:
 
     def __post_init__(self) -> None:
         self._delta = _UNSET
+        self._state: object = _UNSET
+
+    def encoding_state(self) -> tuple | None:
+        """``frozen_cache.encoding_state`` of the encoding, once per call (None: a gradient
+        can reach its parameters in this call)."""
+        if self._state is _UNSET:
+            assert self.encoding is not None
+            self._state = frozen_cache.encoding_state(self.encoding)
+        return self._state  # type: ignore[return-value]
 
     @property
     def query_grouped(self) -> bool:
@@ -239,7 +248,8 @@ class AttentionCall:
             return table
 
         # the same table for every call of these lengths while the encoding is unchanged
-        return frozen_cache.cached(enc, ("distance_table", Lq, Lk, delta, causal, dev), compute)
+        key = ("distance_table", Lq, Lk, delta, causal, dev)
+        return frozen_cache.cached(enc, key, compute, self.encoding_state())
 
     def bias_block(self, i: Tensor, j: Tensor) -> Tensor:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:

@@ -34,6 +34,7 @@ CACHE_BYTES = 64 << 20
 #: tensors larger than this are computed on every call (a dense mask of 2^22 fp32 elements)
 ENTRY_BYTES = 16 << 20
 _SIMPLE = (int, float, bool, str)
+_UNKNOWN = object()
 
 _entries: OrderedDict[tuple, tuple[weakref.ref, Tensor]] = OrderedDict()
 _held = 0
@@ -58,10 +59,17 @@ def encoding_state(encoding: nn.Module) -> tuple | None:
     return tuple(state)
 
 
-def cached(encoding: nn.Module, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
-    """``compute()``, or the tensor it gave for the same encoding, state and ``key``."""
+def cached(
+    encoding: nn.Module,
+    key: Hashable,
+    compute: Callable[[], Tensor],
+    state: tuple | None | object = _UNKNOWN,
+) -> Tensor:
+    """``compute()``, or the tensor it gave for the same encoding, state and ``key``
+    (``state``: ``encoding_state(encoding)`` when the caller has it already)."""
     global _held
-    state = encoding_state(encoding)
+    if state is _UNKNOWN:
+        state = encoding_state(encoding)
     if state is None:
         return compute()
     full = (id(encoding), state, key)

@@ -53,7 +53,9 @@ def sdpa_attention(call: AttentionCall) -> Tensor:
         # encoding is unchanged (``frozen_cache``)
         assert call.encoding is not None
         key = ("sdpa_mask", Lq, Lk, call.distance_delta(), call.causal, call.q.dtype)
-        bias = frozen_cache.cached(call.encoding, (*key, call.q.device), lambda: _score_mask(call))
+        bias = frozen_cache.cached(
+            call.encoding, (*key, call.q.device), lambda: _score_mask(call), call.encoding_state()
+        )
     else:
         bias = _score_mask(call)
     return F.scaled_dot_product_attention(
