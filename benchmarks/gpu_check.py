@@ -12,9 +12,24 @@ Checks correctness first, then times each case beside no-bias SDPA on the same d
 
 Every output is compared with relpos's chunked backend (float32) before timing; the report
 (markdown on stdout, JSON in --json) says which cases agree and the ratio of each to the
-baseline. Without a CUDA device it prints one line and exits with status 3.
+baseline.
 
-Usage: python benchmarks/gpu_check.py [--lengths 4096 16384] [--json runs/bench/gpu.json]
+Then **auto against the best backend** (``relpos_lab.auto_bench``, the grid of ``relpos bench
+--auto-vs-best``): for ALiBi, FIRE, KERPLE, T5 and RoPE at ``--auto-lengths``, causal, forward
+and training step, fp32 and bf16, ``auto`` and every eligible backend (flash / memory-efficient
+SDPA, compiled FlexAttention, the folds, chunked; eager and dense-bias SDPA only below
+``DENSE_BIAS_LIMIT``) are timed in interleaved rounds (CUDA-synchronised wall clock), and
+the report gives auto / best per call, its distribution and the worst case. No table for
+CUDA ships with relpos (it was measured on CPU only), so ``auto`` follows its unmeasured
+order there; ``--calibrate PATH`` also measures the representatives of every kind on this
+GPU and writes a policy table (``relpos.attention.policy``) that ``auto`` reads when it is
+the machine table (``$RELPOS_AUTO_TABLE`` or the default cache path).
+
+Without a CUDA device it prints one line and exits with status 3 (``--device cpu`` runs the
+same script on the CPU, to check it; timings there mean nothing for a GPU).
+
+Usage: python benchmarks/gpu_check.py [--lengths 4096 16384] [--auto-lengths 1024 4096]
+    [--json runs/bench/gpu.json] [--calibrate runs/bench/cuda_table.json]
 """
 
 from __future__ import annotations
@@ -35,32 +50,47 @@ import relpos
 from relpos_lab.measure import machine_line
 
 B, H, D = 1, 8, 64
+AUTO_ENCODINGS = ("alibi", "fire", "kerple-log", "t5", "rope")
+
+
+def sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def timed(fn, repeats: int = 10) -> float:
     """Median seconds of ``fn`` after two warm-up calls (CUDA events)."""
     for _ in range(2):
         fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        if DEVICE == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+DEVICE = "cuda"
 
 
 def cases(L: int, dtype: torch.dtype):
     """``name -> (callable, reference output or None, train?)``."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(B, H, L, D, device="cuda", generator=g, dtype=dtype) for _ in "qkv")
-    alibi = relpos.create("alibi", num_heads=H, head_dim=D).cuda()
-    symmetric = relpos.create("alibi", num_heads=H, head_dim=D, bidirectional=True).cuda()
-    fire = relpos.create("fire", num_heads=H, head_dim=D).cuda()
-    rope = relpos.create("rope", num_heads=H, head_dim=D).cuda()
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, device=DEVICE, generator=g, dtype=dtype) for _ in "qkv")
+    alibi = relpos.create("alibi", num_heads=H, head_dim=D).to(DEVICE)
+    symmetric = relpos.create("alibi", num_heads=H, head_dim=D, bidirectional=True).to(DEVICE)
+    fire = relpos.create("fire", num_heads=H, head_dim=D).to(DEVICE)
+    rope = relpos.create("rope", num_heads=H, head_dim=D).to(DEVICE)
 
     def train(fn):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -116,8 +146,19 @@ def main() -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--json", type=Path, default=Path("runs/bench/gpu_check.json"))
+    parser.add_argument("--auto-lengths", type=int, nargs="*", default=[1024, 4096])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--calibrate",
+        type=Path,
+        default=None,
+        help="also measure every kind's representatives and write a policy table here",
+    )
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device available (torch.cuda.is_available() is False); "
               "nothing was run", file=sys.stderr)  # fmt: skip
         return 3
@@ -171,12 +212,71 @@ def main() -> int:
                      f"{r['status']} |")  # fmt: skip
     report = "\n".join(lines)
     print(report)
+    payload = {"machine": info, "rows": rows, "markdown": report}
+    if args.auto_lengths:
+        grid = auto_vs_best(args.auto_lengths, args.dtypes, args.repeats)
+        payload["auto_vs_best"] = grid
+        print()
+        print(grid["markdown"])
+        payload["markdown"] += "\n\n" + grid["markdown"]
+    if args.calibrate is not None:
+        payload["calibration"] = calibrate(args.calibrate, args.dtypes, args.repeats)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": info, "rows": rows, "markdown": report}, indent=2))
+    args.json.write_text(json.dumps(payload, indent=2, default=str))
     if failures:
         print("gpu_check: disagreements: " + "; ".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def auto_vs_best(lengths: list[int], dtypes: list[str], repeats: int) -> dict:
+    """``relpos bench --auto-vs-best`` on this device: auto / best per call and overall."""
+    from relpos_lab import auto_bench
+
+    plan = auto_bench.GridPlan(
+        cases=tuple(auto_bench.EncodingCase(n) for n in AUTO_ENCODINGS),
+        lengths=tuple(lengths),
+        dtypes=tuple(dtypes),
+        masks=(True,),
+        modes=(False, True),
+        repeats=repeats,
+        warmup=2,
+        device=DEVICE,
+        clock="wall",
+    )
+    result = auto_bench.run_grid(plan, log=lambda m: print(m, file=sys.stderr, flush=True))
+    result["summary"] = auto_bench.summarize(result["rows"])
+    result["markdown"] = auto_bench.markdown(result, " ".join(sys.argv) + " (auto vs best)")
+    return result
+
+
+def calibrate(path: Path, dtypes: list[str], repeats: int) -> dict:
+    """The representatives of every kind on this device; the derived table goes to ``path``."""
+    from relpos.attention import policy
+    from relpos_lab import auto_bench
+
+    plan = auto_bench.GridPlan(
+        cases=auto_bench.CALIBRATION_CASES,
+        lengths=(256, 1024, 4096, 16384),
+        dtypes=tuple(dtypes),
+        masks=(True, False),
+        modes=(False, True),
+        repeats=repeats,
+        warmup=2,
+        with_auto=False,
+        calibrate=True,
+        device=DEVICE,
+        clock="wall",
+    )
+    result = auto_bench.run_grid(plan, log=lambda m: print(m, file=sys.stderr, flush=True))
+    command = " ".join(sys.argv)
+    table = policy.derive_table(
+        auto_bench.calibration_points(result["rows"]),
+        auto_bench.calibration_meta(result, command),
+    )
+    policy.write_table(table, path)
+    print(f"gpu_check: wrote the policy table {path} ({len(table.entries)} keys)")
+    return result
 
 
 if __name__ == "__main__":

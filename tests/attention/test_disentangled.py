@@ -21,6 +21,7 @@ import torch
 
 import relpos
 from relpos.attention import disentangled, plan
+from relpos.attention.api import facts
 from relpos.attention.call import prepare_call
 from relpos.attention.disentangled import _regions, disentangled_fold_pays
 from relpos.encodings.contextual.deberta import deberta_relative_index, table_saturation
@@ -164,21 +165,24 @@ def test_fold_deberta_gradcheck():
     assert torch.autograd.gradcheck(f, (q, k, v), fast_mode=True)
 
 
-def test_auto_takes_fold_deberta_where_it_folds_enough_pairs():
+def test_auto_may_fold_deberta_wherever_the_fold_applies():
+    """The band fold is a candidate of ``auto`` (kind ``band``) wherever it applies; the
+    policy table's measurement decides whether it runs. A user mask: no fold, the tile
+    path."""
     enc = relpos.create("deberta", num_heads=H, head_dim=D)  # 256 buckets, saturation 506
     x = torch.zeros(1, H, 2048, D)
-    assert plan(x, x, x, enc) == ("fold", "fold-band")
-    short = torch.zeros(1, H, 600, D)  # no pair at |d| >= 506 worth folding: the old path
-    backend, _ = plan(short, short, short, enc)
-    assert backend != "fold"
+    f = facts(x, x, x, enc)
+    assert f.kind == "band" and "fold" in f.candidates
+    short = torch.zeros(1, H, 600, D)
+    assert "fold" in facts(short, short, short, enc).candidates
     call = prepare_call(
         short, short, short, enc, q_pos=None, k_pos=None, causal=False, mask=None, scale=None
     )
-    assert not disentangled_fold_pays(call)
-    wide = torch.zeros(6, H, 600, D)  # above the dense-bias size: the band alone beats tiles
-    assert plan(wide, wide, wide, enc) == ("fold", "fold-band")
+    assert disentangled_fold_pays(call, 0.0) and not disentangled_fold_pays(call)
     mask = torch.ones(2048, 2048, dtype=torch.bool)
-    assert plan(x, x, x, enc, mask=mask)[1] == "tile"  # a user mask: the tile path
+    masked = facts(x, x, x, enc, mask=mask)
+    assert masked.kind == "tile" and "fold" not in masked.candidates
+    assert plan(x, x, x, enc, mask=mask)[1] == "tile"
 
 
 def test_fold_deberta_refuses_masks_and_other_positions_by_name():

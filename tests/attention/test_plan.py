@@ -1,5 +1,7 @@
 """``relpos.attention.plan``: which backend and which path a call takes, with the arguments of
-``relpos.attention``; the rules ``auto`` applies by capability (no encoding names)."""
+``relpos.attention``; it is what the call runs (recorded inside the backends, over every
+registered encoding and several policy tables); the facts ``auto`` reads are capabilities,
+never encoding names."""
 
 from __future__ import annotations
 
@@ -7,16 +9,18 @@ import pytest
 import torch
 
 import relpos
-from relpos.attention import BACKENDS, api, plan
+from conformance.common import ENCODINGS, _adapt, make_encoding
+from relpos.attention import BACKENDS, api, chunked, fold, frozen_cache, plan, policy, sdpa
+from relpos.attention.policy import KINDS, PolicyTable, Segment, table_key
 from relpos.nn import LayerCache
 
 H, D = 4, 32
 
 
-def qkv(batch: int, length: int, grad: bool = False, seed: int = 0):
+def qkv(batch: int, length: int, grad: bool = False, seed: int = 0, dim: int = D):
     g = torch.Generator().manual_seed(seed)
     return tuple(
-        torch.randn(batch, H, length, D, generator=g).requires_grad_(grad) for _ in range(3)
+        torch.randn(batch, H, length, dim, generator=g).requires_grad_(grad) for _ in range(3)
     )
 
 
@@ -24,66 +28,93 @@ def test_plan_is_public_under_relpos_attention():
     assert relpos.attention.plan is plan
 
 
-def test_auto_trains_fire_on_chunked_at_the_lab_training_size():
-    """The lab's training size (batch 16 x L 128 x 4 heads, gradients on): FIRE's bias is a
-    per-distance table while its queries lie below the threshold, and its parameters train,
-    so ``auto`` takes the chunked Toeplitz path (the lab no longer names FIRE)."""
-    enc = relpos.create("fire", num_heads=H, head_dim=D)
-    q, k, v = qkv(16, 128, grad=True)
-    assert plan(q, k, v, enc, causal=True) == ("chunked", "toeplitz")
-    with torch.no_grad():  # evaluation: the dense bias is fastest at this size
-        assert plan(q, k, v, enc, causal=True) == ("sdpa", "dense-bias")
-
-
-def test_auto_rule_is_a_capability_not_a_name():
+# ------------------------------------------------------------------------------ facts
+def test_the_facts_auto_reads_are_capabilities_not_names():
     q, k, v = qkv(16, 128, grad=True)
     learned = relpos.create("t5", num_heads=H, head_dim=D)
-    assert plan(q, k, v, learned, causal=True) == ("chunked", "toeplitz")
+    f = api.facts(q, k, v, learned, causal=True)
+    assert (f.kind, f.training, f.causal) == ("toeplitz", True, True)
+    assert f.elements == 16 * H * 128 * 128 and "fold" not in f.candidates
+    with torch.no_grad():
+        assert api.facts(q, k, v, learned, causal=True).training is False
     fixed = relpos.create("kerple-log", num_heads=H, head_dim=D).requires_grad_(False)
-    assert plan(q, k, v, fixed, causal=True) == ("sdpa", "dense-bias")  # nothing to train
-    alibi = relpos.create("alibi", num_heads=H, head_dim=D)  # folds exactly: any size
-    assert plan(q, k, v, alibi, causal=True) == ("fold", "fold-sdpa")
-    frozen = relpos.create("fire", num_heads=H, head_dim=D).requires_grad_(False)
-    assert plan(q, k, v, frozen, causal=True) == ("sdpa", "dense-bias")
-    # no per-distance table for batch positions: the dense bias stays
+    frozen = [t.detach() for t in (q, k, v)]
+    assert api.facts(*frozen, fixed, causal=True).training is False  # nothing takes gradients
+    assert api.facts(q, k, v, fixed, causal=True).training is True  # q, k, v do
+    alibi = relpos.create("alibi", num_heads=H, head_dim=D)  # folds exactly
+    assert "fold" in api.facts(q, k, v, alibi, causal=True).candidates
+    # no per-distance table for batch positions: the bias is evaluated per pair
     pos = torch.arange(128).repeat(16, 1)
     pos[1] += 3
-    assert plan(q, k, v, learned, q_pos=pos, k_pos=pos, causal=True) == ("sdpa", "dense-bias")
+    assert api.facts(q, k, v, learned, q_pos=pos, k_pos=pos, causal=True).kind == "tile"
+    rope = relpos.create("rope", num_heads=H, head_dim=D)
+    assert api.facts(q, k, v, rope, causal=True).kind == "plain"
 
 
 @pytest.mark.parametrize(
-    ("name", "options", "length", "expected"),
+    ("name", "options", "length", "kind"),
     [
-        ("rope", {}, 64, ("sdpa", "fused")),
-        ("alibi", {}, 64, ("sdpa", "dense-bias")),  # the bias is smaller than the fold's copies
-        ("alibi", {}, 1100, ("chunked", "toeplitz")),  # inference on CPU: Toeplitz tiles
-        ("kerple-log", {}, 64, ("sdpa", "dense-bias")),
-        ("kerple-log", {}, 1100, ("chunked", "toeplitz")),
-        ("shaw", {}, 64, ("eager", "dense")),
-        ("shaw", {}, 1100, ("chunked", "probabilities")),
-        ("dca", {"pretraining_length": 16}, 1100, ("chunked", "piecewise-sdpa")),
-        ("cope", {}, 64, ("eager", "dense")),
-        ("cope", {}, 1100, ("chunked", "row-suffix")),
+        ("shaw", {}, 64, "probabilities"),
+        ("cope", {}, 64, "row-suffix"),
+        ("dca", {"pretraining_length": 16}, 64, "piecewise-sdpa"),
+        ("deberta", {}, 512, "band"),
+        ("fire", {}, 64, "toeplitz"),  # below its threshold: a function of the distance
+        ("fire", {"init_L": 8.0}, 64, "tile"),  # above it: evaluated per pair
     ],
 )
-def test_plan_names_the_path(name, options, length, expected):
+def test_the_kind_follows_the_path_of_the_call(name, options, length, kind):
     enc = relpos.create(name, num_heads=H, head_dim=D, **options)
     q, k, v = qkv(1, length)
     with torch.no_grad():
-        assert plan(q, k, v, enc, causal=True) == expected
+        assert api.facts(q, k, v, enc, causal=True).kind == kind
 
 
-@pytest.mark.parametrize("options", [{}, {"bidirectional": True}])
-def test_auto_folds_alibi_for_a_training_step_on_cpu(options):
-    """The fold wins a training step on CPU and loses the forward alone (docs/benchmarks.md):
-    ``auto`` folds when gradients flow into q, k or v, and keeps the Toeplitz tiles otherwise."""
-    enc = relpos.create("alibi", num_heads=H, head_dim=D, **options)
-    q, k, v = qkv(1, 1100, grad=True)
-    assert plan(q, k, v, enc, causal=True) == ("fold", "fold-sdpa")  # causal: one line
+def test_candidates_keep_memory_and_precision():
+    """Above ``DENSE_BIAS_LIMIT`` no candidate forms an ``Lq x Lk`` tensor; value terms run
+    on eager / chunked only; the fold only while it rounds within its tolerance; flex never
+    for a training step on CPU; float64 never on flex."""
+    shaw = relpos.create("shaw", num_heads=H, head_dim=16)
+    alibi = relpos.create("alibi", num_heads=H, head_dim=16)
+    small = qkv(1, 64, dim=16)
+    large = qkv(1, 1100, dim=16)
     with torch.no_grad():
-        assert plan(q, k, v, enc, causal=True) == ("chunked", "toeplitz")
-    frozen = [t.detach() for t in (q, k, v)]
-    assert plan(*frozen, enc, causal=True) == ("chunked", "toeplitz")
+        assert api.facts(*small, shaw, causal=True).candidates == ("eager", "chunked")
+        assert api.facts(*large, shaw, causal=True).candidates == ("chunked",)
+        big = api.facts(*large, alibi, causal=True).candidates
+        assert "eager" not in big and "sdpa" not in big and "chunked" in big and "fold" in big
+        wide = qkv(1, 16000, dim=16)  # the fold's rounding bound exceeds its tolerance here
+        assert "fold" not in api.facts(*wide, alibi, causal=True).candidates
+        double = [t.double() for t in small]
+        assert "flex" not in api.facts(*double, alibi, causal=True).candidates
+    train = [t.requires_grad_() for t in qkv(1, 64, dim=16)]
+    assert "flex" not in api.facts(*train, alibi, causal=True).candidates
+
+
+# ------------------------------------------------------------------------------ paths
+@pytest.mark.parametrize(
+    ("name", "options", "length", "backend", "expected"),
+    [
+        ("rope", {}, 64, "sdpa", "fused"),
+        ("alibi", {}, 64, "sdpa", "dense-bias"),
+        ("alibi", {}, 1100, "chunked", "toeplitz"),
+        ("alibi", {}, 1100, "fold", "fold-sdpa"),
+        ("alibi", {"bidirectional": True}, 256, "fold", "fold-passes"),
+        ("kerple-log", {}, 1100, "chunked", "toeplitz"),
+        ("shaw", {}, 64, "eager", "dense"),
+        ("shaw", {}, 1100, "chunked", "probabilities"),
+        ("dca", {"pretraining_length": 16}, 1100, "chunked", "piecewise-sdpa"),
+        ("cope", {}, 1100, "chunked", "row-suffix"),
+        ("deberta", {}, 512, "fold", "fold-band"),
+    ],
+)
+def test_plan_names_the_path(name, options, length, backend, expected):
+    enc = relpos.create(name, num_heads=H, head_dim=D, **options)
+    q, k, v = qkv(1, length)
+    with torch.no_grad():
+        assert plan(q, k, v, enc, causal=name != "alibi" or not options, backend=backend) == (
+            backend,
+            expected,
+        )
 
 
 def test_plan_with_an_explicit_backend_and_a_mask():
@@ -100,21 +131,166 @@ def test_plan_with_an_explicit_backend_and_a_mask():
         plan(q, k, v, relpos.create("shaw", num_heads=H, head_dim=D), backend="sdpa")
 
 
-def test_plan_is_what_attention_runs(monkeypatch):
-    ran: list[str] = []
-    for backend, fn in list(BACKENDS.items()):
+def every_key_table(first: str | None) -> PolicyTable | None:
+    """A table ranking ``first`` ahead of the other backends for every CPU key (None: the
+    active table). Flex stays last: on CPU each new shape compiles for seconds."""
+    if first is None:
+        return None
+    order = (first, *(b for b in ("eager", "sdpa", "fold", "chunked") if b != first), "flex")
+    entries = {
+        table_key("cpu", dtype, kind, causal, train): (Segment(None, order),)
+        for dtype in ("float32", "bfloat16")
+        for kind in KINDS
+        for causal in (True, False)
+        for train in (True, False)
+    }
+    return PolicyTable(entries, f"{first} first")
 
-        def record(call, backend=backend, fn=fn):
-            ran.append(backend)
-            return fn(call)
 
-        monkeypatch.setitem(api.BACKENDS, backend, record)
-    q, k, v = qkv(16, 128, grad=True)
-    for name in ("fire", "alibi", "rope", "shaw"):
-        enc = relpos.create(name, num_heads=H, head_dim=D)
-        expected, _ = plan(q, k, v, enc, causal=True)
+@pytest.fixture
+def taken(monkeypatch) -> list[list]:
+    """``[backend, path]`` of every backend call, recorded inside the backends: the chunked
+    ladder's branch, whether sdpa formed a dense bias, the fold's branch."""
+    record: list[list] = []
+
+    def mark(path: str) -> None:
+        if record and record[-1][1] is None:
+            record[-1][1] = path
+
+    for name, fn in list(BACKENDS.items()):
+
+        def run(call, name=name, fn=fn):
+            record.append([name, None])
+            out = fn(call)
+            mark({"eager": "dense", "flex": "score-mod", "sdpa": "fused"}.get(name, "?"))
+            return out
+
+        monkeypatch.setitem(api.BACKENDS, name, run)
+
+    def hook(module, attr: str, path):
+        original = getattr(module, attr)
+
+        def wrapped(*args, **kwargs):
+            out = original(*args, **kwargs)
+            mark(path(args, out) if callable(path) else path)
+            return out
+
+        monkeypatch.setattr(module, attr, wrapped)
+
+    for attr, path in (
+        ("piecewise_sdpa_attention", "piecewise-sdpa"),
+        ("_row_suffix_attention", "row-suffix"),
+        ("_probability_attention", "probabilities"),
+        ("_toeplitz_attention", "toeplitz"),
+        ("_tile_attention", "tile"),
+    ):
+        hook(chunked, attr, path)
+    hook(sdpa, "_score_mask", lambda args, out: "dense-bias" if args[0].has_bias else "fused")
+    hook(fold, "_single_pass", lambda args, out: "fold-sdpa" if out else "fold-passes")
+    hook(fold, "disentangled_fold_attention", "fold-band")
+    return record
+
+
+def _check_registry(names, first, taken, monkeypatch):
+    table = every_key_table(first)
+    if table is not None:
+        monkeypatch.setattr(policy, "active_table", lambda: table)
+    for name in names:
+        enc = make_encoding(name)
+        for causal in (True, False) if not enc.causal_only else (True,):
+            for grad in (False, True):
+                q, k, v = (t.requires_grad_(grad) for t in qkv(2, 64, dim=16))
+                kw = _adapt(enc, q, k, {"causal": causal})
+                with torch.set_grad_enabled(grad):
+                    expected = plan(q, k, v, enc, **kw)
+                    frozen_cache.clear()  # sdpa forms its mask (recorded) on this call
+                    taken.clear()
+                    relpos.attention(q, k, v, enc, **kw)
+                where = f"{name} causal={causal} grad={grad} table={first}"
+                assert taken, where
+                assert all(t == list(expected) for t in taken), (where, expected, taken)
+
+
+#: one encoding of every kind of call and family (the whole registry: the slow tests)
+REPRESENTATIVES = (
+    "alibi",
+    "fire",
+    "t5",
+    "rope",
+    "dca",
+    "shaw",
+    "cope",
+    "deberta",
+    "transformer-xl",
+    "swin-2d",
+    "layoutlmv2",
+    "graph-spd",
+    "rayrope",
+    "learned",
+)
+
+
+def test_plan_is_what_attention_runs(taken, monkeypatch):
+    """One encoding of every kind, causal and not, in inference and in a training step, under
+    the active table: the backend and the path recorded inside the backends are ``plan``'s."""
+    _check_registry(REPRESENTATIVES, None, taken, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["eager", "sdpa", "fold", "chunked"])
+def test_plan_is_what_attention_runs_whatever_the_table_ranks_first(first, taken, monkeypatch):
+    """The same under tables that rank each backend first: every path ``auto`` may take."""
+    _check_registry(REPRESENTATIVES, first, taken, monkeypatch)
+
+
+@pytest.mark.slow
+def test_plan_is_what_attention_runs_for_every_encoding(taken, monkeypatch):
+    """The same for every registered encoding, with the active table."""
+    _check_registry(ENCODINGS, None, taken, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["eager", "sdpa", "fold", "chunked"])
+def test_plan_is_what_attention_runs_for_every_encoding_under_any_table(first, taken, monkeypatch):
+    """The whole registry under tables that rank each backend first."""
+    _check_registry(ENCODINGS, first, taken, monkeypatch)
+
+
+def test_plan_follows_the_grad_mode(taken, monkeypatch):
+    """Forward and training step read different keys of the table."""
+    enc = relpos.create("alibi", num_heads=H, head_dim=16)
+    q, k, v = qkv(1, 256, grad=True, dim=16)
+    key = api.facts(q, k, v, enc, causal=True).key
+    with torch.no_grad():
+        forward_key = api.facts(q, k, v, enc, causal=True).key
+    table = PolicyTable(
+        {key: (Segment(None, ("fold", "chunked")),), forward_key: (Segment(None, ("chunked",)),)}
+    )
+    monkeypatch.setattr(policy, "active_table", lambda: table)
+    assert plan(q, k, v, enc, causal=True) == ("fold", "fold-sdpa")
+    relpos.attention(q, k, v, enc, causal=True).sum().backward()
+    assert taken[-1] == ["fold", "fold-sdpa"]
+    with torch.no_grad():
+        assert plan(q, k, v, enc, causal=True) == ("chunked", "toeplitz")
         relpos.attention(q, k, v, enc, causal=True)
-        assert ran[-1] == expected, name
+    assert taken[-1] == ["chunked", "toeplitz"]
+
+
+@pytest.mark.slow
+def test_plan_is_what_attention_runs_on_flex(taken, monkeypatch):
+    """Compiled flex (CPU, inference) when a table ranks it first."""
+    order = ("flex", "chunked")
+    enc = relpos.create("kerple-log", num_heads=H, head_dim=16)
+    q, k, v = qkv(1, 64, dim=16)
+    with torch.no_grad():
+        f = api.facts(q, k, v, enc, causal=True)
+        if "flex" not in f.candidates:
+            pytest.skip("compiled FlexAttention is not available here")
+        table = PolicyTable({f.key: (Segment(None, order),)})
+        monkeypatch.setattr(policy, "active_table", lambda: table)
+        assert plan(q, k, v, enc, causal=True) == ("flex", "score-mod")
+        relpos.attention(q, k, v, enc, causal=True)
+    assert taken[-1] == ["flex", "score-mod"]
 
 
 def test_plan_leaves_a_kv_cache_unchanged():

@@ -86,3 +86,66 @@ def test_plots_are_log_log_pngs_one_line_per_backend(capsys, tmp_path):
             assert not (out_dir / name).exists()
             continue
         assert (out_dir / name).read_bytes()[:4] == b"\x89PNG"
+
+
+GRID = ["--heads", "2", "--head-dim", "8", "--lengths", "16", "--repeats", "1", "--warmup", "0"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--masks", "diagonal"], "--masks: unknown mask 'diagonal'"),
+        (["--modes", "sideways"], "--modes: unknown mode 'sideways'"),
+        (["--flex-lengths", "x"], "--flex-lengths"),
+        (["--dtypes", "float8"], "--dtypes: unknown dtype 'float8'"),
+    ],
+)
+def test_auto_vs_best_flags_are_checked_first(capsys, tmp_path, flags, message):
+    argv = ["bench", "--auto-vs-best", *GRID, "--out", str(tmp_path / "o"), *flags]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and message in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_auto_vs_best_reports_auto_over_best_per_call_and_the_worst(capsys, tmp_path):
+    out_dir = tmp_path / "avb"
+    argv = [*GRID, "--encodings", "alibi,rope,shaw", "--masks", "causal", "--modes", "forward"]
+    code, out, _ = run(capsys, "bench", "--auto-vs-best", *argv, "--out", str(out_dir))
+    assert code == 0
+    assert "| auto runs | best | auto/best |" in out and "auto / best over 6 calls" in out
+    result = json.loads((out_dir / "results.json").read_text())
+    rows = result["rows"]
+    assert len(rows) == 6  # 3 encodings x float32 / bfloat16
+    for r in rows:
+        assert r["best"] in r["times"] and r["auto_over_best"] > 0
+        assert r["auto_plan"][0] in r["times"] or r["auto_plan"][0] in r["notes"]
+        assert not r.get("auto_outside_eligible")
+    shaw = next(r for r in rows if r["encoding"] == "shaw")
+    assert "sdpa" not in shaw["times"] and "cannot run encoding 'shaw'" in shaw["notes"]["sdpa"]
+    assert result["summary"]["cases"] == 6
+    assert len((out_dir / "rows.jsonl").read_text().splitlines()) == 6
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_table_auto_reads(capsys, tmp_path, monkeypatch):
+    from relpos.attention import policy
+
+    table_path = tmp_path / "table.json"
+    monkeypatch.setenv(policy.TABLE_ENV, str(table_path))
+    argv = [*GRID, "--encodings", "alibi,shaw", "--masks", "causal", "--dtypes", "float32"]
+    try:
+        code, out, _ = run(capsys, "bench", "--calibrate", *argv, "--out", str(tmp_path / "c"))
+        assert code == 0 and f"{table_path} (policy table" in out
+        table = policy.load_table(table_path)
+        assert set(table.entries) == {
+            "cpu/float32/toeplitz/causal/forward",
+            "cpu/float32/toeplitz/causal/train",
+            "cpu/float32/probabilities/causal/forward",
+            "cpu/float32/probabilities/causal/train",
+        }
+        assert table.meta["command"].startswith("relpos bench --calibrate")
+        assert policy.active_table().entries.keys() >= table.entries.keys()  # reloaded
+    finally:
+        monkeypatch.undo()
+        policy.reload()

@@ -79,7 +79,7 @@ class BenchPlan:
             if b not in BACKEND_NAMES:
                 raise ValueError(f"--backends: unknown backend {b!r}; choose from {BACKEND_NAMES}")
         self.lengths = parse_int_list(pick("lengths"), "--lengths")
-        self.dtypes = parse_names(args.dtypes, "--dtypes")
+        self.dtypes = parse_names(args.dtypes or "float32", "--dtypes")
         for d in self.dtypes:
             if d not in DTYPES:
                 raise ValueError(f"--dtypes: unknown dtype {d!r}; choose from {tuple(DTYPES)}")
@@ -343,7 +343,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"of {', '.join(BACKEND_NAMES)}; default {DEFAULTS['backends']}",
     )
     parser.add_argument("--lengths", default=None, help=f"default {DEFAULTS['lengths']}")
-    parser.add_argument("--dtypes", default="float32", help=f"of {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--dtypes",
+        default=None,
+        help=f"of {', '.join(DTYPES)}; default float32 (float32,bfloat16 with --auto-vs-best)",
+    )
     parser.add_argument("--batch", default="1")
     parser.add_argument("--heads", default="8")
     parser.add_argument("--head-dim", default="64")
@@ -358,14 +362,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help=f"{QUICK['encodings']} x {QUICK['backends']} at "
-        f"L = {QUICK['lengths']}, 3 repeats: under two minutes",
+        f"L = {QUICK['lengths']}, 3 repeats: under two minutes; with --auto-vs-best: "
+        f"alibi, fire, t5, rope at L = 128, 1024, under three minutes",
     )
     parser.add_argument("--out", default="runs/bench-cli", help="output folder")
+    grid = parser.add_argument_group(
+        "auto against the best backend (relpos_lab.auto_bench)",
+        "--auto-vs-best times auto and every eligible backend over encoding families x "
+        "lengths x masks x modes x dtypes; --calibrate times the candidates of "
+        "representative calls and writes the policy table auto reads",
+    )
+    what = grid.add_mutually_exclusive_group()
+    what.add_argument(
+        "--auto-vs-best",
+        action="store_true",
+        help="report auto / best per call, its distribution and worst case",
+    )
+    what.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the crossovers and write this machine's policy table",
+    )
+    grid.add_argument("--masks", default="causal,full", help="of causal, full")
+    grid.add_argument("--modes", default="forward,train", help="of forward, train")
+    grid.add_argument(
+        "--flex-lengths",
+        default=None,
+        help="lengths at which compiled flex is timed on CPU (it compiles per shape); default none",
+    )
+    grid.add_argument(
+        "--clock",
+        default=None,
+        choices=("cpu", "wall"),
+        help="what a sample reads: process CPU time (default on CPU: a loaded machine's "
+        "waits are not counted) or wall-clock time (default on CUDA)",
+    )
+    grid.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the calls already measured in --out/rows.jsonl (written as the grid runs)",
+    )
+    grid.add_argument(
+        "--table",
+        default=None,
+        help="--calibrate: where to write the table (default: this machine's table path, "
+        "relpos.attention.policy.machine_table_path())",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
-    plan = BenchPlan(args)
     command = shlex.join(["relpos", *getattr(args, "argv", sys.argv[1:])])
+    if args.auto_vs_best or args.calibrate:
+        from . import auto_bench
+
+        return auto_bench.run_command(args, command)
+    plan = BenchPlan(args)
     result = run_bench(plan, log=lambda m: print(m, file=sys.stderr, flush=True))
     result["command"] = command
     report = markdown(result, command)

@@ -116,37 +116,47 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_once(fn: Callable[[], object]) -> tuple[float, int]:
-    """Seconds and minor page faults of one call (its result is dropped before returning;
-    CUDA work is synchronised)."""
+#: what ``time_once`` reads: ``"wall"`` (``time.perf_counter``) or ``"cpu"``
+#: (``time.process_time``: the CPU time of this process, so the time a loaded machine keeps it
+#: waiting for a core is not counted; with one torch thread it is the call's compute time)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_once(fn: Callable[[], object], clock: str = "wall") -> tuple[float, int]:
+    """Seconds (``clock``) and minor page faults of one call (its result is dropped before
+    returning; CUDA work is synchronised)."""
+    now = CLOCKS[clock]
     f0 = _minflt()
     _sync()
-    t0 = time.perf_counter()
+    t0 = now()
     out = fn()
     _sync()
-    t1 = time.perf_counter()
+    t1 = now()
     f1 = _minflt()
     del out
     return t1 - t0, f1 - f0
 
 
 def time_round_robin(
-    fns: dict[str, Callable[[], object]], *, warmup: int, repeats: int
+    fns: dict[str, Callable[[], object]], *, warmup: int, repeats: int, clock: str = "wall"
 ) -> dict[str, dict]:
-    """Time every case ``repeats`` times, in turn, after ``warmup`` untimed rounds.
+    """Time every case ``repeats`` times, in turn, after ``warmup`` untimed rounds
+    (``clock``: see ``CLOCKS``).
 
     Returns per case: ``median_s``, ``min_s``, ``max_s``, ``samples_s``, ``faults`` (median
     minor page faults per call).
     """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {tuple(CLOCKS)}, got {clock!r}")
     names = list(fns)
     for _ in range(warmup):
         for n in names:
-            time_once(fns[n])
+            time_once(fns[n], clock)
     samples: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     for r in range(repeats):
         k = r % len(names) if names else 0
         for n in names[k:] + names[:k]:
-            samples[n].append(time_once(fns[n]))
+            samples[n].append(time_once(fns[n], clock))
     out = {}
     for n, s in samples.items():
         secs = [t for t, _ in s]

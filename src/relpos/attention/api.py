@@ -54,11 +54,12 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import Encoding
+from . import call_memo, policy
 from .call import AttentionCall, KeyValueCache, MaskMod, prepare_call
 from .chunked import chunked_attention, chunked_path
-from .disentangled import FOLD_SHARE, disentangled_fold_pays, folds_disentangled
+from .disentangled import disentangled_fold_pays, folds_disentangled
 from .eager import eager_attention, logits
-from .flex import flex_attention_backend, flex_available
+from .flex import flex_accepts, flex_attention_backend
 from .fold import (
     FOLD_LOGIT_TOLERANCE,
     exact_fold_attention,
@@ -70,6 +71,7 @@ from .fold import (
 from .linear.backend import linear_attention, linear_path, prepare_linear_call
 from .linear.feature_maps import FeatureMap, create_feature_map
 from .linear.state import LinearState
+from .policy import CallFacts, dtype_class, select_backend
 from .query_split import split_call
 from .sdpa import sdpa_attention
 
@@ -98,71 +100,91 @@ def supported_backends(encoding: Encoding | None) -> list[str]:
     return out
 
 
-def _folds_exactly(call: AttentionCall) -> bool:
-    """``auto`` takes the ``fold`` backend: the bias folds exactly, the ``Lq x Lk`` bias it
-    saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D + 1)``, so
-    decoding steps keep the small materialised bias), the folded logits' rounding bound is
-    within ``FOLD_LOGIT_TOLERANCE``, and the fold is one SDPA call or runs on CPU (the
-    multi-pass merge has fused kernels there; elsewhere it would form logits). On CPU only
-    for a training step: inference keeps the Toeplitz / dense-bias paths, which are faster
-    there."""
+def _fold_is_candidate(call: AttentionCall) -> bool:
+    """The ``fold`` backend computes this call exactly and within ``FOLD_LOGIT_TOLERANCE``:
+    it applies (``fold_refusal``), its rounding bound is within the tolerance, the ``Lq x Lk``
+    bias it saves is larger than the copies of q, k, v it makes (``Lq Lk > (Lq + 2 Lk)(D +
+    1)``: decoding steps keep the small bias), and its kernels are fused on the device (the
+    multi-pass merge and DeBERTa's band have fused kernels on CPU only; elsewhere only the
+    one-pass fold)."""
     Lq, Lk, D = call.q.shape[2], call.k.shape[2], call.q.shape[3]
-    if fold_refusal(call) is not None or Lq == 0 or Lk == 0:
+    if Lq == 0 or Lk == 0 or fold_refusal(call) is not None:
         return False
     if Lq * Lk <= (Lq + 2 * Lk) * (D + 1):
-        # the fold copies q, k, v with their channels: a few queries (decoding) are cheaper
-        # with the small bias materialised than with a copy of the whole key cache
         return False
     if folds_disentangled(call.encoding):
-        # DeBERTa: above the dense size always (its band beats the tile path), below it when
-        # enough pairs lie outside the band
-        large = call.q.shape[0] * call.q.shape[1] * Lq * Lk > DENSE_BIAS_LIMIT
-        return disentangled_fold_pays(call, 0.0 if large else FOLD_SHARE)
+        return disentangled_fold_pays(call, 0.0)
     if fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
         return False
-    if call.q.device.type == "cpu":
-        # measured on the idle 2-core CPU (docs/benchmarks.md, "Rerun on an idle machine"):
-        # the fold's 65-channel kernel and its copies win a training step (1.19x / 1.20x
-        # no-bias SDPA at L = 2048 / 4096, Toeplitz tiles 1.37x / 1.63x) but lose the
-        # forward alone (1.19x / 1.20x / 1.13x at L = 1024 / 2048 / 4096, Toeplitz 0.99x /
-        # 1.07x / 1.13x, with a third of the memory and 100x less rounding)
-        return _needs_input_grads(call)
-    return fold_path(call) == "fold-sdpa"
+    return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
 
 
-def _needs_input_grads(call: AttentionCall) -> bool:
-    """Gradients are on and flow into q, k or v (a training step, not inference)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
-
-
-def _trains_bias(call: AttentionCall) -> bool:
-    """Gradients are on and the encoding's bias has parameters that take them."""
+def _trains(call: AttentionCall) -> bool:
+    """Gradients are on and flow into q, k, v or the encoding's parameters (a training
+    step, not inference)."""
+    if not torch.is_grad_enabled():
+        return False
+    if call.q.requires_grad or call.k.requires_grad or call.v.requires_grad:
+        return True
     enc = call.encoding
-    return (
-        torch.is_grad_enabled()
-        and enc is not None
-        and call.has_bias
-        and any(p.requires_grad for p in enc.parameters())
+    return enc is not None and call.has_bias and any(p.requires_grad for p in enc.parameters())
+
+
+def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
+    """The backends ``auto`` may run for this call: those that compute it exactly (``fold``
+    within its rounding tolerance, ``flex`` where it compiles and, on CPU, only without
+    gradients) and never form an ``Lq x Lk`` tensor above ``DENSE_BIAS_LIMIT`` elements
+    (``eager`` always forms one; ``sdpa`` does for a bias or a ``mask_mod``)."""
+    B, H, Lq = call.q.shape[:3]
+    small = B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT
+    if call.needs_probabilities:
+        return ("eager", "chunked") if small else ("chunked",)
+    out = []
+    if small or not (call.has_bias or call.mask_mod is not None):
+        out.append("sdpa")
+    if small:
+        out.append("eager")
+    out.append("chunked")
+    if flex_accepts(call):
+        out.append("flex")
+    if _fold_is_candidate(call):
+        out.append("fold")
+    return tuple(out)
+
+
+def call_kind(call: AttentionCall, candidates: tuple[str, ...] | None = None) -> str:
+    """The kind of call a policy table distinguishes (``policy.KINDS``): ``plain`` (no
+    bias), ``band`` (a two-sided table bias the fold runs as a band), else the chunked
+    backend's path (``toeplitz``, ``tile``, ``probabilities``, ``piecewise-sdpa``,
+    ``row-suffix``)."""
+    if not call.needs_probabilities and not call.has_bias:
+        return "plain"
+    if folds_disentangled(call.encoding) and "fold" in (
+        candidate_backends(call) if candidates is None else candidates
+    ):
+        return "band"
+    return chunked_path(call)
+
+
+def call_facts(call: AttentionCall) -> CallFacts:
+    """What ``auto``'s choice for this call depends on (``policy.CallFacts``)."""
+    candidates = candidate_backends(call)
+    B, H, Lq = call.q.shape[:3]
+    return CallFacts(
+        device=call.q.device.type,
+        dtype=dtype_class(call.q.dtype),
+        kind=call_kind(call, candidates),
+        causal=call.causal,
+        training=_trains(call),
+        elements=B * H * Lq * call.k.shape[2],
+        candidates=candidates,
     )
 
 
 def choose_backend(call: AttentionCall) -> str:
-    """The backend ``auto`` uses for this call (see module docstring)."""
-    B, H, Lq = call.q.shape[:3]
-    small = B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT
-    if call.needs_probabilities:
-        return "eager" if small else "chunked"
-    if not call.has_bias and (call.mask_mod is None or small):
-        return "sdpa"
-    if _folds_exactly(call):
-        return "fold"
-    if small:
-        if _trains_bias(call) and chunked_path(call) == "toeplitz":
-            return "chunked"
-        return "sdpa"
-    if call.q.device.type == "cuda" and flex_available():
-        return "flex"
-    return "chunked"
+    """The backend ``auto`` uses for this call: the candidate the active policy table
+    ranks first for the call's facts (``relpos.attention.policy``)."""
+    return select_backend(call_facts(call), policy.active_table())
 
 
 def backend_path(call: AttentionCall, backend: str) -> str:
@@ -246,11 +268,21 @@ def _dispatch(
             "cache=LinearState is the recurrent state of kernelized attention: pass "
             "feature_map=... (or a relpos.nn.LayerCache for softmax attention)"
         )
+    memo = call_memo.memo_applies(encoding, call)
+    if memo:  # an earlier call of this shape was prepared: reuse it
+        assert isinstance(encoding, Encoding)
+        table = policy.active_table()
+        hit = call_memo.lookup(q, k, v, encoding, backend, call.get("causal"), table)
+        if hit is not None:
+            return None, hit[0], hit[1]
     blocks = split_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
     if blocks is not None:
         return blocks, None, backend
     prepared = prepare_call(q, k, v, encoding, **call)  # type: ignore[arg-type]
-    return None, prepared, choose_backend(prepared) if backend == "auto" else backend
+    name = choose_backend(prepared) if backend == "auto" else backend
+    if memo:
+        call_memo.store(prepared, backend, name, call.get("causal"), table)
+    return None, prepared, name
 
 
 def plan(
@@ -294,6 +326,47 @@ def plan(
     if blocks is not None:  # the first query block stands for the call
         return plan(**blocks[0], backend=backend)
     return name, backend_path(call, name)
+
+
+def facts(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: Encoding | None = None,
+    *,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    causal: bool = False,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    inputs: dict[str, Tensor] | None = None,
+    mask_mod: MaskMod | None = None,
+    cache: KeyValueCache | None = None,
+) -> CallFacts:
+    """The facts ``auto``'s choice reads for this call (``policy.CallFacts``: kind, size,
+    mode, candidates), with the arguments of ``relpos.attention``; for a call split into
+    query blocks, the first block's. Like ``plan`` it runs no attention and leaves a
+    ``cache`` unchanged; call it in the grad mode of the attention it describes."""
+    blocks, call, _ = _dispatch(
+        q,
+        k,
+        v,
+        encoding,
+        "auto",
+        None,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=causal,
+        mask=mask,
+        scale=scale,
+        inputs=inputs,
+        mask_mod=mask_mod,
+        cache=None if cache is None else copy.copy(cache),
+    )
+    if blocks is not None:
+        return facts(**blocks[0])
+    assert call is not None
+    return call_facts(call)
 
 
 def attention(
@@ -448,6 +521,9 @@ __all__ = [
     "scores",
     "plan",
     "choose_backend",
+    "candidate_backends",
+    "call_facts",
+    "facts",
     "supported_backends",
     "BACKENDS",
     "DENSE_BIAS_LIMIT",

@@ -26,9 +26,11 @@ from torch.utils.checkpoint import checkpoint
 from ..encodings.base import BiasContext, Encoding, QueryGroups
 from ..positions import CallPositions, Positions, normalize_positions
 from ..validation import check_float
+from . import frozen_cache
 
 #: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = attend), FlexAttention's convention
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+_UNSET = object()
 
 
 class KeyValueCache(Protocol):
@@ -115,6 +117,20 @@ class AttentionCall:
     # what the encoding's ``prepare_rotary`` returned (camera frames), passed to ``rotate``
     # for the output ("o") by ``relpos.attention``; None for position-only rotations
     rotary_state: object = None
+    # ``distance_delta``, once computed (it may read positions: computed once per call)
+    _delta: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._delta = _UNSET
+        self._state: object = _UNSET
+
+    def encoding_state(self) -> tuple | None:
+        """``frozen_cache.encoding_state`` of the encoding, once per call (None: a gradient
+        can reach its parameters in this call)."""
+        if self._state is _UNSET:
+            assert self.encoding is not None
+            self._state = frozen_cache.encoding_state(self.encoding)
+        return self._state  # type: ignore[return-value]
 
     @property
     def query_grouped(self) -> bool:
@@ -197,14 +213,19 @@ class AttentionCall:
         """When this call's bias is a function of ``q_pos - k_pos`` and both positions are one
         batch-shared integer range: ``position distance - index distance``, where the index
         distance of pair ``(i, j)`` is ``i - j + Lk - Lq``. Else None (no per-distance table).
-        No host sync for defaulted positions."""
+        No host sync for defaulted positions. Computed once per call."""
+        if self._delta is _UNSET:
+            self._delta = self._distance_delta()
+        return self._delta  # type: ignore[return-value]
+
+    def _distance_delta(self) -> int | None:
         enc = self.encoding
         if enc is None or self.ctx is None or not enc.has_bias or self.positions is None:
             return None
-        if not enc.is_distance_only(self.ctx):
-            return None
         q_span, k_span = self.positions.q.span, self.positions.k.span
         if q_span is None or k_span is None:
+            return None
+        if not enc.is_distance_only(self.ctx):
             return None
         return (q_span.start - k_span.start) - (self.k.shape[2] - self.q.shape[2])
 
@@ -215,13 +236,20 @@ class AttentionCall:
         delta = self.distance_delta()
         if delta is None:
             return None
-        assert self.encoding is not None
-        Lq, Lk = self.q.shape[2], self.k.shape[2]
-        table = self.encoding.distance_table(1 - Lq + delta, Lk - 1 + delta, self.q.device)
-        if causal:
-            future = torch.arange(Lq + Lk - 1, device=self.q.device) < Lq - 1
-            table = table.masked_fill(future, float("-inf"))
-        return table
+        enc = self.encoding
+        assert enc is not None
+        Lq, Lk, dev = self.q.shape[2], self.k.shape[2], self.q.device
+
+        def compute() -> Tensor:
+            table = enc.distance_table(1 - Lq + delta, Lk - 1 + delta, dev)
+            if causal:
+                future = torch.arange(Lq + Lk - 1, device=dev) < Lq - 1
+                table = table.masked_fill(future, float("-inf"))
+            return table
+
+        # the same table for every call of these lengths while the encoding is unchanged
+        key = ("distance_table", Lq, Lk, delta, causal, dev)
+        return frozen_cache.cached(enc, key, compute, self.encoding_state())
 
     def bias_block(self, i: Tensor, j: Tensor) -> Tensor:
         """The encoding's bias over query indices ``i (T,)`` and key indices ``j (S,)``:

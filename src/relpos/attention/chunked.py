@@ -43,7 +43,7 @@ from .call import AttentionCall, QueryBlock, query_blocks, run_blocks
 from .dense import block_attention, empty_attention, row_term
 from .piecewise import piecewise_sdpa_attention, runs_piecewise
 
-FORWARD_BLOCK = 256
+FORWARD_BLOCK = 256  # the most query rows of a forward block (Toeplitz), key blocks (row-suffix)
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
 TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
 
@@ -53,6 +53,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the softmax statistics and of backward: float32 for half types, the
     input dtype otherwise (float64 in, float64 throughout)."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def forward_rows(length_k: int) -> int:
+    """Query rows per forward block of the Toeplitz path: ``Lk / 8`` within ``[64,
+    FORWARD_BLOCK]``, so causal calls of a few hundred keys skip their masked upper triangle
+    in several blocks while long calls keep few kernel calls."""
+    return max(64, min(FORWARD_BLOCK, length_k // 8))
 
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
@@ -93,7 +100,7 @@ class _ToeplitzAttention(torch.autograd.Function):
         out = torch.empty(B, H, Lq, v.shape[-1], dtype=q.dtype, device=q.device)
         # a dead row (every key masked) stores lse 0: its scores are all -inf, p = 0
         lse = torch.zeros(B, H, Lq, dtype=compute_dtype(q.dtype), device=q.device)
-        for s, e, kend in query_blocks(Lq, Lk, FORWARD_BLOCK, causal=causal):
+        for s, e, kend in query_blocks(Lq, Lk, forward_rows(Lk), causal=causal):
             if kend == 0:  # causal, Lq > Lk: the block sees no key
                 out[:, :, s:e] = 0
                 continue

@@ -22,6 +22,9 @@ Guards (docs/numerics.md):
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from functools import lru_cache
 
 import torch
@@ -61,6 +64,7 @@ def compiled_flex_attention(device_type: str = "cpu"):
     return torch.compile(flex_attention, dynamic=None)
 
 
+@lru_cache(maxsize=1)
 def flex_available() -> bool:
     """True when FlexAttention can be imported (torch >= 2.5)."""
     try:
@@ -68,6 +72,46 @@ def flex_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+@lru_cache(maxsize=4)
+def flex_compiles(device_type: str) -> bool:
+    """Whether compiled FlexAttention can be built for ``device_type`` here, without trying:
+    FlexAttention imports, and inductor finds its code generator (a C++ compiler on CPU:
+    ``$CXX``, ``g++``, ``c++`` or ``clang++``; Triton on CUDA)."""
+    if not flex_available():
+        return False
+    if device_type == "cpu":
+        names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+        return any(name and shutil.which(name) for name in names)
+    if device_type == "cuda":
+        return importlib.util.find_spec("triton") is not None
+    return False
+
+
+def flex_needs_backward(call: AttentionCall) -> bool:
+    """Gradients are on and reach q, k, v or the encoding's parameters (FlexAttention has
+    no backward on CPU in torch 2.13)."""
+    return torch.is_grad_enabled() and (
+        call.q.requires_grad
+        or call.k.requires_grad
+        or call.v.requires_grad
+        or (call.encoding is not None and call.encoding.learnable)
+    )
+
+
+def flex_accepts(call: AttentionCall) -> bool:
+    """The flex backend runs this call without refusing it: an additive score term only, a
+    dtype of ``FLEX_DTYPES``, no float mask, a device whose compiler is present, and on CPU
+    no gradients."""
+    if call.needs_probabilities or call.q.dtype not in FLEX_DTYPES:
+        return False
+    if call.mask is not None and call.mask.dtype != torch.bool:
+        return False
+    device = call.q.device.type
+    if device == "cpu" and flex_needs_backward(call):
+        return False
+    return device in ("cpu", "cuda") and flex_compiles(device)
 
 
 def _padded(length: int, device: torch.device) -> int:
@@ -78,6 +122,12 @@ def _padded(length: int, device: torch.device) -> int:
 
 
 def _score_mod(call: AttentionCall):
+    """The bias as a ``score_mod``: a read of the call's per-distance table when it has one
+    that needs no gradient (one gather per score, whatever the encoding computes), else the
+    encoding's element-wise ``bias``."""
+    table = call.distance_table(causal=False)
+    if table is not None and not (torch.is_grad_enabled() and table.requires_grad):
+        return _table_score_mod(table, call.q.shape[2], call.k.shape[2])
     enc = call.encoding
     dev = call.q.device
     ctx = call.bias_context(
@@ -89,6 +139,17 @@ def _score_mod(call: AttentionCall):
         # padded rows / keys (CPU) read the last real token; they are masked or dropped
         i, j = i.clamp(max=last_q), j.clamp(max=last_k)
         return score + enc.bias(ctx, b, h, i, j).to(score.dtype)
+
+    return score_mod
+
+
+def _table_score_mod(table: Tensor, length_q: int, length_k: int):
+    """``score + table[h, i - j + Lk - 1]`` (padded rows and keys clamped to real ones)."""
+    last_q, last_k = length_q - 1, length_k - 1
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        i, j = i.clamp(max=last_q), j.clamp(max=last_k)
+        return score + table[h, i - j + last_k].to(score.dtype)
 
     return score_mod
 
@@ -153,13 +214,7 @@ def flex_attention_backend(call: AttentionCall) -> Tensor:
     Lq, Lk = call.q.shape[2], call.k.shape[2]
     if Lq == 0 or Lk == 0:
         return empty_attention(call)
-    needs_grad = torch.is_grad_enabled() and (
-        call.q.requires_grad
-        or call.k.requires_grad
-        or call.v.requires_grad
-        or (call.encoding is not None and call.encoding.learnable)
-    )
-    if needs_grad and call.q.device.type == "cpu":
+    if call.q.device.type == "cpu" and flex_needs_backward(call):
         raise RuntimeError(
             "backend='flex' has no backward on CPU in this torch; use backend='chunked' for "
             "training (or run the forward under torch.no_grad())"

@@ -96,10 +96,14 @@ def split_call(
     with a limit cache raw keys, ``cache_rotated_keys = False``: each block rotates them)."""
     if encoding is None or not isinstance(encoding, Encoding):
         return None
-    _check_qkv(q, k, v)
+    if not isinstance(q, Tensor) or not q.is_floating_point():
+        return None  # prepare_call names what is wrong with q
     limit = encoding.query_span_limit(q.dtype)
+    if limit is None:
+        return None
+    _check_qkv(q, k, v)
     Lq = q.shape[2]
-    if limit is None or Lq <= 1 or q.device.type == "meta":
+    if Lq <= 1 or q.device.type == "meta":
         return None  # (prepare_call refuses meta tensors by name)
     cached = 0 if cache is None else cache.length
     Lk = cached + k.shape[2]

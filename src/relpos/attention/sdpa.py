@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import frozen_cache
 from .call import AttentionCall
 
 
@@ -28,21 +29,35 @@ def dense_bias(call: AttentionCall) -> Tensor:
     return table[:, i[:, None] - j[None, :] + (Lk - 1)][None]
 
 
+def _score_mask(call: AttentionCall) -> Tensor | None:
+    """The float mask SDPA adds: the dense bias plus the causal and user masks (None when
+    there is nothing to add)."""
+    Lq, Lk = call.q.shape[2], call.k.shape[2]
+    bias = dense_bias(call).to(call.q.dtype) if call.has_bias else None
+    if (call.causal and Lq > 1) or call.has_user_mask:
+        m = call.mask_block(0, Lq, Lk, call.q.dtype)
+        if m is not None:
+            bias = m if bias is None else bias + m
+    return bias
+
+
 def sdpa_attention(call: AttentionCall) -> Tensor:
     """Returns ``(B, H, Lq, Dv)``."""
     Lq, Lk = call.q.shape[2], call.k.shape[2]
     is_causal = call.causal and Lq == Lk and not call.has_user_mask and not call.has_bias
     bias = None
-    if call.has_bias:
-        bias = dense_bias(call).to(call.q.dtype)
-    if not is_causal:
-        m = (
-            call.mask_block(0, Lq, Lk, call.q.dtype)
-            if (call.causal and Lq > 1) or call.has_user_mask
-            else None
+    if is_causal:
+        pass
+    elif call.has_bias and not call.has_user_mask and call.distance_delta() is not None:
+        # a function of the encoding's state and the call's lengths only: kept while the
+        # encoding is unchanged (``frozen_cache``)
+        assert call.encoding is not None
+        key = ("sdpa_mask", Lq, Lk, call.distance_delta(), call.causal, call.q.dtype)
+        bias = frozen_cache.cached(
+            call.encoding, (*key, call.q.device), lambda: _score_mask(call), call.encoding_state()
         )
-        if m is not None:
-            bias = m if bias is None else bias + m
+    else:
+        bias = _score_mask(call)
     return F.scaled_dot_product_attention(
         call.q,
         call.k,

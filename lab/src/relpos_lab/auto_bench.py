@@ -1,0 +1,671 @@
+"""``relpos bench --auto-vs-best`` and ``relpos bench --calibrate``: whether
+``backend="auto"`` runs the fastest correct backend, and the measurements its policy table is
+derived from.
+
+Both walk a grid, encoding x length x causal / bidirectional x forward / training step x
+dtype, and time every backend that runs a call correctly beside no-bias SDPA with the same
+mask and mode, in interleaved rounds (``measure.time_round_robin``: the backends of one call
+in turn, the order rotating every round, so a load spike hits all of them); medians, and
+ratios to the no-bias call of the same rounds.
+
+``--auto-vs-best`` adds ``auto`` to every call and reports ``auto / best``, where *best* is
+the fastest **eligible** backend: one that runs the call (its first, untimed call is the
+check), forms no ``Lq x Lk`` tensor above ``DENSE_BIAS_LIMIT`` elements (``eager`` always
+does; ``sdpa`` does for a score term) and rounds no further than ``FOLD_LOGIT_TOLERANCE``
+(``fold``): what ``auto`` may choose. These rules are applied here from public facts, not
+read from the policy, so the report checks the policy too (a choice outside the eligible
+set is flagged). Printed: one row per call (auto's backend and path, the best, auto / best,
+ratios to no-bias SDPA), the distribution of auto / best and its worst case.
+
+``--calibrate`` times the candidates ``auto`` chooses among (``relpos.attention.api.facts``)
+for representative calls of every kind (``CALIBRATION_CASES``) and writes the policy table
+(``relpos.attention.policy.derive_table``) to this machine's table path, which ``auto``
+reads from then on (``--table PATH`` writes elsewhere, e.g. the shipped table).
+
+Compiled FlexAttention compiles once per shape (tens of seconds on a CPU): it is timed only
+at ``--flex-lengths`` (none by default), and elsewhere it is listed as not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import measure
+from .arguments import parse_int, parse_int_list, parse_names
+from .io import check_output_dir, write_json
+
+__all__ = [
+    "EncodingCase",
+    "FAMILY_CASES",
+    "CALIBRATION_CASES",
+    "GridPlan",
+    "call_kwargs",
+    "run_grid",
+    "summarize",
+    "markdown",
+    "calibration_points",
+    "run_command",
+]
+
+BASELINE = "sdpa-nobias"
+CLOCK_TEXT = {
+    "cpu": "process CPU time (waits for a core on a loaded machine not counted)",
+    "wall": "wall-clock time",
+}
+BACKENDS = ("eager", "sdpa", "chunked", "flex", "fold")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TARGET = 1.10  # auto within this factor of the best eligible backend
+BATCH_S = 0.004  # a sample of a short call lasts at least this long (the baseline's time)
+MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class EncodingCase:
+    """One encoding of the grid: a registered name with options, shown as ``label``."""
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.options)})"
+
+    def create(self, heads: int, head_dim: int):
+        import relpos
+
+        torch.manual_seed(0)
+        return relpos.create(self.name, num_heads=heads, head_dim=head_dim, **dict(self.options))
+
+
+#: one encoding per family of ``relpos.encodings`` and per path of the engine: biases (the
+#: fold, per-distance tables, FIRE's table below its threshold and pairs above), rotary,
+#: piecewise RoPE schedules, value-term tables, row-dependent terms, DeBERTa's band,
+#: contextual / spatial / document / graph tables, absolute and no encoding
+FAMILY_CASES = tuple(
+    EncodingCase(n)
+    for n in (
+        "alibi",
+        "fire",
+        "kerple-log",
+        "t5",
+        "rope",
+        "dca",
+        "shaw",
+        "cope",
+        "deberta",
+        "transformer-xl",
+        "swin-2d",
+        "layoutlmv2",
+        "graph-spd",
+        "learned",
+        "nope",
+    )
+)
+QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
+#: representatives of every kind of call the policy distinguishes (``policy.KINDS``):
+#: plain (rope), toeplitz (alibi with its fold, kerple-log, FIRE below its threshold),
+#: tile (FIRE above it, from the first length on with a threshold of 1; transformer-xl's
+#: table reads), band (deberta), probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
+CALIBRATION_CASES = (
+    EncodingCase("rope"),
+    EncodingCase("alibi"),
+    EncodingCase("kerple-log"),
+    EncodingCase("fire"),
+    EncodingCase("fire", (("init_L", 1.0),)),
+    EncodingCase("transformer-xl"),
+    EncodingCase("deberta"),
+    EncodingCase("shaw"),
+    EncodingCase("dca"),
+    EncodingCase("cope"),
+)
+LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: calibration stops at 4096: beyond it only O(L)-memory candidates remain (chunked, fold,
+#: flex), ranked as at 4096
+CALIBRATION_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
+QUICK_LENGTHS = (128, 1024)
+
+
+# ------------------------------------------------------------------------------ the grid
+@dataclass
+class GridPlan:
+    """The checked settings of one grid run."""
+
+    cases: tuple[EncodingCase, ...]
+    lengths: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    masks: tuple[bool, ...]  # causal flags
+    modes: tuple[bool, ...]  # training-step flags
+    batch: int = 1
+    heads: int = 8
+    head_dim: int = 64
+    repeats: int = 5
+    warmup: int = 1
+    flex_lengths: tuple[int, ...] = ()
+    with_auto: bool = True
+    calibrate: bool = False
+    device: str = "cpu"
+    clock: str = "cpu"
+
+    def settings(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["cases"] = [c.label for c in self.cases]
+        return out
+
+
+def lift_positions(enc, pos: torch.Tensor) -> torch.Tensor:
+    """1-D positions ``(L,)`` as the encoding's ``(1, L, m)`` (axis ``a`` reads
+    ``(a + 2) p + a``, reduced into a learned table if there is one)."""
+    if enc.dims == 1:
+        return pos
+    axes = [pos] + [(a + 2) * pos + a for a in range(1, enc.dims)]
+    if enc.max_positions is not None:
+        axes = [axes[0]] + [x % enc.max_positions for x in axes[1:]]
+    return torch.stack(axes, dim=-1)[None]
+
+
+def call_kwargs(enc, batch: int, length: int, causal: bool, device: str) -> dict[str, Any]:
+    """Keyword arguments of ``relpos.attention`` for a call of ``length`` tokens: positions
+    for m-D encodings or a learned table shorter than ``length`` (else the defaults), and
+    the encoding's example inputs."""
+    kw: dict[str, Any] = {"causal": causal}
+    pos = torch.arange(length, device=device)
+    changed = False
+    if enc.max_positions is not None and length > enc.max_positions:
+        pos, changed = pos % enc.max_positions, True
+    if enc.dims > 1:
+        pos, changed = lift_positions(enc, pos), True
+    if changed:
+        kw["q_pos"] = kw["k_pos"] = pos
+    if enc.required_inputs or enc.needs_inputs:
+        gen = torch.Generator().manual_seed(0)
+        inputs = enc.example_inputs(batch, length, length, gen)
+        kw["inputs"] = {k: v.to(device) for k, v in inputs.items()}
+    return kw
+
+
+def _ineligible(plan: GridPlan, enc, backend: str, q, k, v, kw) -> str | None:
+    """Why ``backend`` is not one ``auto`` may choose for this call (memory, rounding), or
+    None. Refusals are found by running it."""
+    from relpos.attention.api import DENSE_BIAS_LIMIT
+    from relpos.attention.call import prepare_call
+    from relpos.attention.fold import (
+        FOLD_LOGIT_TOLERANCE,
+        exact_fold_pieces,
+        fold_refusal,
+        fold_rounding_bound,
+    )
+
+    Lq, Lk = q.shape[2], k.shape[2]
+    elements = q.shape[0] * q.shape[1] * Lq * Lk
+    scored = enc.has_bias or enc.needs_probabilities
+    if elements > DENSE_BIAS_LIMIT and (backend == "eager" or (backend == "sdpa" and scored)):
+        return f"forms a {Lq} x {Lk} tensor above DENSE_BIAS_LIMIT"
+    if backend == "flex" and plan.device == "cpu" and Lq not in plan.flex_lengths:
+        return "not timed (compiles per shape: --flex-lengths)"
+    if backend == "fold" and exact_fold_pieces(enc) is not None:
+        call = prepare_call(q, k, v, enc, mask=None, scale=None, **_positional(kw))
+        if fold_refusal(call) is None and fold_rounding_bound(call) > FOLD_LOGIT_TOLERANCE:
+            return f"rounds beyond FOLD_LOGIT_TOLERANCE ({FOLD_LOGIT_TOLERANCE:g} nats)"
+    return None
+
+
+def _positional(kw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "q_pos": kw.get("q_pos"),
+        "k_pos": kw.get("k_pos"),
+        "causal": kw["causal"],
+        "inputs": kw.get("inputs"),
+    }
+
+
+def _step(fn: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool):
+    """A zero-argument callable: the forward under no_grad, or forward + backward."""
+    if not train:
+
+        def forward():
+            with torch.no_grad():
+                return fn()
+
+        return forward
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        out.float().sum().backward()
+        return out.detach()
+
+    return step
+
+
+def _inputs(plan: GridPlan, length: int, dtype: torch.dtype, train: bool):
+    g = torch.Generator().manual_seed(0)
+    shape = (plan.batch, plan.heads, length, plan.head_dim)
+    return [
+        torch.randn(shape, generator=g).to(plan.device, dtype).requires_grad_(train)
+        for _ in range(3)
+    ]
+
+
+def _batch(fn: Callable[[], object], n: int) -> Callable[[], object]:
+    if n == 1:
+        return fn
+
+    def run() -> None:
+        for _ in range(n):
+            fn()
+
+    return run
+
+
+def _first_call(fn: Callable[[], object]) -> tuple[float | None, str | None]:
+    """Seconds of the first call (compilation included), or the refusal's one line."""
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as err:
+        return None, " ".join(f"{type(err).__name__}: {err}".split())[:240]
+    return time.perf_counter() - t0, None
+
+
+def _grad_mode(train: bool):
+    return torch.enable_grad() if train else torch.no_grad()
+
+
+def run_case(plan: GridPlan, case: EncodingCase, length: int, causal: bool, train: bool,
+             dname: str, log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """One call of the grid: every backend (and auto) timed beside no-bias SDPA."""
+    import relpos
+    from relpos.attention import api
+
+    dtype = DTYPES[dname]
+    row: dict[str, Any] = {
+        "encoding": case.label,
+        "length": length,
+        "causal": causal,
+        "mode": "train" if train else "forward",
+        "dtype": dname,
+    }
+    try:
+        enc = case.create(plan.heads, plan.head_dim).to(plan.device)
+    except (ValueError, TypeError) as err:
+        return {**row, "skipped": f"cannot create: {err}"[:240]}
+    if enc.causal_only and not causal:
+        return {**row, "skipped": "causal-only encoding"}
+    q, k, v = _inputs(plan, length, dtype, train)
+    try:
+        kw = call_kwargs(enc, plan.batch, length, causal, plan.device)
+        with _grad_mode(train):
+            auto_choice = api.plan(q, k, v, enc, **kw)
+            facts = api.facts(q, k, v, enc, **kw) if plan.calibrate else None
+    except (ValueError, TypeError, RuntimeError) as err:
+        return {**row, "skipped": " ".join(str(err).split())[:240]}
+    params = [p for p in enc.parameters() if p.requires_grad]
+    leaves = [q, k, v, *params]
+
+    def call(backend: str):
+        return lambda: relpos.attention(q, k, v, enc, backend=backend, **kw)
+
+    fns = {BASELINE: _step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                           [q, k, v], train)}  # fmt: skip
+    names = list(facts.candidates) if facts is not None else list(BACKENDS)
+    if facts is not None:
+        timed = [b for b in names if b != "flex" or length in plan.flex_lengths]
+        if len(timed) < 2:  # nothing to choose between: no measurement needed
+            return {**row, "skipped": f"one candidate to time: {timed}"}
+    notes: dict[str, str] = {}
+    first: dict[str, float] = {}
+    for backend in names:
+        reason = None if facts is not None else _ineligible(plan, enc, backend, q, k, v, kw)
+        if facts is not None and backend == "flex" and length not in plan.flex_lengths:
+            reason = "not timed (compiles per shape: --flex-lengths)"
+        if reason is None:
+            fn = _step(call(backend), leaves, train)
+            seconds, reason = _first_call(fn)
+            if reason is None:
+                fns[backend] = fn
+                first[backend] = seconds
+        if reason is not None:
+            notes[backend] = reason
+    if plan.with_auto:
+        fns["auto"] = _step(call("auto"), leaves, train)
+        seconds, reason = _first_call(fns["auto"])
+        if reason is not None:  # auto must never refuse a call another backend runs
+            notes["auto"] = reason
+            del fns["auto"]
+    # short calls are timed in batches of ``n`` (at least BATCH_S of the baseline per sample)
+    per_call, _ = measure.time_once(fns[BASELINE], plan.clock)
+    n = max(1, min(MAX_BATCH, math.ceil(BATCH_S / max(per_call, 1e-7))))
+    batched = {b: _batch(fn, n) for b, fn in fns.items()}
+    timing = measure.time_round_robin(
+        batched, warmup=plan.warmup, repeats=plan.repeats, clock=plan.clock
+    )
+    for t in timing.values():
+        for stat in ("median_s", "min_s", "max_s"):
+            t[stat] /= n
+        t["samples_s"] = [x / n for x in t["samples_s"]]
+    row["batch"] = n
+    base = timing[BASELINE]["median_s"]
+    row["baseline_s"] = base
+    row["times"] = {b: t["median_s"] for b, t in timing.items() if b != BASELINE}
+    row["ratios"] = {b: t / base for b, t in row["times"].items()}
+    row["samples"] = {b: t["samples_s"] for b, t in timing.items()}
+    row["first_call_s"] = first
+    row["notes"] = notes
+    row["auto_plan"] = list(auto_choice)
+    if facts is not None:
+        row["key"], row["elements"] = facts.key, facts.elements
+    eligible = {b: t for b, t in row["times"].items() if b != "auto"}
+    if eligible:
+        best = min(eligible, key=eligible.__getitem__)
+        row["best"] = best
+        if "auto" in row["times"]:
+            row["auto_over_best"] = row["times"]["auto"] / eligible[best]
+            if auto_choice[0] not in eligible and auto_choice[0] not in notes:
+                row["auto_outside_eligible"] = True
+            elif auto_choice[0] in notes:
+                row["auto_outside_eligible"] = notes[auto_choice[0]]
+    log(_progress(row))
+    return row
+
+
+def _progress(row: dict[str, Any]) -> str:
+    what = f"{row['encoding']} L={row['length']} {'causal' if row['causal'] else 'full'} "
+    what += f"{row['mode']} {row['dtype']}"
+    if "auto_over_best" in row:
+        return (
+            f"  {what}: auto={'/'.join(row['auto_plan'])} best={row['best']} "
+            f"auto/best={row['auto_over_best']:.2f}"
+        )
+    return f"  {what}: " + ", ".join(f"{b}={r:.2f}" for b, r in row.get("ratios", {}).items())
+
+
+def row_key(row: dict[str, Any]) -> tuple:
+    """What identifies a call of the grid."""
+    return (row["encoding"], row["length"], row["causal"], row["mode"], row["dtype"])
+
+
+def run_grid(
+    plan: GridPlan,
+    log: Callable[[str], None] = print,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    done: dict[tuple, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Every call of the grid (``run_case``); ``{"machine", "settings", "rows"}``. ``sink``
+    gets each row as it is measured; rows found in ``done`` (by ``row_key``) are reused."""
+    info = measure.machine_info()
+    rows = []
+    t0 = time.perf_counter()
+    for dname in plan.dtypes:
+        for train in plan.modes:
+            for causal in plan.masks:
+                for length in plan.lengths:
+                    for case in plan.cases:
+                        mode = "train" if train else "forward"
+                        key = (case.label, length, causal, mode, dname)
+                        if done and key in done:
+                            rows.append(done[key])
+                            continue
+                        row = run_case(plan, case, length, causal, train, dname, log)
+                        rows.append(row)
+                        if sink is not None:
+                            sink(row)
+    info["loadavg_end"] = list(os.getloadavg())
+    info["wall_s"] = time.perf_counter() - t0
+    return {"machine": info, "settings": plan.settings(), "rows": rows}
+
+
+# ------------------------------------------------------------------------------ reports
+def summarize(rows: list[dict[str, Any]], target: float = TARGET) -> dict[str, Any]:
+    """The distribution of auto / best over the rows that have it, and the worst row."""
+    rated = [r for r in rows if "auto_over_best" in r]
+    if not rated:
+        return {"cases": 0}
+    values = sorted(r["auto_over_best"] for r in rated)
+
+    def quantile(p: float) -> float:
+        return values[min(len(values) - 1, max(0, math.ceil(p * len(values)) - 1))]
+
+    worst = max(rated, key=lambda r: r["auto_over_best"])
+    return {
+        "cases": len(values),
+        "median": statistics.median(values),
+        "p90": quantile(0.9),
+        "max": values[-1],
+        "within_target": sum(v <= target for v in values),
+        "target": target,
+        "worst": {k: worst[k] for k in ("encoding", "length", "causal", "mode", "dtype")}
+        | {"auto": "/".join(worst["auto_plan"]), "best": worst["best"]},
+        "outside_eligible": [
+            f"{r['encoding']} L={r['length']} {r['mode']} {r['dtype']}: {'/'.join(r['auto_plan'])}"
+            for r in rows
+            if r.get("auto_outside_eligible")
+        ],
+    }
+
+
+def markdown(result: dict[str, Any], command: str) -> str:
+    """The report: command, machine, the rows, the summary."""
+    info, settings, rows = result["machine"], result["settings"], result["rows"]
+    title = "relpos bench --calibrate" if settings["calibrate"] else "relpos bench --auto-vs-best"
+    end = " ".join(f"{x:.2f}" for x in info.get("loadavg_end", []))
+    lines = [
+        f"## {title}",
+        "",
+        f"- command: `{command}`",
+        f"- machine: {measure.machine_line(info)}; at the end {end}; wall time "
+        f"{info.get('wall_s', 0):.0f} s",
+        f"- B={settings['batch']}, H={settings['heads']}, D={settings['head_dim']}, device "
+        f"{settings['device']}; median of {settings['repeats']} interleaved rounds after "
+        f"{settings['warmup']} warm-up, {CLOCK_TEXT[settings['clock']]}; short calls timed "
+        f"in batches of at least {BATCH_S * 1e3:g} ms; ratios to no-bias SDPA (same mask, "
+        f"mode, dtype, rounds); training step = forward + backward into q, k, v and the "
+        f"encoding's parameters",
+        "",
+    ]
+    backends = [b for b in (*BACKENDS, "auto") if any(b in r.get("ratios", {}) for r in rows)]
+    head = "| encoding | L | mask | mode | dtype | " + " | ".join(backends)
+    if settings["with_auto"]:
+        head += " | auto runs | best | auto/best |"
+    else:
+        head += " | key |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        mask = "causal" if r["causal"] else "full"
+        cells = [r["encoding"], str(r["length"]), mask, r["mode"], r["dtype"]]
+        if "skipped" in r:
+            lines.append("| " + " | ".join(cells) + f" | skipped: {r['skipped'][:80]} |")
+            continue
+        cells += [f"{r['ratios'][b]:.2f}" if b in r["ratios"] else "-" for b in backends]
+        if settings["with_auto"]:
+            ratio = r.get("auto_over_best")
+            flag = " (!)" if r.get("auto_outside_eligible") else ""
+            cells += [
+                "/".join(r["auto_plan"]) + flag,
+                r.get("best", "-"),
+                "-" if ratio is None else f"**{ratio:.2f}**" if ratio > TARGET else f"{ratio:.2f}",
+            ]
+        else:
+            cells.append(r.get("key", "-"))
+        lines.append("| " + " | ".join(cells) + " |")
+    if settings["with_auto"]:
+        s = summarize(rows)
+        lines.append("")
+        if s["cases"]:
+            w = s["worst"]
+            lines += [
+                f"auto / best over {s['cases']} calls: median {s['median']:.2f}, 90th "
+                f"percentile {s['p90']:.2f}, worst {s['max']:.2f} ({w['encoding']} "
+                f"L={w['length']} {'causal' if w['causal'] else 'full'} {w['mode']} "
+                f"{w['dtype']}: auto ran {w['auto']}, best {w['best']}); "
+                f"{s['within_target']} of {s['cases']} within {s['target']:.2f}x.",
+            ]
+            if s["outside_eligible"]:
+                lines.append("auto chose a backend outside the eligible set (!): "
+                             + "; ".join(s["outside_eligible"]))  # fmt: skip
+        notes = sorted({n for r in rows for n in r.get("notes", {}).values()})
+        if notes:
+            lines += ["", "Backends not timed: " + "; ".join(n[:120] for n in notes[:12])]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ calibration
+def calibration_points(rows: list[dict[str, Any]]):
+    """``policy.Point`` s from the rows of a ``--calibrate`` grid."""
+    from relpos.attention.policy import Point
+
+    return [
+        Point(r["key"], r["elements"], r["encoding"], dict(r["times"]))
+        for r in rows
+        if "key" in r and r.get("times")
+    ]
+
+
+def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
+    info = result["machine"]
+    keep = ("cpu", "usable_cpus", "torch", "torch_threads", "loadavg_start", "loadavg_end")
+    s = result["settings"]
+    return {
+        "measured": time.strftime("%Y-%m-%d"),
+        "command": command,
+        "machine": {k: info.get(k) for k in keep},
+        "grid": {k: s[k] for k in ("cases", "lengths", "dtypes", "batch", "heads", "head_dim")}
+        | {"repeats": s["repeats"], "flex_lengths": s["flex_lengths"]},
+        "git": info.get("git"),
+    }
+
+
+# ------------------------------------------------------------------------------ command
+def grid_plan(args: argparse.Namespace) -> GridPlan:
+    """The ``GridPlan`` of ``relpos bench --auto-vs-best`` / ``--calibrate`` (flags checked)."""
+    import relpos
+
+    calibrate = bool(args.calibrate)
+    quick = bool(args.quick)
+    if args.encodings:
+        cases = tuple(EncodingCase(n) for n in parse_names(args.encodings, "--encodings"))
+        for c in cases:
+            relpos.registry.encoding_class(c.name)  # unknown -> ValueError naming the known
+    else:
+        cases = CALIBRATION_CASES if calibrate else QUICK_CASES if quick else FAMILY_CASES
+    lengths = tuple(
+        parse_int_list(args.lengths, "--lengths")
+        if args.lengths
+        else QUICK_LENGTHS
+        if quick
+        else CALIBRATION_LENGTHS
+        if calibrate
+        else LENGTHS
+    )
+    dtypes = tuple(parse_names(args.dtypes or "float32,bfloat16", "--dtypes"))
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ValueError(f"--dtypes: unknown dtype {d!r}; choose from {tuple(DTYPES)}")
+    masks = []
+    for m in parse_names(args.masks, "--masks"):
+        if m not in ("causal", "full"):
+            raise ValueError(f"--masks: unknown mask {m!r}; choose from ('causal', 'full')")
+        masks.append(m == "causal")
+    modes = []
+    for m in parse_names(args.modes, "--modes"):
+        if m not in ("forward", "train"):
+            raise ValueError(f"--modes: unknown mode {m!r}; choose from ('forward', 'train')")
+        modes.append(m == "train")
+    flex = () if args.flex_lengths in (None, "", "none") else parse_int_list(
+        args.flex_lengths, "--flex-lengths"
+    )  # fmt: skip
+    plan = GridPlan(
+        cases=cases,
+        lengths=lengths,
+        dtypes=dtypes,
+        masks=tuple(masks),
+        modes=tuple(modes),
+        batch=parse_int(args.batch, "--batch"),
+        heads=parse_int(args.heads, "--heads"),
+        head_dim=parse_int(args.head_dim, "--head-dim"),
+        repeats=parse_int(args.repeats or ("3" if quick else "5"), "--repeats"),
+        warmup=parse_int(args.warmup or "1", "--warmup", minimum=0),
+        flex_lengths=tuple(flex),
+        with_auto=not calibrate,
+        calibrate=calibrate,
+        device=args.device,
+        clock=args.clock or ("wall" if args.device == "cuda" else "cpu"),
+    )
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if plan.device == "cuda" and plan.clock == "cpu":
+        raise ValueError("--clock cpu: CUDA work does not run on the process's CPU time; use wall")
+    for c in plan.cases:
+        c.create(plan.heads, plan.head_dim)  # options and head count are valid
+    return plan
+
+
+def run_command(args: argparse.Namespace, command: str) -> int:
+    """``relpos bench --auto-vs-best`` / ``--calibrate``: run, print, write files."""
+    plan = grid_plan(args)
+    out = check_output_dir(args.out)
+    table_path = None
+    if plan.calibrate:
+        from relpos.attention import policy
+
+        table_path = Path(args.table) if args.table else policy.machine_table_path()
+        if table_path is None:
+            raise ValueError(
+                f"--calibrate: ${policy.TABLE_ENV} is empty (no machine table); pass --table PATH"
+            )
+    if args.threads is not None:
+        torch.set_num_threads(parse_int(args.threads, "--threads"))
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "rows.jsonl"
+    done = {}
+    if args.resume and partial.exists():
+        for line in partial.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row_key(row)] = row
+        print(f"relpos bench: resuming, {len(done)} calls from {partial}", file=sys.stderr)
+    elif partial.exists():
+        partial.unlink()
+
+    def sink(row: dict[str, Any]) -> None:
+        with open(partial, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    result = run_grid(
+        plan, log=lambda m: print(m, file=sys.stderr, flush=True), sink=sink, done=done
+    )
+    result["command"] = command
+    if plan.with_auto:
+        result["summary"] = summarize(result["rows"])
+    report = markdown(result, command)
+    write_json(out / "results.json", result)
+    (out / "report.md").write_text(report + "\n")
+    print(report)
+    written = [f"{out}/results.json", f"{out}/report.md"]
+    if table_path is not None:
+        from relpos.attention import policy
+
+        table = policy.derive_table(
+            calibration_points(result["rows"]), calibration_meta(result, command)
+        )
+        policy.write_table(table, table_path)
+        policy.reload()
+        written.append(f"{table_path} (policy table, {len(table.entries)} keys)")
+    print("wrote " + ", ".join(written))
+    return 0

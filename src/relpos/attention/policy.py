@@ -1,0 +1,365 @@
+"""The rule ``backend="auto"`` applies: of the backends that compute a call exactly (its
+*candidates*, decided by the engine from capabilities: ``api.candidate_backends``), the one
+measured fastest for calls like it.
+
+A call is reduced to a few facts (``CallFacts``): device type, dtype class, its *kind* (how
+its score term is built: ``plain`` without a bias, ``toeplitz`` for a per-distance table,
+``tile`` for a bias evaluated per pair, ``band`` for DeBERTa-style two-sided tables, and the
+probability paths ``probabilities`` / ``piecewise-sdpa`` / ``row-suffix``), causal or not,
+forward or training step, and its size ``B * H * Lq * Lk``. A ``PolicyTable`` maps the key
+``device/dtype/kind/causal|full/forward|train`` to segments of size, each holding the
+backends measured there, fastest first. ``select_backend(facts, table)`` is a pure function
+of the two: the first ranked backend that is a candidate; where the table has no
+measurement for the key (another device, a kind never calibrated) ``UNMEASURED_ORDER``
+decides.
+
+Tables come from measurement, never from typed thresholds: ``relpos bench --calibrate``
+times every candidate of representative calls on a grid of lengths in interleaved rounds
+and ``derive_table`` turns the medians into segments (a boundary between two measured
+lengths lies at their geometric mean; several representatives of one key are ranked by
+their worst ratio to the fastest). The shipped table (``auto_table.json`` beside this
+module) records the machine and command that measured it. A per-machine table, written by
+``relpos bench --calibrate``, lives at ``machine_table_path()`` (``$RELPOS_AUTO_TABLE``, else
+``$XDG_CACHE_HOME/relpos/auto_table.json``, else ``~/.cache/relpos/auto_table.json``); when
+present its keys replace the shipped ones. It is read once per process (``reload`` reads it
+again); a file that cannot be read or does not parse as a table is reported by name in a
+warning and the shipped table is used.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "KINDS",
+    "BACKEND_NAMES",
+    "UNMEASURED_ORDER",
+    "CallFacts",
+    "Segment",
+    "PolicyTable",
+    "PolicyTableError",
+    "Point",
+    "dtype_class",
+    "select_backend",
+    "derive_table",
+    "parse_table",
+    "load_table",
+    "shipped_table",
+    "machine_table_path",
+    "active_table",
+    "reload",
+    "write_table",
+]
+
+FORMAT = 1
+#: the kinds of call a table distinguishes (``CallFacts.kind``)
+KINDS = ("plain", "toeplitz", "tile", "band", "probabilities", "piecewise-sdpa", "row-suffix")
+#: the softmax backends a table may rank
+BACKEND_NAMES = ("eager", "sdpa", "chunked", "flex", "fold")
+#: the order among candidates where a table has no measurement for a call's key, per device
+#: type: fused kernels first, ``flex`` where it compiles fast kernels (not on CPU, where each
+#: new shape compiles for seconds), ``chunked`` last (it runs every call in O(L) memory)
+UNMEASURED_ORDER = {
+    "cpu": ("fold", "sdpa", "eager", "chunked"),
+    "other": ("fold", "sdpa", "eager", "flex", "chunked"),
+}
+SHIPPED_PATH = Path(__file__).with_name("auto_table.json")
+TABLE_ENV = "RELPOS_AUTO_TABLE"
+
+
+class PolicyTableError(ValueError):
+    """A table file that is not a valid policy table (the message names what is wrong)."""
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """The dtype a table is keyed by: ``bfloat16`` for half types, ``float32`` otherwise
+    (float64 calls share float32's ranking)."""
+    return "bfloat16" if dtype in (torch.float16, torch.bfloat16) else "float32"
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """What the choice depends on. ``elements``: ``B * H * Lq * Lk``; ``candidates``: the
+    backends that compute the call exactly (never empty)."""
+
+    device: str
+    dtype: str
+    kind: str
+    causal: bool
+    training: bool
+    elements: int
+    candidates: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return table_key(self.device, self.dtype, self.kind, self.causal, self.training)
+
+
+def table_key(device: str, dtype: str, kind: str, causal: bool, training: bool) -> str:
+    """``device/dtype/kind/causal|full/forward|train``."""
+    return (
+        f"{device}/{dtype}/{kind}/{'causal' if causal else 'full'}/"
+        f"{'train' if training else 'forward'}"
+    )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Calls of at most ``up_to`` elements (None: no bound) after the previous segment's:
+    the backends measured there, fastest first."""
+
+    up_to: int | None
+    ranking: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    """Segments per key, plus where the table came from (``source``) and what measured it
+    (``meta``: machine, threads, command, date)."""
+
+    entries: Mapping[str, tuple[Segment, ...]]
+    source: str = "empty"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    _bounds: dict[str, list[float]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bounds = {
+            key: [math.inf if s.up_to is None else s.up_to for s in segs]
+            for key, segs in self.entries.items()
+        }
+        object.__setattr__(self, "_bounds", bounds)
+
+    def ranking(self, key: str, elements: int) -> tuple[str, ...] | None:
+        """The measured ranking for calls of ``elements`` under ``key``, or None."""
+        segments = self.entries.get(key)
+        if not segments:
+            return None
+        i = bisect.bisect_left(self._bounds[key], elements)
+        return segments[min(i, len(segments) - 1)].ranking
+
+    def merged(self, other: PolicyTable) -> PolicyTable:
+        """This table with ``other``'s keys replacing its own."""
+        return PolicyTable(
+            {**self.entries, **other.entries},
+            f"{other.source} over {self.source}",
+            {"base": dict(self.meta), "override": dict(other.meta)},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "meta": dict(self.meta),
+            "entries": {
+                key: [[s.up_to, list(s.ranking)] for s in segs]
+                for key, segs in sorted(self.entries.items())
+            },
+        }
+
+
+def select_backend(facts: CallFacts, table: PolicyTable) -> str:
+    """The backend ``auto`` runs: the first backend of the table's ranking for the call's
+    key and size that is a candidate; else the first candidate in the device's
+    ``UNMEASURED_ORDER``; else the first candidate."""
+    if not facts.candidates:
+        raise ValueError("select_backend: a call needs at least one candidate backend")
+    ranking = table.ranking(facts.key, facts.elements)
+    unmeasured = UNMEASURED_ORDER["cpu" if facts.device == "cpu" else "other"]
+    for order in (ranking or (), unmeasured):
+        for name in order:
+            if name in facts.candidates:
+                return name
+    return facts.candidates[0]
+
+
+# ------------------------------------------------------------------------------ derivation
+@dataclass(frozen=True)
+class Point:
+    """One measured grid point: ``key``, ``elements``, the representative encoding
+    (``case``) and the median seconds of each backend that ran it."""
+
+    key: str
+    elements: int
+    case: str
+    times: Mapping[str, float]
+
+
+def _ranking(points: Sequence[Point]) -> tuple[str, ...]:
+    """Backends by their worst ratio to the fastest backend of each representative (ties by
+    name, so the order is reproducible)."""
+    worst: dict[str, float] = {}
+    for p in points:
+        times = {b: t for b, t in p.times.items() if t > 0 and math.isfinite(t)}
+        if not times:
+            continue
+        best = min(times.values())
+        for b, t in times.items():
+            worst[b] = max(worst.get(b, 0.0), t / best)
+    return tuple(sorted(worst, key=lambda b: (worst[b], b)))
+
+
+def derive_table(points: Iterable[Point], meta: Mapping[str, Any] | None = None) -> PolicyTable:
+    """Segments from measurements: per key and size a ranking (``_ranking`` over the
+    representatives measured there); neighbouring sizes with the same ranking merge; the
+    boundary between two measured sizes is their geometric mean."""
+    by_key: dict[str, dict[int, list[Point]]] = {}
+    for p in points:
+        if p.key.count("/") != 4:
+            raise ValueError(f"derive_table: key {p.key!r} is not device/dtype/kind/mask/mode")
+        by_key.setdefault(p.key, {}).setdefault(int(p.elements), []).append(p)
+    entries: dict[str, tuple[Segment, ...]] = {}
+    for key, sizes in by_key.items():
+        ordered = sorted(sizes)
+        rankings = [_ranking(sizes[e]) for e in ordered]
+        segments: list[Segment] = []
+        for n, (e, ranking) in enumerate(zip(ordered, rankings, strict=True)):
+            if not ranking:
+                continue
+            up_to = None if n + 1 == len(ordered) else math.isqrt(e * ordered[n + 1])
+            if segments and segments[-1].ranking == ranking:
+                segments[-1] = Segment(up_to, ranking)
+            else:
+                segments.append(Segment(up_to, ranking))
+        if segments:
+            segments[-1] = Segment(None, segments[-1].ranking)
+            entries[key] = tuple(segments)
+    return PolicyTable(entries, "derived", dict(meta or {}))
+
+
+# ------------------------------------------------------------------------------ files
+def parse_table(data: object, source: str) -> PolicyTable:
+    """A ``PolicyTable`` from its JSON form; ``PolicyTableError`` naming what is wrong."""
+    if not isinstance(data, dict):
+        raise PolicyTableError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise PolicyTableError(f"{source}: format {data.get('format')!r}, expected {FORMAT}")
+    raw = data.get("entries")
+    if not isinstance(raw, dict):
+        raise PolicyTableError(f"{source}: 'entries' must be an object of key -> segments")
+    entries: dict[str, tuple[Segment, ...]] = {}
+    for key, segs in raw.items():
+        parts = key.split("/") if isinstance(key, str) else []
+        if (
+            len(parts) != 5
+            or parts[2] not in KINDS
+            or parts[3] not in ("causal", "full")
+            or parts[4] not in ("forward", "train")
+        ):
+            raise PolicyTableError(
+                f"{source}: key {key!r} is not device/dtype/kind/causal|full/forward|train "
+                f"with kind in {KINDS}"
+            )
+        if not isinstance(segs, list) or not segs:
+            raise PolicyTableError(f"{source}: {key}: expected a non-empty list of segments")
+        out, last = [], -1
+        for n, seg in enumerate(segs):
+            ok = isinstance(seg, list) and len(seg) == 2 and isinstance(seg[1], list)
+            up_to = seg[0] if ok else None
+            final = n + 1 == len(segs)
+            if ok and final:
+                ok = up_to is None
+            elif ok:
+                ok = isinstance(up_to, int) and not isinstance(up_to, bool) and up_to > last
+            if ok:
+                ok = bool(seg[1]) and all(b in BACKEND_NAMES for b in seg[1])
+                ok = ok and len(set(seg[1])) == len(seg[1])
+            if not ok:
+                raise PolicyTableError(
+                    f"{source}: {key}: segment {n} must be [up_to, [backend, ...]] with "
+                    f"increasing integer bounds, null for the last, and distinct backends of "
+                    f"{BACKEND_NAMES}; got {seg!r}"
+                )
+            last = up_to if up_to is not None else last
+            out.append(Segment(up_to, tuple(seg[1])))
+        entries[key] = tuple(out)
+    meta = data.get("meta", {})
+    return PolicyTable(entries, source, meta if isinstance(meta, dict) else {})
+
+
+def load_table(path: str | os.PathLike) -> PolicyTable:
+    """Read and check a table file; ``PolicyTableError`` naming the file and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PolicyTableError(f"{path}: cannot be read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PolicyTableError(f"{path}: not JSON ({err})") from None
+    return parse_table(data, str(path))
+
+
+def write_table(table: PolicyTable, path: str | os.PathLike) -> Path:
+    """Write ``table`` as JSON (through a temporary file, so a reader never sees half)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def machine_table_path() -> Path | None:
+    """Where this machine's table lives: ``$RELPOS_AUTO_TABLE`` (empty: no machine table),
+    else ``$XDG_CACHE_HOME/relpos/auto_table.json``, else ``~/.cache/relpos/...``."""
+    explicit = os.environ.get(TABLE_ENV)
+    if explicit is not None:
+        return Path(explicit).expanduser() if explicit.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "relpos" / "auto_table.json"
+
+
+def shipped_table() -> PolicyTable:
+    """The table measured for the release (``auto_table.json``)."""
+    return _shipped()
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> PolicyTable:
+    try:
+        return load_table(SHIPPED_PATH)
+    except PolicyTableError as err:  # a broken install: auto still runs, unmeasured
+        warnings.warn(
+            f"relpos: the shipped auto-backend table is unusable ({err}); backend='auto' "
+            f"falls back to its unmeasured order",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return PolicyTable({}, "none")
+
+
+@lru_cache(maxsize=1)
+def active_table() -> PolicyTable:
+    """The table ``auto`` reads: the machine table's keys over the shipped ones."""
+    base = _shipped()
+    path = machine_table_path()
+    if path is None or not path.exists():
+        return base
+    try:
+        return base.merged(load_table(path))
+    except PolicyTableError as err:
+        warnings.warn(
+            f"relpos: ignoring the auto-backend table {err}; using the shipped table "
+            f"(rewrite it with `relpos bench --calibrate` or delete it)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return base
+
+
+def reload() -> PolicyTable:
+    """Read the tables again (after ``relpos bench --calibrate`` wrote one)."""
+    _shipped.cache_clear()
+    active_table.cache_clear()
+    return active_table()

@@ -1,0 +1,211 @@
+"""``relpos.attention.policy``: the rule ``auto`` applies is a pure function of a call's facts
+and a measured table; tables are derived from measurements by a fixed rule, checked when
+read, and a bad machine table is reported by name and ignored."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+import relpos
+from relpos.attention import api, policy
+from relpos.attention.policy import (
+    CallFacts,
+    Point,
+    PolicyTable,
+    PolicyTableError,
+    Segment,
+    derive_table,
+    parse_table,
+    select_backend,
+)
+
+KEY = "cpu/float32/toeplitz/causal/forward"
+
+
+def facts(candidates, elements=1000, device="cpu", key_kind="toeplitz") -> CallFacts:
+    return CallFacts(device, "float32", key_kind, True, False, elements, tuple(candidates))
+
+
+def table(*segments: tuple[int | None, tuple[str, ...]], key: str = KEY) -> PolicyTable:
+    return PolicyTable({key: tuple(Segment(u, r) for u, r in segments)}, "test")
+
+
+# ------------------------------------------------------------------------------ the rule
+def test_the_first_ranked_candidate_wins():
+    t = table((None, ("fold", "chunked", "sdpa")))
+    assert select_backend(facts(["sdpa", "chunked", "fold"]), t) == "fold"
+    # fold is not a candidate for this call (e.g. it rounds too much): the next ranked one
+    assert select_backend(facts(["sdpa", "chunked"]), t) == "chunked"
+
+
+def test_segments_are_chosen_by_size_with_inclusive_bounds():
+    t = table((4096, ("sdpa", "chunked")), (65536, ("chunked", "sdpa")), (None, ("fold",)))
+    cands = ["sdpa", "chunked", "fold"]
+    assert select_backend(facts(cands, elements=4096), t) == "sdpa"
+    assert select_backend(facts(cands, elements=4097), t) == "chunked"
+    assert select_backend(facts(cands, elements=65536), t) == "chunked"
+    assert select_backend(facts(cands, elements=10**9), t) == "fold"
+
+
+def test_an_unmeasured_key_follows_the_device_order():
+    t = table((None, ("eager",)), key="cpu/float32/tile/causal/forward")  # another key
+    cands = ["sdpa", "eager", "chunked", "flex"]
+    assert select_backend(facts(cands), t) == "sdpa"
+    assert select_backend(facts(["chunked", "flex"]), t) == "chunked"  # never flex on CPU
+    assert select_backend(facts(["chunked", "flex"], device="cuda"), t) == "flex"
+
+
+def test_a_ranking_without_any_candidate_falls_back_to_the_order():
+    t = table((None, ("fold",)))
+    assert select_backend(facts(["chunked"]), t) == "chunked"
+
+
+def test_no_candidate_is_an_error():
+    with pytest.raises(ValueError, match="candidate"):
+        select_backend(facts([]), table((None, ("sdpa",))))
+
+
+# ------------------------------------------------------------------------------ derivation
+def test_crossovers_lie_at_the_geometric_mean_of_the_measured_sizes():
+    pts = [
+        Point(KEY, 8 * 64 * 64, "a", {"sdpa": 1.0, "chunked": 2.0}),
+        Point(KEY, 8 * 128 * 128, "a", {"sdpa": 1.0, "chunked": 1.5}),
+        Point(KEY, 8 * 256 * 256, "a", {"sdpa": 2.0, "chunked": 1.0}),
+        Point(KEY, 8 * 512 * 512, "a", {"chunked": 1.0}),  # sdpa not measured there
+    ]
+    segs = derive_table(pts).entries[KEY]
+    # 64 and 128 rank alike and merge; the crossover to chunked lies between 128 and 256
+    assert segs[0] == Segment(8 * 128 * 256, ("sdpa", "chunked"))
+    assert segs[1] == Segment(8 * 256 * 512, ("chunked", "sdpa"))
+    assert segs[2] == Segment(None, ("chunked",))
+
+
+def test_representatives_are_ranked_by_their_worst_ratio():
+    pts = [
+        Point(KEY, 100, "fast-dense", {"sdpa": 1.0, "chunked": 1.2}),
+        Point(KEY, 100, "slow-dense", {"sdpa": 3.0, "chunked": 1.0}),
+        Point(KEY, 100, "folds", {"sdpa": 1.0, "chunked": 1.1, "fold": 0.9}),
+    ]
+    # worst ratios: sdpa 3.0, chunked 1.2 (1.2 / 1.0 on fast-dense), fold 1.0 (where it runs)
+    assert derive_table(pts).entries[KEY] == (Segment(None, ("fold", "chunked", "sdpa")),)
+
+
+def test_derived_tables_round_trip_through_json(tmp_path):
+    pts = [Point(KEY, 4096, "a", {"sdpa": 1.0, "chunked": 2.0}), Point(KEY, 65536, "a", {})]
+    t = derive_table(pts, {"machine": {"cpu": "x"}})
+    path = policy.write_table(t, tmp_path / "t.json")
+    back = policy.load_table(path)
+    assert back.entries == t.entries and back.meta["machine"] == {"cpu": "x"}
+
+
+# ------------------------------------------------------------------------------ files
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([], "expected a JSON object"),
+        ({"format": 99, "entries": {}}, "format 99"),
+        ({"format": 1, "entries": {"cpu/float32/toeplitz": []}}, "is not device/dtype"),
+        (
+            {"format": 1, "entries": {"cpu/float32/warp/causal/forward": [[None, ["sdpa"]]]}},
+            "kind in",
+        ),  # fmt: skip
+        ({"format": 1, "entries": {KEY: [[None, ["fast"]]]}}, "segment 0"),
+        (
+            {"format": 1, "entries": {KEY: [[10, ["sdpa"]], [5, ["eager"]], [None, ["sdpa"]]]}},
+            "segment 1",
+        ),  # fmt: skip
+        ({"format": 1, "entries": {KEY: [[10, ["sdpa"]]]}}, "null for the last"),
+        ({"format": 1, "entries": {KEY: [[None, ["sdpa", "sdpa"]]]}}, "distinct"),
+    ],
+)
+def test_a_malformed_table_is_refused_naming_the_problem(data, message):
+    with pytest.raises(PolicyTableError, match="where.json") as err:
+        parse_table(data, "where.json")
+    assert message in str(err.value)
+
+
+def test_the_shipped_table_parses_and_says_what_measured_it():
+    t = policy.load_table(policy.SHIPPED_PATH)
+    assert t.entries, "the shipped table holds measurements"
+    meta = t.meta
+    assert meta["machine"]["cpu"] and meta["machine"]["torch_threads"] >= 1
+    assert meta["command"].startswith("relpos bench --calibrate")
+    for segs in t.entries.values():
+        for s in segs:
+            assert set(s.ranking) <= set(policy.BACKEND_NAMES)
+
+
+def test_machine_table_path_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv(policy.TABLE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert policy.machine_table_path() == tmp_path / "relpos" / "auto_table.json"
+    monkeypatch.setenv(policy.TABLE_ENV, str(tmp_path / "mine.json"))
+    assert policy.machine_table_path() == tmp_path / "mine.json"
+    monkeypatch.setenv(policy.TABLE_ENV, "")
+    assert policy.machine_table_path() is None
+
+
+@pytest.fixture
+def machine_table(monkeypatch, tmp_path):
+    """Points ``$RELPOS_AUTO_TABLE`` at a file of the test's own; the tables are re-read
+    around the test."""
+    path = tmp_path / "auto_table.json"
+    monkeypatch.setenv(policy.TABLE_ENV, str(path))
+    policy.reload()
+    yield path
+    monkeypatch.undo()
+    policy.reload()
+
+
+def _qkv(length: int = 64, heads: int = 4, dim: int = 16):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, heads, length, dim, generator=g) for _ in range(3)]
+
+
+def test_a_machine_table_replaces_the_shipped_keys(machine_table):
+    enc = relpos.create("kerple-log", num_heads=4, head_dim=16)
+    q, k, v = _qkv()
+    with torch.no_grad():
+        f = api.facts(q, k, v, enc, causal=True)
+        assert f.kind == "toeplitz" and {"eager", "sdpa", "chunked"} <= set(f.candidates)
+        for first in ("eager", "chunked", "sdpa"):
+            order = (first, *(b for b in ("eager", "sdpa", "chunked") if b != first))
+            policy.write_table(PolicyTable({f.key: (Segment(None, order),)}, "test"), machine_table)
+            policy.reload()
+            assert relpos.attention.plan(q, k, v, enc, causal=True)[0] == first
+
+
+def test_a_corrupt_machine_table_is_reported_by_name_and_ignored(machine_table):
+    machine_table.write_text('{"format": 1, "entries": {')  # truncated
+    with pytest.warns(RuntimeWarning, match=str(machine_table)) as record:
+        active = policy.reload()
+    assert "not JSON" in str(record[0].message)
+    assert active.entries == policy.shipped_table().entries
+    enc = relpos.create("alibi", num_heads=4, head_dim=16)
+    q, k, v = _qkv()
+    out = relpos.attention(q, k, v, enc, causal=True)  # auto still runs
+    assert torch.isfinite(out).all()
+
+
+def test_a_missing_machine_table_is_not_an_error(machine_table):
+    assert not machine_table.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert policy.reload().entries == policy.shipped_table().entries
+
+
+def test_a_machine_table_with_a_wrong_backend_name_is_ignored(machine_table):
+    machine_table.write_text(json.dumps({"format": 1, "entries": {KEY: [[None, ["warp"]]]}}))
+    with pytest.warns(RuntimeWarning, match="segment 0"):
+        policy.reload()
+
+
+def test_segment_bounds_compare_as_integers():
+    t = table((2**40, ("sdpa",)), (None, ("chunked",)))
+    assert t.ranking(KEY, 2**40) == ("sdpa",) and t.ranking(KEY, 2**40 + 1) == ("chunked",)
+    assert math.isinf(t._bounds[KEY][-1])
