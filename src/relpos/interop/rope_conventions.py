@@ -88,10 +88,10 @@ CONVENTIONS: tuple[Convention, ...] = (
         "transformers (Llama 4, Ministral 3)",
         "`llama_4_scaling_beta` attention temperature",
         "-",
-        "not a relpos scaling: the model scales its queries by the temperature after RoPE, "
-        "outside attention, so the patch keeps the model's step (`RopeFacts.model_applied`); Ministral 3 exact in "
-        "the family walk (docs/hf_families.md). `from_hf` refuses it by name: `LlamaLM` has "
-        "no such step",
+        "not a relpos scaling: the model scales its queries by the temperature after "
+        "RoPE, outside attention, so the patch keeps the model's step "
+        "(`RopeFacts.model_applied`); Ministral 3 exact in the family walk "
+        "(docs/hf_families.md). `from_hf` refuses it by name: `LlamaLM` has no such step",
         supported=False,
     ),
     # ----------------------------------------------------------------- vLLM
