@@ -45,7 +45,7 @@ LAB_LAYERS: list[set[str]] = [
     {"extrapolate", "longctx"},
     {"analysis"},
     {"tasks"},
-    {"bench", "demo", "listing"},
+    {"bench", "auto_bench", "demo", "listing"},
     # the reference site's generated pages and atlas figures (mkdocs.yml's hook)
     {"docsite"},
     {"cli", "", "readme_results"},

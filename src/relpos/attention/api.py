@@ -1,48 +1,39 @@
 """``relpos.attention`` and ``relpos.scores``: one entry point, several backends.
 
-``backend="auto"`` picks, from what the call needs and from measurements recorded in
-docs/benchmarks.md (2-core CPU, torch 2.13):
+``backend="auto"`` runs, of the backends that compute the call exactly, the one measured
+fastest for calls like it, in two steps:
 
-* no additive bias (rotary / none / absolute encodings) -> ``sdpa`` (fused kernels);
-* a bias that folds exactly into q/k channels (``DistanceBias.linear_pieces``: every ALiBi
-  form; no user mask; positions one batch-shared integer range), for calls with more than a
-  few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``), while the folded logits' rounding bound
-  ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE`` (1e-4 nats) -> ``fold``
-  (``attention/fold.py``: one SDPA call for causal ALiBi, band passes merged by log-sum-exp
-  for the two-sided forms; multi-pass folds on CPU only), at any size; on CPU only when
-  gradients flow into q, k or v (the fold wins a training step there and loses the forward
-  alone to the Toeplitz tiles);
-* DeBERTa (``attention/disentangled.py``: outside a band around the diagonal its bias is a
-  query term plus a key term, folded into two q/k channels; the band gathers its tables), no
-  user mask, positions one batch-shared integer range, on CPU, above the dense-bias size or
-  when the folded regions hold at least ``FOLD_SHARE`` (1/4) of the pairs -> ``fold`` (path
-  ``fold-band``);
-* a bias, and ``B * H * Lq * Lk <= DENSE_BIAS_LIMIT`` -> ``sdpa`` with the bias materialised
-  (fastest for small problems);
-* a bias above that size -> ``chunked`` on CPU (forward and backward, O(L) extra memory for
-  distance-only biases; timings in docs/benchmarks.md, "Bias forward, L = 4096"), ``flex`` on
-  CUDA. It never builds an L x L bias above the limit.
-* a ``mask_mod`` (structured mask) follows the same size rule as a bias: evaluated densely
-  for ``sdpa`` when small, per query block (``chunked``) or as a block mask (``flex``) above.
-* a bias whose parameters train (gradients on, e.g. FIRE, T5, KERPLE) and that has a
-  per-distance table for this call (``AttentionCall.distance_table``: positions are ranges,
-  the bias depends on ``q_pos - k_pos`` only, no user mask) -> ``chunked`` even when small:
-  its Toeplitz path sums the table's gradient over anti-diagonals, where a dense bias
-  scatters it back through an ``Lq x Lk`` gather (FIRE at the lab's training size, batch 16
-  x L 128 x 4 heads, trains on it without naming it);
-* encodings that change the weights themselves (``Encoding.needs_probabilities``: value
-  terms, URPE, piecewise logits, row-dependent terms such as CoPE) -> ``eager`` up to the
-  same size, ``chunked`` above it;
-  ``sdpa`` and ``flex`` only take an additive score term and refuse them.
-* ``feature_map`` given (the call asks for the kernelized model, not softmax attention) ->
-  ``linear`` (``attention/linear.py``), the only backend that computes it; ``linear`` is
-  never chosen otherwise and the softmax backends refuse ``feature_map``.
+* **candidates** (``candidate_backends``), from capabilities and memory, never from encoding
+  names: encodings that change the weights beyond an additive score
+  (``Encoding.needs_probabilities``: value terms, URPE, piecewise logits, row-dependent terms)
+  run on ``eager`` and ``chunked`` only; otherwise ``sdpa``, ``chunked``, ``flex`` where it
+  compiles (on CPU only without gradients: torch 2.13 has no FlexAttention backward there;
+  never for float64 or a float mask) and ``fold`` where the bias folds exactly into q/k
+  channels (``DistanceBias.linear_pieces``: every ALiBi form; DeBERTa's two-sided tables
+  outside their band, ``attention/disentangled.py``), the folded logits' rounding bound
+  ``u * max|slope| * Lk / 2`` is within ``FOLD_LOGIT_TOLERANCE``, the call has more than a
+  few queries (``Lq Lk > (Lq + 2 Lk)(D + 1)``: the fold copies q, k, v) and the device has
+  fused kernels for its passes. Above ``DENSE_BIAS_LIMIT`` score elements ``eager`` and a
+  materialising ``sdpa`` (a bias or a ``mask_mod``) are dropped: ``auto`` never builds an
+  ``Lq x Lk`` tensor there.
+* **ranking** (``relpos.attention.policy``): the call's facts (``call_facts``: device, dtype
+  class, kind of score term, causal or not, forward or training step, ``B * H * Lq * Lk``)
+  select a ranking of backends in the active policy table, measured by
+  ``relpos bench --calibrate`` (shipped with the package, or this machine's); the first
+  ranked candidate runs.
+
+``feature_map`` (the kernelized model, not softmax attention) always runs ``linear``
+(``attention/linear``), the only backend that computes it; ``linear`` is never chosen
+otherwise and the softmax backends refuse ``feature_map``.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
 ``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
 ``"fold-sdpa"``, ``"fold-passes"``, ``"fold-band"``; the linear backend's
-``"linear-scan"``, ``"linear-sum"``, ``"linear-decay"``, ``"linear-fft"``), without running it.
+``"linear-scan"``, ``"linear-sum"``, ``"linear-decay"``, ``"linear-fft"``), without running
+it: the same dispatch as ``attention``, so in the same grad mode it is what runs.
+``facts(...)`` gives the facts the choice read. Calls of one shape whose preparation depends
+only on the encoding reuse it (``call_memo``).
 """
 
 from __future__ import annotations
