@@ -149,3 +149,24 @@ def test_fast_path_refuses_other_hooks():
     call2.pieces = call.pieces
     with pytest.raises(ValueError, match="piecewise logits only"):
         piecewise.piecewise_sdpa_attention(call2)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in relpos.available() if relpos.encoding_class(n).piecewise]
+)
+def test_values_of_another_head_size_run_on_the_piecewise_kernel(name):
+    """The CPU flash kernel of the log-sum-exp merge takes one head size for q, k and v; values
+    of another width (the atlas's identity values) take the slot path and stay exact."""
+    cls = relpos.encoding_class(name)
+    options = cls.example_options()
+    enc = relpos.create(name, num_heads=2, head_dim=16, **options)
+    if enc.selects:
+        pytest.skip("selecting schedules run on the probability path")
+    length = 40
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, length, 16, generator=gen) for _ in range(2))
+    v = torch.eye(length).expand(1, 2, length, length).contiguous()
+    with torch.no_grad():
+        out = relpos.attention(q, k, v, enc, causal=True, backend="chunked")
+        ref = relpos.attention(q, k, v, enc, causal=True, backend="eager")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)

@@ -219,10 +219,12 @@ def min_opt(a: int | None, b: int) -> int:
 
 def _lse_ok(call: AttentionCall) -> bool:
     """The log-sum-exp merge uses the CPU flash kernel's private op, which returns the
-    log-sum-exp but no gradient for it: inference on CPU only."""
+    log-sum-exp but no gradient for it: inference on CPU only, and only for values of the
+    queries' head size (the kernel takes one head size for q, k and v)."""
     return (
         call.q.device.type == "cpu"
         and not torch.is_grad_enabled()
+        and call.v.shape[-1] == call.q.shape[-1]
         and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
     )
 
