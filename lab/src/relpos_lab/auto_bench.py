@@ -443,7 +443,11 @@ def summarize(rows: list[dict[str, Any]], target: float = TARGET) -> dict[str, A
         return values[min(len(values) - 1, max(0, math.ceil(p * len(values)) - 1))]
 
     worst = max(rated, key=lambda r: r["auto_over_best"])
+    # where auto ran the best backend, auto / best is the noise of the measurement
+    other = [r for r in rated if r["auto_plan"][0] != r["best"]]
     return {
+        "same_backend": len(rated) - len(other),
+        "other_backend_max": max((r["auto_over_best"] for r in other), default=None),
         "cases": len(values),
         "median": statistics.median(values),
         "p90": quantile(0.9),
@@ -514,7 +518,14 @@ def markdown(result: dict[str, Any], command: str) -> str:
                 f"percentile {s['p90']:.2f}, worst {s['max']:.2f} ({w['encoding']} "
                 f"L={w['length']} {'causal' if w['causal'] else 'full'} {w['mode']} "
                 f"{w['dtype']}: auto ran {w['auto']}, best {w['best']}); "
-                f"{s['within_target']} of {s['cases']} within {s['target']:.2f}x.",
+                f"{s['within_target']} of {s['cases']} within {s['target']:.2f}x. auto ran the "
+                f"measured best backend in {s['same_backend']} calls (there auto / best is "
+                f"the measurement's noise)"
+                + (
+                    f"; where it ran another, auto / best was at most {s['other_backend_max']:.2f}."
+                    if s["other_backend_max"] is not None
+                    else "."
+                ),
             ]
             if s["outside_eligible"]:
                 lines.append("auto chose a backend outside the eligible set (!): "
