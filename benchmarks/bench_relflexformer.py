@@ -1,4 +1,4 @@
-"""RelFlexformer (seed 3): the NUFFT path and the random-feature fold vs the exact direct sum.
+"""RelFlexformer: the NUFFT path and the random-feature fold vs the exact direct sum.
 
 Inference (no grad), fp32, B=1, H=4, head_dim 16 (elu+1 features, m = Dv = 16), tokens at
 uniform random positions in the unit cube, Gaussian modulation with per-head scales

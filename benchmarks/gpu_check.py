@@ -1,4 +1,5 @@
-"""The GPU cases of issue 12 in one prepared run (a few minutes on one CUDA device).
+"""The engine's GPU cases (flash SDPA, FlexAttention, the folds, auto vs best) in one
+prepared run (a few minutes on one CUDA device).
 
 Checks correctness first, then times each case beside no-bias SDPA on the same device:
 
