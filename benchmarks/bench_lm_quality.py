@@ -389,27 +389,38 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
+def seed_cells(runs: list[dict], lengths: tuple[str, ...]) -> list[str]:
+    """Per evaluated length: ``mean ± half-width (seed values)`` of ``runs`` (seed order)."""
+    cells = []
+    for length in lengths:
+        values = [r["ppl"][length] for r in runs]
+        mean, half = interval(values)
+        ci = "" if math.isnan(half) else f" ± {half:.3f}"
+        cells.append(f"{mean:.3f}{ci} ({' / '.join(f'{v:.3f}' for v in values)})")
+    return cells
+
+
+def by_model(results: list[dict]) -> dict[tuple, dict[str, list[dict]]]:
+    """``{(encoding, optimizer, steps, eval_bytes, lengths): {model: runs in seed order}}``."""
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in results:
+        key = (r["encoding"], r["optimizer"], r["steps"], r["eval_bytes"], tuple(r["ppl"]))
+        groups.setdefault(key, {}).setdefault(r["model"], []).append(r)
+    for models in groups.values():
+        for runs in models.values():
+            runs.sort(key=lambda r: r["seed"])
+    return groups
+
+
 def report(results: list[dict], settings: dict) -> str:
     """Markdown: the header, then one row per (encoding, optimizer, steps, evaluation, model)
     with the mean, its 95% t-interval and the per-seed values at every evaluated length."""
     out = [header("TransformerLM quality: relpos vs x-transformers", machine_info(), settings)]
-    groups: dict[tuple, list[dict]] = {}
-    for r in results:
-        key = (r["encoding"], r["optimizer"], r["steps"], r["eval_bytes"], tuple(r["ppl"]))
-        groups.setdefault(key, []).append(r)
     tables: dict[tuple, list[list[object]]] = {}
-    for key, rs in groups.items():
-        by_model: dict[str, list[dict]] = {}
-        for r in rs:
-            by_model.setdefault(r["model"], []).append(r)
-        for spec, runs in sorted(by_model.items()):
-            runs.sort(key=lambda r: r["seed"])
+    for key, models in by_model(results).items():
+        for spec, runs in sorted(models.items()):
             cells: list[object] = [key[0], f"`{spec}`", ",".join(str(r["seed"]) for r in runs)]
-            for length in key[4]:
-                values = [r["ppl"][length] for r in runs]
-                mean, half = interval(values)
-                ci = "" if math.isnan(half) else f" ± {half:.3f}"
-                cells.append(f"{mean:.3f}{ci} ({' / '.join(f'{v:.3f}' for v in values)})")
+            cells += seed_cells(runs, key[4])
             cells.append(f"{statistics.fmean(r['final_loss'] for r in runs):.4f}")
             cells.append(f"{statistics.fmean(r['train_seconds'] for r in runs):.0f}")
             tables.setdefault(key[1:], []).append(cells)
@@ -421,6 +432,80 @@ def report(results: list[dict], settings: dict) -> str:
         heads = ["encoding", "model", "seeds", *(f"ppl @ {n}" for n in lengths)]
         out.append(markdown_table([*heads, "final train loss", "train s"], sorted(rows)))
     return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ recorded runs
+#: the cases docs/benchmarks.md reports, copied from a run's ``cases/`` folder (``--record``)
+RECORDED = REPO / "docs" / "runs" / "lm_quality"
+DOCS_PAGE = REPO / "docs" / "benchmarks.md"
+BLOCK_START, BLOCK_END = "<!-- lm-quality:start -->", "<!-- lm-quality:end -->"
+#: what each model spec is, in the docs' words (after ``normalise``)
+DOC_LABELS = {
+    "relpos[init=gpt2]": "relpos `TransformerLM` default (GPT-2 init, tied head)",
+    "relpos[init=gpt2,head=untied]": "relpos, untied head (`tie_embedding=False`)",
+    "relpos[init=fan-in,head=untied]": "relpos, x-transformers' init and an untied head",
+    "x-transformers": "x-transformers at its defaults (untied head; RoPE over 16 of 32 dims)",
+    "x-transformers-matched": "x-transformers matched (tied head scaled by dim^-1/2; "
+    "RoPE over the whole head)",
+}
+#: row order of the docs table
+DOC_ORDER = tuple(DOC_LABELS)
+
+
+def recorded_results(folder: Path = RECORDED) -> list[dict]:
+    """The recorded cases (``folder/cases/*.json``), normalised."""
+    return [normalise(json.loads(p.read_text())) for p in sorted((folder / "cases").glob("*.json"))]
+
+
+def render_block(results: list[dict]) -> str:
+    """The docs table of the recorded 1000-step cases: one row per (encoding, model) with the
+    mean ± 95% t-interval and every seed's value at each evaluated length, the final train
+    loss and the relative difference at the training length to the peer at its defaults."""
+    rows = []
+    for (encoding, *_, lengths), models in sorted(by_model(results).items()):
+        peer = models.get("x-transformers")
+        peer_mean = statistics.fmean(r["ppl"][lengths[0]] for r in peer) if peer else None
+        order = sorted(models, key=lambda m: (DOC_ORDER + (m,)).index(m))
+        for spec in order:
+            runs = models[spec]
+            mean = statistics.fmean(r["ppl"][lengths[0]] for r in runs)
+            versus = "" if peer_mean is None else f"{100 * (mean / peer_mean - 1):+.1f}%"
+            rows.append(
+                [
+                    encoding,
+                    DOC_LABELS.get(spec, f"`{spec}`"),
+                    ", ".join(str(r["seed"]) for r in runs),
+                    *seed_cells(runs, lengths),
+                    f"{statistics.fmean(r['final_loss'] for r in runs):.3f}",
+                    versus,
+                ]
+            )
+    lengths = sorted({n for r in results for n in r["ppl"]}, key=int)
+    heads = ["encoding", "model", "seeds", *(f"ppl @ {n}" for n in lengths)]
+    heads += ["final train loss", f"@ {lengths[0]} vs the peer's defaults"]
+    return markdown_table(heads, rows)
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between ``BLOCK_START`` and ``BLOCK_END`` replaced by ``block``;
+    ``ValueError`` unless there is exactly one such part."""
+    if text.count(BLOCK_START) != 1 or text.count(BLOCK_END) != 1:
+        raise ValueError(f"{DOCS_PAGE.name}: needs exactly one {BLOCK_START} ... {BLOCK_END}")
+    head, rest = text.split(BLOCK_START)
+    _, tail = rest.split(BLOCK_END)
+    return f"{head}{BLOCK_START}\n{block}\n{BLOCK_END}{tail}"
+
+
+def record(run: Path, folder: Path = RECORDED) -> list[str]:
+    """Copy the finished 1000-step cases of ``run/cases`` into ``folder/cases``."""
+    (folder / "cases").mkdir(parents=True, exist_ok=True)
+    copied = []
+    for p in sorted((run / "cases").glob("*.s1000.*.json")):
+        data = p.read_text()
+        json.loads(data)  # a corrupt case is reported by json's error, never copied
+        atomic_write(folder / "cases" / p.name, lambda tmp, d=data: Path(tmp).write_text(d))
+        copied.append(p.name)
+    return copied
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -438,8 +523,28 @@ def main(argv: list[str] | None = None) -> int:
     add("--jobs", type=int, default=1, help="cases trained at once (one process each)")
     add("--threads", type=int, default=1, help="torch threads per case")
     add("--report-only", action="store_true", help="tabulate OUT/cases, train nothing")
+    add(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="copy RUN/cases' 1000-step cases into docs/runs/lm_quality, then --docs",
+    )
+    add(
+        "--docs",
+        action="store_true",
+        help="rewrite docs/benchmarks.md's lm-quality block from the recorded cases",
+    )
     add("--case", nargs=5, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.record is not None or args.docs:
+        if args.record is not None:
+            names = record(args.record)
+            print(f"recorded {len(names)} cases from {args.record}/cases into {RECORDED}")
+        text = replace_block(DOCS_PAGE.read_text(), render_block(recorded_results()))
+        atomic_write(DOCS_PAGE, lambda tmp: Path(tmp).write_text(text))
+        print(f"rewrote the lm-quality block of {DOCS_PAGE}")
+        return 0
     numbers = [args.steps, args.jobs, args.threads, args.eval_bytes, *args.eval_lengths]
     if min(numbers) <= 0:
         print(

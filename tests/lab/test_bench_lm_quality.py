@@ -177,3 +177,64 @@ def test_old_peer_results_are_labelled_as_the_matched_configuration(bench):
     assert bench.normalise(dict(old))["model"] == "x-transformers-matched"
     new = {**old, "peer_options": bench.peer_options("x-transformers", "alibi")}
     assert bench.normalise(dict(new))["model"] == "x-transformers"
+
+
+# ------------------------------------------------------------------------------ recorded runs
+def case(model: str, encoding: str, seed: int, ppl128: float, ppl2048: float) -> dict:
+    return {
+        "model": model,
+        "encoding": encoding,
+        "seed": seed,
+        "optimizer": "plain",
+        "steps": 1000,
+        "ppl": {"128": ppl128, "2048": ppl2048},
+        "eval_bytes": 131072,
+        "final_loss": 1.5,
+        "train_seconds": 1.0,
+    }
+
+
+def test_the_docs_block_is_the_rendering_of_the_recorded_cases(bench):
+    """docs/benchmarks.md's lm-quality table is written from docs/runs/lm_quality, never by
+    hand (``bench_lm_quality.py --docs`` rewrites it)."""
+    text = bench.DOCS_PAGE.read_text()
+    recorded = bench.recorded_results()
+    assert recorded, "no recorded cases in docs/runs/lm_quality/cases"
+    assert bench.replace_block(text, bench.render_block(recorded)) == text
+
+
+def test_the_block_gives_mean_interval_seeds_and_the_gap_to_the_peer(bench):
+    results = [
+        bench.normalise(case("relpos", "alibi", s, v, v + 1)) for s, v in enumerate((6, 7, 8))
+    ]
+    results += [case("x-transformers", "alibi", s, 5.0, 5.5) for s in (0, 1)]
+    block = bench.render_block(results)
+    lines = block.splitlines()
+    relpos_row = next(line for line in lines if "GPT-2 init, tied head" in line)
+    # mean 7, t(2 dof) = 4.303, sd 1, n 3: half-width 4.303 / sqrt(3) = 2.484
+    assert "7.000 ± 2.484 (6.000 / 7.000 / 8.000)" in relpos_row
+    assert "0, 1, 2" in relpos_row and "+40.0%" in relpos_row  # 7 vs the peer's 5
+    peer_row = next(line for line in lines if "at its defaults" in line)
+    assert "5.000 ± 0.000 (5.000 / 5.000)" in peer_row and "+0.0%" in peer_row
+    # the default model first, the peer after the relpos variants
+    assert lines.index(relpos_row) < lines.index(peer_row)
+
+
+def test_replace_block_needs_exactly_one_block(bench):
+    with pytest.raises(ValueError, match="exactly one"):
+        bench.replace_block("no block here", "x")
+    one = f"a\n{bench.BLOCK_START}\nold\n{bench.BLOCK_END}\nb"
+    assert bench.replace_block(one, "new") == f"a\n{bench.BLOCK_START}\nnew\n{bench.BLOCK_END}\nb"
+
+
+def test_record_copies_finished_cases_and_refuses_a_corrupt_one(bench, tmp_path):
+    run = tmp_path / "run"
+    (run / "cases").mkdir(parents=True)
+    good = run / "cases" / "relpos.alibi.plain.s1000.e128-2048x131072.seed0.json"
+    good.write_text('{"model": "relpos"}')
+    (run / "cases" / "relpos.alibi.plain.s300.e128x16384.seed0.json").write_text("{}")
+    assert bench.record(run, tmp_path / "docs") == [good.name]
+    assert (tmp_path / "docs" / "cases" / good.name).read_text() == '{"model": "relpos"}'
+    good.write_text("{not json")
+    with pytest.raises(ValueError):
+        bench.record(run, tmp_path / "docs")
