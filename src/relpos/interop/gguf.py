@@ -15,10 +15,12 @@ Both give the same logits (tests/interop/test_gguf.py).
 
 RoPE conventions: llama.cpp derives the rope type from the architecture
 (``relpos.interop.llama_cpp_rope``); ``rope_convention(meta)`` returns the relpos encoding
-and options that compute it. A ``rope_freqs.weight`` tensor (llama.cpp's per-pair frequency
-divisors, e.g. Llama 3.1's scaling) becomes the ``freq_factors`` scaling of the ``rope``
-encoding; another encoding, or a ``scaling`` of the caller's, is refused by name rather than
-dropping the tensor.
+and options that compute it. The file's RoPE scaling (``{arch}.rope.scaling.type`` linear /
+yarn / longrope with its factor, original length, attention factor and YaRN betas; a
+``rope_freqs.weight`` tensor of per-pair frequency divisors, e.g. Llama 3.1's scaling; Phi-3's
+``rope_factors_long`` / ``rope_factors_short``) becomes the ``scaling`` of the ``rope``
+encoding exactly as llama.cpp computes it (``relpos.interop.gguf_scaling``); another
+encoding, or a ``scaling`` of the caller's, is refused by name rather than dropping it.
 
 Tokenizer (``tokenizer.ggml.model == "gpt2"``): byte-level BPE from ``tokenizer.ggml.tokens``
 and ``merges``, pre-tokenizer ``Sequence([Digits(individual_digits=True),
@@ -47,6 +49,7 @@ from torch import Tensor
 from ..nn.llama import LlamaConfig, LlamaLM
 from ..optional import require
 from ..validation import check_choice
+from .gguf_scaling import FACTOR_TENSORS, gguf_rope_scaling
 from .llama_cpp_rope import rope_encoding, rope_type_of
 from .rope_layout import interleaved_to_half
 
@@ -152,11 +155,6 @@ def llama_config(
             f"partial rotary is not supported: llama.rope.dimension_count={rope_dim}, "
             f"head_dim={dim // heads}"
         )
-    if meta.get("llama.rope.scaling.type", "none") not in ("none", None):
-        raise ValueError(
-            f"the file asks for RoPE scaling {meta['llama.rope.scaling.type']!r}; load it "
-            "without and pass the scaling to model.set_encoding"
-        )
     vocab = vocab_size if vocab_size is not None else meta.get("llama.vocab_size")
     if vocab is None:
         raise ValueError("GGUF metadata lacks 'llama.vocab_size' and no vocab_size was given")
@@ -178,11 +176,20 @@ def llama_config(
     )
 
 
-def rope_convention(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def rope_convention(
+    meta: dict[str, Any],
+    *,
+    factors: dict[str, Any] | None = None,
+    context_length: int | None = None,
+) -> tuple[str, dict[str, Any]]:
     """``(encoding, options)`` of relpos for the file's RoPE as llama.cpp applies it: the
     rope type of ``general.architecture`` with ``{arch}.rope.freq_base``,
     ``{arch}.rope.dimension_count`` and ``{arch}.rope.dimension_sections``
-    (``relpos.interop.llama_cpp_rope.rope_encoding``; ``ValueError`` where none is exact)."""
+    (``relpos.interop.llama_cpp_rope.rope_encoding``), and its scaling (``{arch}.rope.scaling.*``
+    and the per-pair factor tensors ``factors``, by name: ``gguf_scaling.FACTOR_TENSORS``) as
+    the ``scaling`` option (``relpos.interop.gguf_scaling.gguf_rope_scaling``;
+    ``context_length``: llama.cpp's context per sequence, which picks LongRoPE's factors).
+    ``ValueError`` where no relpos encoding is exact."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise ValueError("GGUF metadata lacks 'general.architecture'")
@@ -196,13 +203,26 @@ def rope_convention(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         )
     )
     sections = meta.get(f"{arch}.rope.dimension_sections")
-    return rope_encoding(
+    rotary_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    encoding, options = rope_encoding(
         rope_type_of(arch),
         head_dim=head_dim,
         base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rotary_dim=int(meta.get(f"{arch}.rope.dimension_count", head_dim)),
+        rotary_dim=rotary_dim,
         sections=None if sections is None else [int(v) for v in sections],
     )
+    scaling = gguf_rope_scaling(
+        meta, rotary_dim=rotary_dim, factors=factors, context_length=context_length
+    )
+    if scaling is not None:
+        if encoding != "rope":
+            raise ValueError(
+                f"the GGUF file's RoPE scaling {scaling['rope_type']!r} on llama.cpp's "
+                f"{encoding!r}-style rope ({arch}) is not stated by relpos (scaling is read "
+                "for plain NORMAL / NEOX rope only)"
+            )
+        options["scaling"] = scaling
+    return encoding, options
 
 
 # ------------------------------------------------------------------------------ tokenizer
@@ -304,6 +324,7 @@ def load_gguf(
     encoding: str = "rope",
     encoding_options: dict[str, Any] | None = None,
     backend: str = "auto",
+    context_length: int | None = None,
 ) -> tuple[LlamaLM, Any, LlamaConfig]:
     """Load a Llama-family GGUF file into ``(LlamaLM, tokenizers.Tokenizer, LlamaConfig)``.
 
@@ -315,6 +336,12 @@ def load_gguf(
         encoding, encoding_options: the positional encoding (default plain RoPE with the
             file's base); change it later with ``model.set_encoding``.
         backend: attention backend of every layer.
+        context_length: llama.cpp's context per sequence (``n_ctx / n_seq_max``), needed
+            only for a file with LongRoPE factors (Phi-3), which llama.cpp picks by it.
+
+    The file's RoPE scaling (``{arch}.rope.scaling.*``, ``rope_freqs`` and the LongRoPE
+    factor tensors) becomes the ``scaling`` of the ``rope`` encoding, as llama.cpp computes
+    it (``relpos.interop.gguf_scaling``), or is refused by name.
 
     The model is returned in eval mode. ``config.vocab_size`` is the number of embedding rows.
     """
@@ -333,19 +360,23 @@ def load_gguf(
     )
     arrays = _dequantize(reader)
     encoding_options = dict(encoding_options or {})
-    rope_freqs = arrays.pop("rope_freqs.weight", None)
-    if rope_freqs is not None:
+    factors = {name: arrays.pop(name) for name in FACTOR_TENSORS if name in arrays}
+    scaling = gguf_rope_scaling(
+        meta,
+        rotary_dim=config.head_dim,
+        factors=factors,
+        context_length=context_length,
+    )
+    if scaling is not None:
         if encoding != "rope" or encoding_options.get("scaling") is not None:
+            held = ", ".join(factors) or "no factor tensors"
             raise ValueError(
-                "the GGUF file holds rope_freqs.weight (llama.cpp's per-pair frequency "
-                "factors, e.g. Llama 3.1 scaling); load it with encoding='rope' and no "
-                "scaling (it becomes the 'freq_factors' scaling), got "
+                f"the GGUF file asks for RoPE scaling {scaling['rope_type']!r} (llama.cpp's "
+                f"rope.scaling keys; {held}, e.g. rope_freqs.weight for Llama 3.1); load it "
+                "with encoding='rope' and no scaling (the file's scaling is applied), got "
                 f"encoding={encoding!r}, scaling={encoding_options.get('scaling')!r}"
             )
-        encoding_options["scaling"] = {
-            "rope_type": "freq_factors",
-            "freq_factors": [float(f) for f in np.asarray(rope_freqs).reshape(-1)],
-        }
+        encoding_options["scaling"] = scaling
     state = _state_dict(arrays, config, dtype)
     with torch.device("meta"):
         model = LlamaLM(config, "nope", backend=backend)

@@ -28,6 +28,10 @@ class Convention:
 _HF_ORACLE = "bit-identical to `ROPE_INIT_FUNCTIONS` (tests/oracle/test_oracle_hf_rope_scaling.py)"
 _ENGINE = "float64 evaluation of the published formula (tests/rope_scaling/test_engine_types.py)"
 _GGML = "numpy restatement of ggml's CPU rope (tests/interop/test_llama_cpp_rope.py)"
+_GGUF = (
+    "float64 restatement of llama-context's scaling and ggml's `rope_yarn` on metadata and "
+    "GGUFWriter files (tests/interop/test_gguf_scaling.py)"
+)
 
 CONVENTIONS: tuple[Convention, ...] = (
     # ----------------------------------------------------------------- transformers
@@ -74,6 +78,20 @@ CONVENTIONS: tuple[Convention, ...] = (
         "interleaved pairs",
         '`rope`, `layout="interleaved"`',
         "the model's `apply_rotary_pos_emb` (tests/oracle/test_oracle_hf_interleaved_rope.py)",
+    ),
+    Convention(
+        "transformers (Gemma 4, LFM-3)",
+        '`"proportional"` in a layer type of `rope_parameters`: half-split pairs over the '
+        "whole head, trailing frequencies 0",
+        '`rope`, `scaling={"rope_type": "proportional"}`, `partial_rotary_factor=p` (read by '
+        "`relpos.interop.hf`'s probe)",
+        "the family walk (docs/hf_families.md; tests/interop/test_hf_rope_types.py)",
+    ),
+    Convention(
+        "transformers (Beam, Ergo, LFM-3)",
+        "a layer type whose `rope_parameters` entry is None or absent",
+        "no encoding in those layers (NoPE), read by the probe",
+        "the family walk (docs/hf_families.md; tests/interop/test_hf_rope_types.py)",
     ),
     Convention(
         "transformers (HunYuanVL)",
@@ -217,9 +235,37 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "llama.cpp",
-        "GGUF `rope.scaling.type` linear / yarn / longrope",
+        "GGUF `rope.scaling.type` linear (`scaling.factor`, or `scale_linear`; missing type = "
+        "linear)",
+        '`scaling={"rope_type": "linear"}`; with `rope.scaling.attn_factor != 1` or per-pair '
+        'factors `scaling={"rope_type": "freq_factors", "attention_factor": a}` (the factor '
+        "folded into the divisors)",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope.scaling.type` yarn (`factor`, `original_context_length`, `attn_factor`, "
+        "`yarn_beta_fast/slow`)",
+        '`scaling={"rope_type": "yarn", "attention_factor": (1 + 0.1 ln s) a}` (llama-context'
+        "'s mscale and its cancel, then `rope_yarn`'s factor)",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope_factors_long` / `rope_factors_short` (Phi-3 LongRoPE)",
+        '`scaling={"rope_type": "freq_factors", "attention_factor": a}` with the factors '
+        "llama.cpp picks once from its context per sequence (`load_gguf(context_length=)`)",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `yarn_ext_factor` / `yarn_attn_factor` / `yarn_log_multiplier` / "
+        "`scaling.alpha`, YaRN with per-pair factors, YaRN in `deepseek2`, "
+        "`freq_base_swa`",
         "-",
-        "refused by `load_gguf` with the instruction to pass the scaling to `model.set_encoding`",
+        "refused by name (`relpos.interop.gguf_scaling`): read by llama.cpp only for some "
+        "architectures whose graphs apply them their own way, or a composition relpos's "
+        "scalings do not state",
         supported=False,
     ),
 )

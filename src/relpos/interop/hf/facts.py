@@ -88,7 +88,11 @@ class RopeFacts:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """The sizes and RoPE of a transformers decoder (see the module docstring)."""
+    """The sizes and RoPE of a transformers decoder (see the module docstring).
+
+    ``rope`` maps a layer type to its RoPE; ``per_layer_type`` says that the config keys its
+    ``rope_parameters`` by ``layer_types`` (a type absent from ``rope`` has no RoPE),
+    otherwise ``rope`` holds the one RoPE of every layer under ``FULL``."""
 
     model_type: str
     num_heads: int
@@ -101,6 +105,7 @@ class ModelFacts:
     rotary: nn.Module = field(repr=False, compare=False)
     rotary_modules: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
     layers: tuple[LayerRotary | None, ...] | None = None
+    per_layer_type: bool = False
 
     def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
         """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the
@@ -115,8 +120,9 @@ class ModelFacts:
         return self.layers[layer_idx]
 
     def layer_type(self, layer_idx: int | None) -> str:
-        """The layer type of attention layer ``layer_idx`` (its RoPE's key in ``rope``)."""
-        if len(self.rope) == 1:
+        """The layer type of attention layer ``layer_idx``: its RoPE's key in ``rope`` (a
+        type missing there has no RoPE), or ``FULL`` for a model with one RoPE."""
+        if not self.per_layer_type:
             return next(iter(self.rope))
         if layer_idx is None or not 0 <= layer_idx < len(self.layer_types):
             raise ValueError(

@@ -9,7 +9,9 @@ missing), the facts every part of the integration needs:
   scaling dict (``rope_parameters`` without its ``rope_theta`` / ``partial_rotary_factor``
   keys; None for ``default``) and ``max_position_embeddings``. Models with one RoPE
   (Llama, Qwen2, Mistral, Phi-3) have one type, ``"full_attention"``; Gemma-3-style configs
-  nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``;
+  nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``
+  (an entry None, or a type the dict does not name, is a layer type without RoPE: Beam's and
+  Ergo's full-attention layers, LFM-3's convolution layers);
 * the decoder (``model.get_decoder()``) and its ``rotary_emb`` module(s), which compute the
   rotation every layer applies;
 * with ``probe=True``, how each attention layer actually rotates q and k (``probe.py``: pair
@@ -101,7 +103,14 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     )
 
 
-def _rope_per_type(config: Any) -> dict[str, RopeFacts]:
+def _rope_per_type(config: Any) -> tuple[dict[str, RopeFacts], bool]:
+    """The RoPE of each layer type and whether ``rope_parameters`` is keyed by layer type.
+
+    A dict keyed by the layer types of ``config.layer_types`` (Gemma-3, Gemma-4, LFM-3) gives
+    one ``RopeFacts`` per type it names; a type whose entry is None (Beam, Ergo: their
+    full-attention layers run without RoPE) or that it does not name (LFM-3's convolution
+    layers) has none, and the probe must then find no rotation in its layers. Any other dict
+    is the one RoPE of every layer."""
     params = _read(config, "rope_parameters")
     if params is None:
         params = _read(config, "rope_scaling")
@@ -111,9 +120,10 @@ def _rope_per_type(config: Any) -> dict[str, RopeFacts]:
             "decoders (transformers >= 5)"
         )
     layer_types = _read(config, "layer_types") or ()
-    if layer_types and all(isinstance(params.get(t), Mapping) for t in set(layer_types)):
-        return {t: rope_facts(params[t], config) for t in sorted(set(layer_types))}
-    return {FULL: rope_facts(params, config)}
+    typed = sorted({t for t in layer_types if t in params})
+    if typed and all(params[t] is None or isinstance(params[t], Mapping) for t in typed):
+        return {t: rope_facts(params[t], config) for t in typed if params[t] is not None}, True
+    return {FULL: rope_facts(params, config)}, False
 
 
 def _decoder(model: nn.Module) -> nn.Module:
@@ -168,7 +178,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
     head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
     layers = int(_need(config, "num_hidden_layers", model_type))
-    rope = _rope_per_type(config)
+    rope, per_layer_type = _rope_per_type(config)
     layer_types = tuple(_read(config, "layer_types") or (FULL,) * layers)
     facts = ModelFacts(
         model_type=model_type,
@@ -178,6 +188,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         num_layers=layers,
         rope=rope,
         layer_types=layer_types,
+        per_layer_type=per_layer_type,
         decoder=decoder,
         rotary=rotary,
         rotary_modules=tuple(rotary_modules(decoder)),

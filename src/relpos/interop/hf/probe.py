@@ -24,7 +24,11 @@ entry). Conventions found this way (transformers 5.25): half-split pairs (Llama 
 interleaved pairs (Cohere, Helium, Ernie 4.5), interleaved pairs in the first half of the
 head (GLM, GLM-4: partial rotary), half-split pairs rotated the other way (NanoChat: ``R(-p)``,
 the half-split pairs with their two channels swapped), layers without RoPE (Llama-4's NoPE
-layers, SmolLM3).
+layers, SmolLM3, the full-attention layers of Beam and Ergo), p-RoPE (HF ``"proportional"``,
+the global layers of Gemma-4 and LFM-3: half-split pairs ``(i, i + D/2)`` over the whole head
+whose trailing frequencies are 0, so only the leading ``r/2`` pairs turn; relpos's ``rope``
+with that scaling dict computes the same frequencies, and the probe counts the channels its
+nonzero frequencies turn).
 
 A layer whose ``q_rot`` / ``k_rot`` are not a rotation of ``q_raw`` / ``k_raw`` relpos can
 state exactly raises ``ValueError`` naming the model, the layer and what was found.
@@ -188,12 +192,18 @@ def _pairs(raw: Tensor, rot: Tensor, rotated: list[int], what: str) -> list[tupl
     return sorted(pairs)
 
 
-def _layout(pairs: list[tuple[int, int]], head_dim: int) -> tuple[str, tuple[int, ...] | None]:
+def _layout(
+    pairs: list[tuple[int, int]], head_dim: int, span: int
+) -> tuple[str, tuple[int, ...] | None]:
     """relpos's layout and the channel permutation (None: the identity) for the pairs ``(a,
-    b)`` (``a' = a cos - b sin``), in the order of their first channel."""
+    b)`` (``a' = a cos - b sin``), in the order of their first channel. ``span``: the
+    channels relpos's encoding of the layer's RoPE pairs over; where it is wider than the
+    rotated channels (p-RoPE, HF ``"proportional"``: trailing frequencies 0), the pairs
+    ``(i, i + span/2)`` of its leading frequencies are its own ``half`` layout."""
     r = 2 * len(pairs)
-    if pairs == [(i, i + r // 2) for i in range(r // 2)]:
-        return "half", None
+    for width in dict.fromkeys((r, span)):
+        if width >= r and pairs == [(i, i + width // 2) for i in range(r // 2)]:
+            return "half", None
     if pairs == [(2 * i, 2 * i + 1) for i in range(r // 2)]:
         return "interleaved", None
     used = {c for ab in pairs for c in ab}
@@ -267,8 +277,10 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
 def _far_position(facts: ModelFacts) -> int:
     """A position at which even the lowest frequency has turned by about a radian (every
     rotated pair shows; ``64 base``, at most ``2^24``): the probe reads the pairs there."""
-    base = max(r.base for r in facts.rope.values())
-    factor = max(float((r.scaling or {}).get("factor") or 1.0) for r in facts.rope.values())
+    base = max((r.base for r in facts.rope.values()), default=10000.0)
+    factor = max(
+        (float((r.scaling or {}).get("factor") or 1.0) for r in facts.rope.values()), default=1.0
+    )
     return int(min(2**24, 64 * base * max(factor, 1.0)))
 
 
@@ -303,12 +315,21 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
             f"{err}; its q/k after RoPE are not pairwise rotations relpos can state ({found})"
         ) from None
     layer_type = facts.layer_type(layer)
+    if layer_type not in facts.rope:
+        raise ValueError(
+            f"{what}: rotates q and k ({found}), but the config gives its layer type "
+            f"{layer_type!r} no RoPE (no rope_parameters entry), so relpos cannot state it"
+        )
     base_options = facts.rope[layer_type].options()
+    try:
+        span = create("rope", num_heads=1, head_dim=head_dim, **base_options).rotary_dim
+    except ValueError as err:
+        raise ValueError(f"{what}: relpos's rope refuses the model's RoPE: {err}") from None
     near = slice(0, pos.shape[0] - 1)  # the far row has float32 angle error in the model
     best: tuple[float, str] = (math.inf, "")
     # the sense of rotation: pair (a, b) turns a towards b, or b towards a
     for oriented in (pairs, [(b, a) for a, b in pairs]):
-        layout, permutation = _layout(sorted(oriented, key=min), head_dim)
+        layout, permutation = _layout(sorted(oriented, key=min), head_dim, span)
         spec = LayerRotary(
             layer_type, layout, 2 * len(pairs), head_dim, permutation, q_raw.shape[1]
         )
@@ -318,10 +339,11 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
             enc = create("rope", num_heads=q_raw.shape[1], head_dim=head_dim, **options)
         except ValueError as err:
             raise ValueError(f"{what}: relpos's rope refuses the model's RoPE: {err}") from None
-        if enc.rotary_dim != spec.rotary_dim:
+        if _turning_channels(enc) != spec.rotary_dim:
             raise ValueError(
                 f"{what}: rotates {spec.rotary_dim} of {head_dim} channels, which relpos's "
-                "partial_rotary_factor cannot state"
+                f"partial_rotary_factor cannot state (relpos's rope with the model's options "
+                f"turns {_turning_channels(enc)})"
             )
         err = _rotation_error(enc.to(q_raw.device), spec, q_raw, q_rot, k_raw, k_rot, pos, near)
         if err <= tol:
@@ -338,6 +360,12 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
         f"{what}: {best[1]} differs from the model's rotation by {best[0]:.3g} (tolerance "
         f"{tol:.3g}); found {_describe(pairs)}. The model's RoPE is not one relpos computes"
     )
+
+
+def _turning_channels(enc) -> int:
+    """The channels relpos's rope ``enc`` turns: two per nonzero frequency (p-RoPE's zero
+    frequencies leave their pairs as they are)."""
+    return 2 * int(torch.count_nonzero(enc.inv_freq))
 
 
 def _rotation_error(enc, spec, q_raw, q_rot, k_raw, k_rot, pos, rows) -> float:

@@ -22,16 +22,21 @@ requested ``layout``, ``relpos.interop.rope_layout``), the RoPE scaling dict car
 the ``rope`` encoding's ``scaling``. Logits agree to float32
 rounding both ways (tests/interop/test_hf_weights.py).
 
-Refused by name: anything ``LlamaLM`` cannot represent exactly. Leftover tensors (Qwen2's q/k/v
-biases, Qwen3's q/k norms, ...), another activation than SiLU, a head size other than
-``hidden_size / num_attention_heads``, partial rotary, a sliding window (Mistral), layers
-without RoPE, pairs in neither relpos layout, a RoPE-dict key the model's attention applies
-itself (Ministral-3's ``llama_4_scaling_beta``), and for ``to_hf`` an encoding other than
-``rope``.
+Refused by name: anything ``LlamaLM`` cannot represent exactly. Leftover or missing tensors
+(Qwen2's q/k/v biases, Qwen3's q/k norms, Cohere's parallel block without a second norm, ...),
+another activation than SiLU, a head size other than ``hidden_size / num_attention_heads``,
+constant factors on embeddings, residuals, attention or logits (Granite's multipliers,
+Cohere's ``logit_scale``), partial rotary, a sliding window (Mistral), layer types with
+different RoPEs, layers without RoPE, pairs in neither relpos layout, a RoPE-dict key the
+model's attention applies itself (Ministral-3's ``llama_4_scaling_beta``), and for ``to_hf``
+an encoding other than ``rope``. Finally ``from_hf`` runs both models once on a short known
+input and refuses unless their logits agree (``check=True``), so what a model computes beyond
+its tensors and these config keys is refused too rather than copied wrong.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -40,10 +45,26 @@ from torch import Tensor, nn
 from ...nn.llama import LlamaConfig, LlamaLM
 from ...validation import check_choice
 from ..rope_layout import half_to_interleaved, interleaved_to_half
-from .model import inspect_model
+from .facts import FULL
+from .model import inspect_model, rope_facts
 from .patch import _transformers
 
-__all__ = ["llama_config_from_hf", "from_hf", "to_hf"]
+__all__ = ["llama_config_from_hf", "from_hf", "to_hf", "MULTIPLIERS"]
+
+#: config keys of constant factors LlamaLM does not apply, with the value that is no factor
+#: (transformers ``models/granite``: ``embedding_multiplier``, ``residual_multiplier``,
+#: ``attention_multiplier`` as the softmax scale, ``logits_scaling`` as a divisor;
+#: ``models/cohere``: ``logit_scale``)
+MULTIPLIERS = {
+    "embedding_multiplier": 1.0,
+    "residual_multiplier": 1.0,
+    "logits_scaling": 1.0,
+    "logit_scale": 1.0,
+}
+
+#: relative error of the logits within which ``from_hf``'s check accepts the copy, by the
+#: model's dtype (float32 rounding of two summation orders; 16-bit rounding)
+CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 
 
 def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaConfig, dict | None]:
@@ -54,14 +75,30 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"from_hf: {what} uses hidden_act={act!r}; LlamaLM's MLP is SwiGLU (silu)")
+    from .model import _read, _rope_per_type
+
     heads, dim = config.num_attention_heads, config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or dim // heads
+    head_dim = _read(config, "head_dim") or dim // heads
     if head_dim * heads != dim:
         raise ValueError(
             f"from_hf: {what} has head_dim={head_dim} with {heads} heads and hidden_size={dim}; "
             "LlamaLM needs head_dim = hidden_size / num_attention_heads"
         )
-    window = getattr(config, "sliding_window", None)
+    for key, neutral in MULTIPLIERS.items():
+        value = _read(config, key)
+        if value is not None and value != neutral:
+            raise ValueError(
+                f"from_hf: {what} has {key}={value} (a constant factor on the embeddings, the "
+                "residual branches, the attention logits or the output logits: Granite, "
+                "Cohere); LlamaLM has none"
+            )
+    scale = _read(config, "attention_multiplier")
+    if scale is not None and not math.isclose(scale, head_dim**-0.5, rel_tol=1e-6):
+        raise ValueError(
+            f"from_hf: {what} has attention_multiplier={scale} as its softmax scale; LlamaLM "
+            f"scales the logits by head_dim^-0.5 = {head_dim**-0.5:g}"
+        )
+    window = _read(config, "sliding_window")
     if window is not None and getattr(config, "use_sliding_window", True):
         raise ValueError(
             f"from_hf: {what} has sliding_window={window}; LlamaLM has no sliding-window "
@@ -70,10 +107,18 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
     for key in ("attention_bias", "mlp_bias"):
         if getattr(config, key, False):
             raise ValueError(f"from_hf: {what} has {key}=True; LlamaLM's projections have no bias")
-    from .model import rope_facts
-
-    params = getattr(config, "rope_parameters", None) or {"rope_theta": 10000.0}
-    rope = rope_facts(params, config)
+    if _read(config, "rope_parameters") is None and _read(config, "rope_scaling") is None:
+        config_rope = {FULL: rope_facts({"rope_theta": 10000.0}, config)}
+    else:
+        config_rope, _ = _rope_per_type(config)
+    if len({(r.base, repr(r.scaling), r.partial_rotary_factor) for r in config_rope.values()}) > 1:
+        raise ValueError(
+            f"from_hf: {what} gives its layer types different RoPEs ({sorted(config_rope)}); "
+            "LlamaLM has one RoPE for every layer"
+        )
+    if not config_rope:
+        raise ValueError(f"from_hf: {what} configures no RoPE; LlamaLM rotates every layer")
+    rope = next(iter(config_rope.values()))
     if rope.partial_rotary_factor != 1.0:
         raise ValueError(
             f"from_hf: {what} rotates a part of each head (partial_rotary_factor="
@@ -141,7 +186,9 @@ def _source_layout(model: nn.Module) -> str:
     return layouts.pop()
 
 
-def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") -> LlamaLM:
+def from_hf(
+    model: nn.Module, *, layout: str = "half", backend: str = "auto", check: bool = True
+) -> LlamaLM:
     """A ``LlamaLM`` with the weights of a transformers Llama-family causal LM (copied).
 
     Args:
@@ -150,6 +197,9 @@ def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") ->
         layout: RoPE pair layout of the result (``"half"``: a half-split model's rows as
             they are).
         backend: the ``LlamaLM``'s attention backend.
+        check: run both models once on a short known input (two rows of 8 tokens) and
+            refuse (``ValueError``) unless their logits agree within ``CHECK_RTOL`` of the
+            model's dtype: the guard against what a model computes beyond its tensors.
 
     The encoding is ``rope`` with the model's base, trained length and scaling dict. Returned
     in the model's training mode and dtype, on its device.
@@ -163,7 +213,11 @@ def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") ->
         try:
             return state.pop(name).detach().clone()
         except KeyError:
-            raise ValueError(f"from_hf: the model has no tensor {name!r}") from None
+            raise ValueError(
+                f"from_hf: the {model.config.model_type} model has no tensor {name!r}, so its "
+                "blocks are not LlamaLM's (pre-norm RMSNorm before attention and before a "
+                "SwiGLU MLP with separate q/k/v and gate/up/down projections)"
+            ) from None
 
     hd = config.head_dim
     sd: dict[str, Tensor] = {
@@ -197,7 +251,35 @@ def from_hf(model: nn.Module, *, layout: str = "half", backend: str = "auto") ->
         lm = LlamaLM(config, "nope", backend=backend)
     lm.load_state_dict(sd, assign=True, strict=True)
     lm.set_encoding("rope", **options)
+    if check:
+        _check_same_logits(model, lm)
     return lm.train(model.training)
+
+
+def _check_same_logits(model: nn.Module, lm: LlamaLM) -> None:
+    """``ValueError`` unless ``lm`` gives the model's logits on a short known input (two rows
+    of 8 tokens) within ``CHECK_RTOL`` of the model's dtype: what the model computes beyond
+    its tensors and config keys (a constant factor, another norm) shows here."""
+    weight = lm.embed.weight
+    vocab = weight.shape[0]
+    ids = torch.arange(16, device=weight.device).reshape(2, 8) * 7 % vocab
+    was_training = model.training
+    model.eval()
+    lm.eval()
+    try:
+        with torch.no_grad():
+            ref = model(input_ids=ids, use_cache=False).logits.float()
+            out = lm(ids).float()
+    finally:
+        model.train(was_training)
+    err = float((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30))
+    tol = CHECK_RTOL.get(weight.dtype, 3e-2)
+    if not err <= tol:
+        raise ValueError(
+            f"from_hf: the {model.config.model_type} model computes something LlamaLM does not "
+            f"with the same tensors: their logits differ by {err:.3g} (relative; tolerance "
+            f"{tol:g}). Run the model itself with relpos.interop.hf.patch"
+        )
 
 
 def to_hf(lm: LlamaLM) -> nn.Module:

@@ -1,0 +1,310 @@
+"""llama.cpp's RoPE scaling read from GGUF metadata (``relpos.interop.gguf_scaling``) gives the
+frequencies and magnitude llama.cpp rotates with, or is refused by name.
+
+The reference is this file's own reimplementation of llama.cpp's arithmetic, in float64:
+``llama_context``'s constructor (``src/llama-context.cpp``: ``ext_factor``, YaRN's
+``get_mscale`` and its cancel, ``rope_attn_factor``), ``ggml_rope_yarn_corr_dims``
+(``ggml/src/ggml.c``) and ``rope_yarn`` / ``rope_yarn_ramp`` / ``ggml_rope_cache_init``
+(``ggml/src/ggml-cpu/ops.cpp``). Small GGUF files are written with the ``gguf`` package's
+``GGUFWriter``; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+
+from relpos.encodings.registry import create  # noqa: E402
+from relpos.interop.gguf import load_gguf, rope_convention  # noqa: E402
+from relpos.interop.gguf_scaling import gguf_rope_scaling  # noqa: E402
+
+# ------------------------------------------------------------------ llama.cpp, reimplemented
+
+
+def _get_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1.0 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> float:
+    return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+
+def llama_cpp_rotation(
+    *,
+    n_dims: int,
+    base: float,
+    kind: str,
+    factor: float = 0.0,
+    attn_factor: float = 1.0,
+    n_ctx_orig: int = 2048,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    freq_factors: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
+    """``(per-pair angle per position, mscale)``: what ``ggml_rope_ext`` turns pair ``i`` by
+    per unit of position and the factor on cos / sin, for a context built from the file."""
+    freq_scale = 1.0 if (factor == 0.0 or kind == "none") else 1.0 / factor
+    ext_factor = 1.0 if kind == "yarn" else 0.0
+    attn = 1.0
+    if ext_factor != 0.0:
+        scale = 1.0 / freq_scale
+        attn = _get_mscale(scale, 1.0)
+        attn *= 1.0 / (1.0 + 0.1 * math.log(scale))
+    attn *= attn_factor
+    low = max(0.0, math.floor(_corr_dim(n_dims, n_ctx_orig, beta_fast, base)))
+    high = min(n_dims - 1.0, math.ceil(_corr_dim(n_dims, n_ctx_orig, beta_slow, base)))
+    theta_scale = base ** (-2.0 / n_dims)
+    thetas, mscale = [], attn
+    for i0 in range(0, n_dims, 2):
+        ff = 1.0 if freq_factors is None else float(freq_factors[i0 // 2])
+        extrap = theta_scale ** (i0 // 2) / ff
+        interp = freq_scale * extrap
+        theta = interp
+        if ext_factor != 0.0:
+            y = (i0 // 2 - low) / max(0.001, high - low)
+            ramp_mix = (1 - min(1.0, max(0.0, y))) * ext_factor
+            theta = interp * (1 - ramp_mix) + extrap * ramp_mix
+        thetas.append(theta)
+    if ext_factor != 0.0:
+        mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+    return np.array(thetas), mscale
+
+
+def _meta(arch: str = "llama", head_dim: int = 64, **rope: object) -> dict:
+    meta = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": 2 * head_dim,
+        f"{arch}.attention.head_count": 2,
+        f"{arch}.context_length": 8192,
+        f"{arch}.rope.freq_base": 1e4,
+    }
+    meta.update({f"{arch}.rope.{k}": v for k, v in rope.items()})
+    return meta
+
+
+def _check_against_llama_cpp(meta: dict, reference: dict, **convention: object):
+    encoding, options = rope_convention(meta, **convention)
+    assert encoding == "rope"
+    head_dim = meta[f"{meta['general.architecture']}.embedding_length"] // 2
+    enc = create("rope", num_heads=1, head_dim=head_dim, **options)
+    thetas, mscale = llama_cpp_rotation(n_dims=enc.rotary_dim, base=1e4, **reference)
+    np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6, atol=0)
+    assert enc.attention_factor == pytest.approx(mscale, rel=1e-7)
+    pos = torch.arange(0, 64)[None]
+    cos, sin = enc.cos_sin(pos)
+    angles = np.arange(0, 64)[:, None] * thetas
+    np.testing.assert_allclose(cos[0, 0].double().numpy(), np.cos(angles) * mscale, atol=1e-5)
+    np.testing.assert_allclose(sin[0, 0].double().numpy(), np.sin(angles) * mscale, atol=1e-5)
+    return options.get("scaling")
+
+
+# ------------------------------------------------------------------ the conventions
+
+
+@pytest.mark.parametrize(
+    ("keys", "reference"),
+    [
+        (
+            {"scaling.type": "yarn", "scaling.factor": 4.0,
+             "scaling.original_context_length": 2048},
+            {"kind": "yarn", "factor": 4.0, "n_ctx_orig": 2048},
+        ),
+        (  # the file's attention factor and YaRN betas
+            {"scaling.type": "yarn", "scaling.factor": 8.0, "scaling.attn_factor": 0.9,
+             "scaling.original_context_length": 1024, "scaling.yarn_beta_fast": 16.0,
+             "scaling.yarn_beta_slow": 2.0},
+            {"kind": "yarn", "factor": 8.0, "attn_factor": 0.9, "n_ctx_orig": 1024,
+             "beta_fast": 16.0, "beta_slow": 2.0},
+        ),
+        (  # no original length: the trained context length
+            {"scaling.type": "yarn", "scaling.factor": 2.0},
+            {"kind": "yarn", "factor": 2.0, "n_ctx_orig": 8192},
+        ),
+        ({"scaling.type": "linear", "scaling.factor": 2.0}, {"kind": "linear", "factor": 2.0}),
+        ({"scale_linear": 3.0}, {"kind": "linear", "factor": 3.0}),  # the older key, no type
+        (
+            {"scaling.type": "linear", "scaling.factor": 2.0, "scaling.attn_factor": 1.25},
+            {"kind": "linear", "factor": 2.0, "attn_factor": 1.25},
+        ),
+        ({"scaling.type": "none", "scaling.factor": 4.0}, {"kind": "none", "factor": 4.0}),
+    ],
+)  # fmt: skip
+def test_metadata_scaling_matches_llama_cpps_arithmetic(keys, reference):
+    _check_against_llama_cpp(_meta(**keys), reference)
+
+
+def test_each_type_becomes_the_relpos_scaling_that_states_it():
+    yarn = gguf_rope_scaling(
+        _meta(**{"scaling.type": "yarn", "scaling.factor": 4.0,
+                 "scaling.original_context_length": 2048}),
+        rotary_dim=64,
+    )  # fmt: skip
+    assert yarn == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 2048,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "attention_factor": pytest.approx(1 + 0.1 * math.log(4.0)),
+    }
+    linear = _meta(**{"scaling.type": "linear", "scaling.factor": 2.0})
+    assert gguf_rope_scaling(linear, rotary_dim=64) == {"rope_type": "linear", "factor": 2.0}
+    assert gguf_rope_scaling(_meta(), rotary_dim=64) is None
+    none = _meta(**{"scaling.type": "none", "scaling.factor": 4.0})
+    assert gguf_rope_scaling(none, rotary_dim=64) is None  # llama.cpp: never scale
+
+
+def test_longrope_factors_are_chosen_by_the_context_size_as_llama_cpp_does():
+    """Phi-3 (NEOX, partial rotary): llama.cpp divides by ``rope_factors_long`` when its
+    context per sequence exceeds the original length, by the short ones otherwise, and
+    multiplies cos / sin by ``rope.scaling.attn_factor``."""
+    meta = _meta("phi3", **{"dimension_count": 32, "scaling.attn_factor": 1.19,
+                            "scaling.original_context_length": 4096})  # fmt: skip
+    long, short = np.linspace(1.0, 40.0, 16), np.linspace(1.0, 2.0, 16)
+    factors = {"rope_factors_long.weight": long, "rope_factors_short.weight": short}
+    for context, chosen in ((8192, long), (4096, short)):
+        scaling = _check_against_llama_cpp(
+            meta,
+            {"kind": "linear", "attn_factor": 1.19, "freq_factors": chosen},
+            factors=factors,
+            context_length=context,
+        )
+        assert scaling["rope_type"] == "freq_factors"
+    with pytest.raises(ValueError, match="pass context_length"):
+        rope_convention(meta, factors=factors)
+    with pytest.raises(ValueError, match="only one of rope_factors_long"):
+        rope_convention(meta, factors={"rope_factors_long.weight": long}, context_length=1)
+    longrope = dict(meta, **{"phi3.rope.scaling.type": "longrope"})
+    with pytest.raises(ValueError, match="'longrope' but the file holds no"):
+        rope_convention(longrope)
+
+
+def test_rope_freqs_with_linear_scaling_fold_the_factor_into_the_divisors():
+    ff = np.array([1.0, 2.0, 4.0, 8.0] * 8)
+    _check_against_llama_cpp(
+        _meta(**{"scaling.type": "linear", "scaling.factor": 2.0}),
+        {"kind": "linear", "factor": 2.0, "freq_factors": ff},
+        factors={"rope_freqs.weight": ff},
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "factors", "match"),
+    [
+        ({"scaling.type": "yarn", "scaling.factor": 4.0}, {"rope_freqs.weight": [1.0] * 32},
+         "YaRN and holds per-pair frequency factors"),
+        ({"scaling.type": "dynamic"}, None, "llama.cpp knows"),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_ext_factor": 0.5}, None,
+         "yarn_ext_factor"),
+        ({"scaling.type": "linear", "scaling.yarn_attn_factor": 2.0}, None, "yarn_attn_factor"),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_log_multiplier": 0.1},
+         None, "yarn_log_multiplier"),
+        ({"scaling.alpha": 1000.0}, None, "scaling.alpha"),
+        ({"scaling.type": "yarn", "scaling.factor": 0.5}, None, "factor 0.5 < 1"),
+        ({"freq_base_swa": 1e6}, None, "freq_base_swa"),
+        ({"rope_freqs.weight": None}, {"rope_freqs.weight": [1.0] * 3}, "must hold 32"),
+    ],
+)  # fmt: skip
+def test_what_llama_cpp_computes_otherwise_is_refused_by_name(keys, factors, match):
+    meta = _meta(**{k: v for k, v in keys.items() if v is not None})
+    with pytest.raises(ValueError, match=match):
+        rope_convention(meta, factors=factors)
+
+
+def test_yarn_in_deepseek2_is_refused():
+    meta = _meta("deepseek2", **{"scaling.type": "yarn", "scaling.factor": 40.0})
+    with pytest.raises(ValueError, match="deepseek2 graph"):
+        rope_convention(meta)
+
+
+# ------------------------------------------------------------------ the loader
+
+
+def _tiny_llama(path, rope_keys: dict, tensors: dict | None = None):
+    """A 1-layer llama GGUF (2 heads of 8 channels, vocabulary 4, random weights) with the
+    given ``llama.rope.*`` keys and extra tensors."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(16)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(32)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(1e4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    for key, value in rope_keys.items():
+        if isinstance(value, str):
+            writer.add_string(f"llama.rope.{key}", value)
+        elif isinstance(value, int):
+            writer.add_uint32(f"llama.rope.{key}", value)
+        else:
+            writer.add_float32(f"llama.rope.{key}", value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab", "<s>"])
+    writer.add_token_merges(["a b"])
+    writer.add_token_types([1, 1, 1, 3])
+    shapes = {"token_embd.weight": (4, 16), "output_norm.weight": (16,)}
+    for name, shape in [
+        ("attn_norm", (16,)),
+        ("attn_q", (16, 16)),
+        ("attn_k", (16, 16)),
+        ("attn_v", (16, 16)),
+        ("attn_output", (16, 16)),
+        ("ffn_norm", (16,)),
+        ("ffn_gate", (32, 16)),
+        ("ffn_up", (32, 16)),
+        ("ffn_down", (16, 32)),
+    ]:
+        shapes[f"blk.0.{name}.weight"] = shape  # fmt: skip
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    for name, values in (tensors or {}).items():
+        writer.add_tensor(name, np.asarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_load_gguf_applies_the_files_yarn_as_llama_cpp_computes_it(tmp_path):
+    keys = {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.original_context_length": 16}
+    model, _, _ = load_gguf(_tiny_llama(tmp_path / "yarn.gguf", keys))
+    enc = model.blocks[0].attn.encoding
+    assert enc.scaling["rope_type"] == "yarn"
+    thetas, mscale = llama_cpp_rotation(n_dims=8, base=1e4, kind="yarn", factor=4.0, n_ctx_orig=16)
+    np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
+    assert enc.attention_factor == pytest.approx(mscale, rel=1e-7)
+    plain, _, _ = load_gguf(_tiny_llama(tmp_path / "plain.gguf", {}))
+    ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]])
+    with torch.no_grad():
+        assert not torch.allclose(model(ids), plain(ids))
+    with pytest.raises(ValueError, match="asks for RoPE scaling 'yarn'"):
+        load_gguf(tmp_path / "yarn.gguf", encoding="alibi")
+
+
+def test_load_gguf_picks_longrope_factors_by_the_context_length(tmp_path):
+    long, short = [1.0, 3.0, 9.0, 27.0], [1.0, 1.5, 2.0, 2.5]
+    path = _tiny_llama(
+        tmp_path / "longrope.gguf",
+        {"scaling.attn_factor": 1.2, "scaling.original_context_length": 32},
+        {"rope_factors_long.weight": long, "rope_factors_short.weight": short},
+    )
+    with pytest.raises(ValueError, match="pass context_length"):
+        load_gguf(path)
+    for context, chosen in ((64, long), (32, short)):
+        model, _, _ = load_gguf(path, context_length=context)
+        enc = model.blocks[0].attn.encoding
+        thetas, mscale = llama_cpp_rotation(
+            n_dims=8, base=1e4, kind="linear", attn_factor=1.2, freq_factors=np.array(chosen)
+        )
+        np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
+        assert enc.attention_factor == pytest.approx(mscale, rel=1e-6)

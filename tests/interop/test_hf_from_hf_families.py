@@ -1,0 +1,74 @@
+"""``from_hf`` on transformers families beyond Llama (tiny random configs of
+``hf_families.tiny_config``): models whose q/k pairs are interleaved (Helium, Ernie 4.5) are
+copied exactly into ``LlamaLM`` in either layout; what ``LlamaLM`` cannot compute (Cohere's
+logit scale and parallel block, GLM's biases, Granite's multipliers, anything only a forward
+shows) is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_families  # noqa: E402
+from hf_tiny import model as tiny_model  # noqa: E402
+
+from relpos.interop.hf import from_hf, inspect_model  # noqa: E402
+
+
+def _tiny(model_type: str):
+    for family in hf_families.families():
+        if family[0] == model_type:
+            return hf_families.build(*family)
+    pytest.skip(f"transformers has no {model_type} causal LM")
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("model_type", ["helium", "ernie4_5"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_an_interleaved_model_is_copied_exactly(model_type, layout):
+    hf = _tiny(model_type)
+    assert {layer.layout for layer in inspect_model(hf, probe=True).layers} == {"interleaved"}
+    lm = from_hf(hf, layout=layout).eval()
+    ids = _ids()
+    with torch.no_grad():
+        ref = hf(ids).logits
+        out = lm(ids)
+    assert float((out - ref).abs().max() / ref.abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("model_type", "reason"),
+    [
+        ("cohere", "logit_scale=0.0625"),  # interleaved, parallel block, LayerNorm
+        ("glm", "attention_bias=True"),  # interleaved pairs in half the head
+        ("granite", "attention_multiplier"),
+        ("gemma4_text", "sliding_window"),  # a per-layer head_dim must not raise raw
+    ],
+)
+def test_what_llama_lm_cannot_compute_is_refused_by_name(model_type, reason):
+    with pytest.raises(ValueError, match=rf"from_hf: {model_type} .*{reason}"):
+        from_hf(_tiny(model_type))
+
+
+def test_granites_multipliers_are_refused_even_at_the_llama_scale():
+    hf = _tiny("granite")
+    hf.config.attention_multiplier = hf.config.head_dim**-0.5
+    hf.config.embedding_multiplier = 12.0
+    with pytest.raises(ValueError, match="embedding_multiplier=12.0"):
+        from_hf(hf)
+
+
+def test_the_logits_check_refuses_what_only_a_forward_shows():
+    """A Llama whose embeddings are doubled by a hook has Llama's tensors and config; only
+    running it shows the difference."""
+    hf = tiny_model("llama")
+    hf.model.embed_tokens.register_forward_hook(lambda m, a, out: 2 * out)
+    with pytest.raises(ValueError, match="logits differ by"):
+        from_hf(hf)
+    lm = from_hf(hf, check=False)  # the copy, unchecked, on the caller's word
+    assert lm.config.depth == hf.config.num_hidden_layers
