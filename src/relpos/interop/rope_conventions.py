@@ -27,6 +27,7 @@ class Convention:
 
 _HF_ORACLE = "bit-identical to `ROPE_INIT_FUNCTIONS` (tests/oracle/test_oracle_hf_rope_scaling.py)"
 _ENGINE = "float64 evaluation of the published formula (tests/rope_scaling/test_engine_types.py)"
+_VLLM = "float64 restatement of the vLLM module (tests/rope_scaling/test_vllm_types.py)"
 _GGML = "numpy restatement of ggml's CPU rope (tests/interop/test_llama_cpp_rope.py)"
 _GGUF = (
     "float64 restatement of llama-context's scaling and ggml's `rope_yarn` on metadata and "
@@ -113,34 +114,68 @@ CONVENTIONS: tuple[Convention, ...] = (
         supported=False,
     ),
     # ----------------------------------------------------------------- vLLM
-    *(
-        Convention(
-            "vLLM",
-            t,
-            f'`scaling={{"rope_type": "{t}"}}`',
-            "same formula as transformers' type (get_rope reads the same keys)",
-        )
-        for t in ("linear", "llama3", "yarn")
+    # read in vLLM 0.34.0 (PyPI sdist), vllm/model_executor/layers/rotary_embedding/ unless a
+    # row names another file; "earlier vLLM" rows were read in files 0.34.0 no longer has
+    Convention(
+        "vLLM",
+        '`"default"` (`base.py`) with `partial_rotary_factor` p (or `rope_dim` r) and '
+        "`is_neox_style`",
+        '`rope`, `partial_rotary_factor=p` (`r / head_size`), `layout="half"` for NeoX, '
+        '`"interleaved"` for GPT-J pairs (`is_neox_style=False`)',
+        _VLLM,
     ),
     Convention(
         "vLLM",
-        '`"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`',
+        '`"linear"` (`linear_scaling_rope.py`)',
+        '`scaling={"rope_type": "linear"}`',
+        "same formula as transformers' type (positions / factor = frequencies / factor); "
+        "the list of LoRA factors is one cache per factor, `get_rope` passes one",
+    ),
+    Convention(
+        "vLLM",
+        '`"llama3"` (`llama3_rope.py`)',
+        '`scaling={"rope_type": "llama3"}`',
+        "same formula as transformers' type (get_rope reads the same keys)",
+    ),
+    Convention(
+        "vLLM",
+        '`"yarn"` (`yarn_scaling_rope.py`: `beta_fast`, `beta_slow`, `mscale` with '
+        "`mscale_all_dim`, `attention_factor`, `truncate`)",
+        '`scaling={"rope_type": "yarn"}`',
+        _VLLM + "; the same precedence of `attention_factor` over the mscale ratio as transformers",
+    ),
+    Convention(
+        "vLLM",
+        '`"telechat3-yarn"` (`transformers_utils/config.py` rewrites it; earlier vLLM: '
+        "`telechat3_scaling_rope.py`)",
+        '`scaling={"rope_type": "yarn", "attention_factor": 0.07 ln(factor) + 1}`',
+        _VLLM,
+    ),
+    Convention(
+        "vLLM",
+        'earlier vLLM\'s `"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`',
         "-",
-        "not supported: refused as unknown keys of `yarn` (use `deepseek_yarn` for the first two)",
+        "not supported: refused as unknown keys of `yarn` (0.34.0's `get_rope` drops them "
+        "silently; use `deepseek_yarn` for the first two)",
         supported=False,
     ),
     Convention(
         "vLLM",
-        '`"dynamic"` with `factor`',
-        "`rope` without scaling",
-        "read (`dynamic_ntk_scaling_rope.py`): the base is `b * (L f / L - (f - 1))^(d/(d-2))"
-        " = b`, so vLLM's frequencies never change; relpos's `dynamic` follows "
-        "transformers instead",
+        '`"dynamic"` with `factor` f (`dynamic_ntk_scaling_rope.py`, `max_trained_positions` L_t)',
+        '`scaling={"rope_type": "ntk_alpha", "alpha": f L / L_t - (f - 1)}` with L = '
+        "`get_rope`'s `max_position` (alpha 1, i.e. `rope`, without `max_trained_positions`; "
+        "refused below 1, L < L_t)",
+        _VLLM + "; the base is fixed at init, unlike relpos's `dynamic` (transformers', per call)",
     ),
-    Convention("vLLM", '`"dynamic"` with `alpha`', '`scaling={"rope_type": "ntk_alpha"}`', _ENGINE),
     Convention(
         "vLLM",
-        '`"ntk"` (fixed / mixed NTK, `mixed_b`)',
+        '`"dynamic"` with `alpha` (`dynamic_ntk_alpha_rope.py`)',
+        '`scaling={"rope_type": "ntk_alpha"}`',
+        _ENGINE,
+    ),
+    Convention(
+        "vLLM",
+        '`"ntk"` (fixed / mixed NTK, `mixed_b`; `ntk_scaling_rope.py`)',
         '`scaling={"rope_type": "ntk_mixed"}`',
         _ENGINE + "; not relpos's `ntk` (bloc97's base)",
         scaling="ntk_mixed",
@@ -154,9 +189,10 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        '`"deepseek_yarn"` / `"deepseek_llama_scaling"`',
+        '`"deepseek_yarn"` / `"deepseek_llama_scaling"` (`deepseek_scaling_rope.py`)',
         '`scaling={"rope_type": "deepseek_yarn"}` (either name)',
-        _ENGINE,
+        _ENGINE + "; relpos also reads earlier vLLM's `extrapolation_factor` / `attn_factor`, "
+        "which 0.34.0's `get_rope` no longer passes (leave them out)",
         scaling="deepseek_yarn",
     ),
     Convention(
@@ -168,15 +204,80 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        '`"longrope"`',
-        '`scaling={"rope_type": "longrope"}`',
-        "same factors; vLLM picks long or short once from `max_model_len`, relpos per call "
-        "(tests/interop/test_rope_cache_crossing.py); `short_mscale` / `long_mscale` are "
-        "refused as unknown keys",
+        '`"deepseek_yarn"` with `is_deepseek_v4` (`DeepseekV4ScalingRotaryEmbedding`)',
+        "-",
+        "not supported: rotates the last `rotary_dim` channels of the head (relpos's partial "
+        "rotary rotates the first), and its forward takes `inverse=True` to rotate by minus "
+        "the angle, a call no relpos encoding has",
+        supported=False,
     ),
     Convention(
         "vLLM",
-        '`"xdrope"` (XD-RoPE, `alpha`, `xdrope_section`)',
+        '`"longrope"` / legacy `"su"` (`phi3_long_rope_scaled_rope.py`, Phi-3, Phi-4-mm)',
+        '`scaling={"rope_type": "freq_factors", "freq_factors": long or short, '
+        '"attention_factor": m}`: long when `max_model_len > original_max_position_embeddings`'
+        ", for every position; m = `long_mscale` / `short_mscale` or `sqrt(1 + ln(L / L0) / "
+        "ln L0)`, L = `max_position`. relpos's `longrope` equals it on calls on the same side "
+        "of L0 when the dict has no `factor` / `attention_factor` (vLLM ignores both)",
+        _VLLM + "; relpos's `longrope` picks per call (tests/interop/test_rope_cache_crossing.py)",
+    ),
+    Convention(
+        "vLLM",
+        '`"proportional"` (Gemma 4 full attention; `gemma4_rope.py`)',
+        '`rope`, `scaling={"rope_type": "proportional"}`, `partial_rotary_factor=p`',
+        _VLLM,
+    ),
+    Convention(
+        "vLLM",
+        '`"mllama4"` (Llama-4 vision 2-D RoPE; `llama4_vision_rope.py`)',
+        '`rope-axial`, `dims=2`, `sections=[head_dim / 4] * 2`, `layout="interleaved"`, '
+        "positions `(x + 1, y + 1)` per patch and `(0, 0)` for the class token",
+        _VLLM,
+    ),
+    Convention(
+        "vLLM",
+        '`"default"` with `mrope_section` (and `mrope_interleaved`; legacy `"mrope"`), '
+        "any `is_neox_style` and partial rotary (`mrope.py`)",
+        "`m-rope`, `mrope_section`, `interleaved_sections=mrope_interleaved`, `layout`, "
+        "`partial_rotary_factor`",
+        _VLLM + "; transformers' Qwen2-VL / Qwen3-VL layouts (tests/encodings/rotary/test_nd.py)",
+    ),
+    Convention(
+        "vLLM",
+        '`"yarn"` with `mrope_section` (`mrope.py`)',
+        '`m-rope` with `scaling={"rope_type": "yarn", "original_max_position_embeddings": '
+        "k L0, ...}`, k = `get_rope`'s `mrope_positions_factor` (default 4)",
+        _VLLM + ": YaRN's correction range reads the enlarged cache length k L0",
+    ),
+    Convention(
+        "vLLM",
+        '`"bailing_mrope"` (Ling / Bailing-MoE-V3; `bailing_mrope.py`)',
+        "-",
+        "not supported: pairs below `h + w` alternate height (even) and width (odd), the "
+        "rest take time; relpos's `m-rope` assigns contiguous bands or Qwen3-VL's `i mod 3` "
+        "cycle, and no registered encoding takes a per-pair axis list",
+        supported=False,
+    ),
+    Convention(
+        "vLLM",
+        "Ernie 4.5 VL 3-D RoPE (`ernie45_vl_rope.py`, `mrope_section=[h, w, t]`)",
+        "-",
+        "not supported: the same h / w alternation with a time tail as `bailing_mrope` "
+        "(GPT-J pairs); no relpos encoding assigns axes that way",
+        supported=False,
+    ),
+    Convention(
+        "vLLM",
+        '`"openpangu"` (`mrope_interleaved.py`; earlier vLLM: `openpangu_rope.py`)',
+        "-",
+        "not supported: `get_mrope_interleaved_id_list` orders the axes greedily (rarest "
+        "first, no repeat, time last), e.g. `012120120...` for [16, 24, 24], not Qwen3-VL's "
+        "`012012...`; no relpos encoding takes that order",
+        supported=False,
+    ),
+    Convention(
+        "vLLM",
+        'earlier vLLM\'s `"xdrope"` (XD-RoPE, `alpha`, `xdrope_section`; `xdrope.py`)',
         '`scaling={"rope_type": "xdrope", ...}` with `rope-hierarchical`, '
         "`levels=len(xdrope_section)`, `sections=xdrope_section`",
         _ENGINE + "; contiguous per-pair sections over one spectrum as in "
@@ -185,20 +286,23 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        "`mrope_section`, `mrope_interleaved`",
-        "`m-rope`",
-        "same layouts as transformers' Qwen2-VL / Qwen3-VL",
+        "earlier vLLM's Grok-1 (`grok1_scaling_rope.py`, `extra_method`)",
+        '`yarn_log`: `scaling={"rope_type": "freq_factors", "freq_factors": s^(1 - m_i)}` '
+        '(m: YaRN\'s kept weight); `yarn` / `yarn_linear`: `{"rope_type": "yarn", '
+        '"attention_factor": 1}` (the cache is not scaled); `original`: `rope`; '
+        "`theta_scale`: `rope` with base `b^(ln(L s / 2 pi) / ln(L / 2 pi))`",
+        _VLLM + " (the first two; the last two are plain RoPE)",
     ),
     Convention(
         "vLLM",
-        "`dual_chunk_attention_config` (`chunk_size`, `local_size`)",
+        "`dual_chunk_attention_config` (`chunk_size`, `local_size`; `dual_chunk_rope.py`)",
         "`dca`, `chunk_size`, `local_window=local_size`",
         "the rotary tables (tests/encodings/rotary/test_dca_vllm_config.py); the "
         "sparse-attention `*_critical` tables are not covered",
     ),
     Convention(
         "vLLM",
-        "FoPE (`fope.py`)",
+        '`"default"` with `use_fope` (FoPE, `fope.py`)',
         "-",
         "not supported: cos and sin are learned per-KV-head mixtures of every "
         "frequency's cos and sin (checkpoint weights), not a rotation by a frequency set",
@@ -279,6 +383,14 @@ def render_markdown() -> str:
         "Generated by `python -m relpos.interop.rope_conventions` from "
         "`relpos.interop.rope_conventions.CONVENTIONS`; do not edit by hand "
         "(tests/interop/test_rope_conventions.py checks it).",
+        "",
+        "vLLM rows were read in vLLM 0.34.0 (its PyPI source distribution), in "
+        "`vllm/model_executor/layers/rotary_embedding/` unless a row names another file; rows "
+        'saying "earlier vLLM" were read in vllm-project/vllm files that 0.34.0 no longer has. '
+        "Beside the types, that folder holds helpers that are no RoPE type: `common.py` "
+        "(`ApplyRotaryEmb`, NeoX or GPT-J pairs; the YaRN helpers), `packed_qk_rope.py` (a "
+        "fused kernel rotating interleaved pairs by angles the model gives) and "
+        "`mrope_vit_setup.py` (builds vision-tower M-RoPE cos / sin tables).",
         "",
         "| Defined by | Its name | relpos | Status | How it is checked |",
         "|---|---|---|---|---|",

@@ -1,0 +1,388 @@
+"""vLLM's RoPE types (``vllm/model_executor/layers/rotary_embedding/``) stated in relpos.
+
+Each reference below is a float64 numpy restatement, written here, of what the named vLLM
+module computes (vLLM 0.34.0, ``get_rope`` in ``__init__.py``), never relpos's code; relpos's
+float32 frequencies must agree to float32 rounding and its rotations to float32 angles.
+
+* ``base.py`` / ``common.py``: ``rotary_dim = int(head_size * partial_rotary_factor)``
+  channels rotate, NeoX halves (``is_neox_style=True``) or GPT-J pairs (``False``);
+* ``gemma4_rope.py``: ``"proportional"`` (exponents over ``head_size``, zero frequencies);
+* ``llama4_vision_rope.py``: ``"mllama4"``, the Llama-4 vision 2-D RoPE;
+* ``dynamic_ntk_scaling_rope.py``: ``"dynamic"`` with ``factor`` and ``max_trained_positions``;
+* ``yarn_scaling_rope.py``: ``"yarn"`` (``attention_factor``, ``mscale``, ``truncate``), and
+  ``telechat3-yarn`` as ``transformers_utils/config.py`` rewrites it;
+* ``mrope.py``: M-RoPE with GPT-J pairs and partial rotary, and M-RoPE with YaRN;
+* ``phi3_long_rope_scaled_rope.py``: ``"longrope"`` (factors and magnitude fixed at init);
+* ``grok1_scaling_rope.py`` (an earlier vLLM; not in 0.34.0): Grok-1's four methods.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import relpos
+from relpos.functional import rope_frequencies
+
+RTOL = 2e-7  # float32 rounding of a float64 reference
+# YaRN's blend weight is formed in float32 (by vLLM too); its rounding, times up to the
+# factor, reaches the blended frequencies
+YARN_RTOL = 2e-6
+ATOL_ROT = 2e-5  # rotated unit-scale vectors: float32 frequencies at positions < 300
+
+
+def _plain(dim: int, base: float) -> np.ndarray:
+    return base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
+def _close(actual: torch.Tensor, expected: np.ndarray, rtol: float = RTOL) -> None:
+    np.testing.assert_allclose(actual.double().numpy(), expected, rtol=rtol, atol=0)
+
+
+def _vllm_rotate(x: np.ndarray, angles: np.ndarray, neox: bool, scale: float = 1.0):
+    """vLLM's ``ApplyRotaryEmb`` on the first ``2 * angles.shape[-1]`` channels of ``x``
+    (``x (..., L, D)``, ``angles (L, r/2)``), the rest passed through; cos / sin times
+    ``scale`` (the cache's mscale)."""
+    half = angles.shape[-1]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    cos, sin = np.cos(angles) * scale, np.sin(angles) * scale
+    if neox:
+        x1, x2 = rot[..., :half], rot[..., half:]
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    out = np.concatenate((o1, o2), -1) if neox else np.stack((o1, o2), -1).reshape(rot.shape)
+    return np.concatenate((out, rest), -1)
+
+
+def _qk(head_dim: int, length: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, 2, length, head_dim, generator=g, dtype=torch.float64).float()
+
+
+POSITIONS = torch.tensor([[0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233]])
+
+
+# ------------------------------------------------------------------------------ default
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize(("head_dim", "partial"), [(64, 1.0), (64, 0.5), (48, 0.25)])
+def test_default_partial_rotary_and_gptj_pairs_are_rope(neox: bool, head_dim: int, partial):
+    rotary_dim = int(head_dim * partial)
+    x = _qk(head_dim, POSITIONS.shape[1])
+    angles = POSITIONS[0].double().numpy()[:, None] * _plain(rotary_dim, 1e4)[None]
+    expected = _vllm_rotate(x.double().numpy(), angles, neox)
+    enc = relpos.create(
+        "rope",
+        num_heads=2,
+        head_dim=head_dim,
+        partial_rotary_factor=partial,
+        layout="half" if neox else "interleaved",
+    )
+    out = enc.rotate(x, POSITIONS, "q").double().numpy()
+    np.testing.assert_allclose(out, expected, rtol=0, atol=ATOL_ROT)
+    # the other pairing is a different model
+    other = relpos.create(
+        "rope",
+        num_heads=2,
+        head_dim=head_dim,
+        partial_rotary_factor=partial,
+        layout="interleaved" if neox else "half",
+    )
+    assert not np.allclose(other.rotate(x, POSITIONS, "q").double().numpy(), expected, atol=1e-3)
+
+
+# ------------------------------------------------------------------------------ proportional
+
+
+@pytest.mark.parametrize(("head_dim", "partial"), [(64, 0.25), (64, 1.0), (48, 0.5)])
+def test_proportional_is_gemma4_rotary_embedding(head_dim: int, partial: float) -> None:
+    """``Gemma4RotaryEmbedding``: ``int(head * p) // 2`` frequencies ``b^(-2i/head)``, then
+    zeros up to ``head // 2``; the whole head rotates in NeoX halves."""
+    kept = int(head_dim * partial) // 2
+    theta = np.concatenate(
+        (1e6 ** (-np.arange(0, 2 * kept, 2) / head_dim), np.zeros(head_dim // 2 - kept))
+    )
+    x = _qk(head_dim, POSITIONS.shape[1], seed=1)
+    angles = POSITIONS[0].double().numpy()[:, None] * theta[None]
+    expected = _vllm_rotate(x.double().numpy(), angles, neox=True)
+    enc = relpos.create(
+        "rope",
+        num_heads=2,
+        head_dim=head_dim,
+        base=1e6,
+        scaling={"rope_type": "proportional"},
+        partial_rotary_factor=partial,
+    )
+    np.testing.assert_allclose(
+        enc.rotate(x, POSITIONS, "q").double().numpy(), expected, rtol=0, atol=ATOL_ROT
+    )
+
+
+# ------------------------------------------------------------------------------ mllama4
+
+
+def _llama4_vision_reference(x: np.ndarray, side: int, base: float) -> np.ndarray:
+    """``Llama4VisionRotaryEmbedding`` with ``partial_rotary_factor=0.5``: ``r = head / 2``
+    frequencies ``b^(-2j/r)``, ``j < r/2``; complex pair ``j`` (adjacent channels) turns by
+    ``(x + 1) theta_j`` for ``j < r/2`` and ``(y + 1) theta_(j - r/2)`` after, for patch
+    ``p = y * side + x``; the class token (appended last) does not turn."""
+    head = x.shape[-1]
+    r = head // 2
+    theta = _plain(r, base)  # r / 2 frequencies
+    patches = np.arange(side * side)
+    px, py = patches % side + 1, patches // side + 1
+    angles = np.concatenate((px[:, None] * theta, py[:, None] * theta), -1)
+    angles = np.concatenate((angles, np.zeros((1, r))), 0)  # the class token
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angles)
+    return np.stack((z.real, z.imag), -1).reshape(x.shape)
+
+
+@pytest.mark.parametrize(("head_dim", "side"), [(88, 4), (32, 3)])
+def test_mllama4_is_rope_axial_with_interleaved_pairs(head_dim: int, side: int) -> None:
+    base = 1e4
+    x = _qk(head_dim, side * side + 1, seed=2)
+    expected = _llama4_vision_reference(x.double().numpy(), side, base)
+    patches = torch.arange(side * side)
+    pos = torch.stack((patches % side + 1, patches // side + 1), -1)
+    pos = torch.cat((pos, torch.zeros(1, 2, dtype=pos.dtype)))[None]  # class token: (0, 0)
+    enc = relpos.create(
+        "rope-axial",
+        num_heads=2,
+        head_dim=head_dim,
+        dims=2,
+        sections=[head_dim // 4, head_dim // 4],
+        base=base,
+        layout="interleaved",
+    )
+    np.testing.assert_allclose(
+        enc.rotate(x, pos, "q").double().numpy(), expected, rtol=0, atol=ATOL_ROT
+    )
+
+
+# ------------------------------------------------------------------------------ dynamic
+
+
+@pytest.mark.parametrize(
+    ("dim", "factor", "max_position", "trained"),
+    [(64, 2.0, 8192, 4096), (128, 4.0, 32768, 2048), (64, 8.0, 4096, 4096)],
+)
+def test_vllm_dynamic_with_a_factor_is_static_ntk_alpha(dim, factor, max_position, trained):
+    """``DynamicNTKScalingRotaryEmbedding`` fixes the base once:
+    ``b (f L / L_t - (f - 1))^(d/(d-2))`` with ``L = max_position`` and
+    ``L_t = max_trained_positions`` (default ``L``: no change)."""
+    alpha = factor * max_position / trained - (factor - 1)
+    expected = _plain(dim, 1e4 * alpha ** (dim / (dim - 2)))
+    ours, af = rope_frequencies(dim, 1e4, {"rope_type": "ntk_alpha", "alpha": alpha})
+    _close(ours, expected)
+    assert af == 1.0
+    # the same numbers as transformers' dynamic NTK evaluated at length L, but fixed
+    hf = rope_frequencies(
+        dim,
+        1e4,
+        {"rope_type": "dynamic", "factor": factor},
+        seq_len=max_position,
+        max_position_embeddings=trained,
+    )[0]
+    _close(hf, expected)
+
+
+# ------------------------------------------------------------------------------ yarn
+
+
+def _yarn_keep(dim, base, ramp_length, *, beta_fast=32, beta_slow=1, truncate=True):
+    """The weight of the original frequency per pair, ``1 - yarn_linear_ramp_mask`` over
+    ``yarn_find_correction_range`` (``common.py``)."""
+
+    def pair(rotations: float) -> float:
+        return dim * math.log(ramp_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair(beta_fast), pair(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    return 1 - np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+
+
+def _vllm_yarn(dim, base, factor, ramp_length, **betas):
+    """``YaRNScalingRotaryEmbedding._compute_inv_freq``: a linear blend of ``theta / s`` and
+    ``theta`` with the kept weight."""
+    keep = _yarn_keep(dim, base, ramp_length, **betas)
+    plain = _plain(dim, base)
+    return plain / factor * (1 - keep) + plain * keep
+
+
+def _mscale(s: float, m: float = 1.0) -> float:
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected_factor"),
+    [
+        ({}, _mscale(16.0)),
+        ({"attention_factor": 1.25}, 1.25),
+        ({"mscale": 0.707, "mscale_all_dim": 1.0}, _mscale(16.0, 0.707) / _mscale(16.0)),
+        ({"mscale": 0.707}, _mscale(16.0)),  # one of the two alone is ignored
+        ({"truncate": False, "beta_fast": 16, "beta_slow": 2}, _mscale(16.0)),
+    ],
+)
+def test_vllm_yarn_keys_are_relpos_yarn(extra: dict, expected_factor: float) -> None:
+    scaling = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096}
+    ours, af = rope_frequencies(64, 1e6, {**scaling, **extra})
+    betas = {k: extra[k] for k in ("beta_fast", "beta_slow", "truncate") if k in extra}
+    _close(ours, _vllm_yarn(64, 1e6, 16.0, 4096, **betas), YARN_RTOL)
+    assert af == pytest.approx(expected_factor, rel=1e-12)
+
+
+def test_telechat3_yarn_is_yarn_with_attention_factor() -> None:
+    """``patch_legacy_rope_type`` rewrites ``"telechat3-yarn"`` to ``"yarn"`` with
+    ``attention_factor = 0.07 ln s + 1`` (the earlier ``TeleChat3RoPEScaledRotaryEmbedding``
+    computed the same magnitude)."""
+    factor = 8.0
+    scaling = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": 8192,
+        "attention_factor": 0.07 * math.log(factor) + 1.0,
+    }
+    ours, af = rope_frequencies(128, 1e6, scaling)
+    _close(ours, _vllm_yarn(128, 1e6, factor, 8192), YARN_RTOL)
+    assert af == pytest.approx(1.1455609, rel=1e-7)  # 0.07 * ln 8 + 1
+
+
+# ------------------------------------------------------------------------------ mrope
+
+
+def _mrope_axes(sections: list[int], interleaved: bool) -> np.ndarray:
+    if not interleaved:
+        return np.repeat(np.arange(3), sections)
+    i = np.arange(sum(sections))
+    axes = np.zeros(len(i), dtype=int)
+    axes[(i % 3 == 1) & (i < 3 * sections[1])] = 1
+    axes[(i % 3 == 2) & (i < 3 * sections[2])] = 2
+    return axes
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize(
+    ("head_dim", "partial", "sections"), [(64, 1.0, [8, 12, 12]), (64, 0.5, [4, 6, 6])]
+)
+def test_mrope_gptj_pairs_and_partial_rotary_are_m_rope(
+    neox, interleaved, head_dim, partial, sections
+):
+    """``MRotaryEmbedding.forward_native``: pair ``j`` (frequency ``b^(-2j/r)``) takes the
+    position of its section's axis; ``mrope_interleaved`` is Qwen3-VL's ``i mod 3``."""
+    rotary_dim = int(head_dim * partial)
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(0, 200, (1, 9, 3), generator=g)
+    x = _qk(head_dim, 9, seed=4)
+    axes = _mrope_axes(sections, interleaved)
+    p = pos[0].double().numpy()[:, axes]  # (L, r/2) the position each pair sees
+    expected = _vllm_rotate(x.double().numpy(), p * _plain(rotary_dim, 1e6)[None], neox)
+    enc = relpos.create(
+        "m-rope",
+        num_heads=2,
+        head_dim=head_dim,
+        base=1e6,
+        mrope_section=sections,
+        interleaved_sections=interleaved,
+        partial_rotary_factor=partial,
+        layout="half" if neox else "interleaved",
+    )
+    np.testing.assert_allclose(
+        enc.rotate(x, pos, "q").double().numpy(), expected, rtol=0, atol=ATOL_ROT
+    )
+
+
+@pytest.mark.parametrize("positions_factor", [4, 1])
+def test_mrope_with_yarn_ramps_over_positions_factor_times_the_original_length(positions_factor):
+    """``get_rope`` builds M-RoPE + YaRN with ``max_position = original_max_position``;
+    ``MRotaryEmbedding`` passes ``original * positions_factor`` (default 4) to the base class,
+    and YaRN's correction range reads that length: relpos states it with
+    ``original_max_position_embeddings = positions_factor * original``."""
+    original, factor = 32768, 4.0
+    expected = _vllm_yarn(128, 5e6, factor, positions_factor * original)
+    scaling = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": positions_factor * original,
+    }
+    ours, af = rope_frequencies(128, 5e6, scaling)
+    _close(ours, expected, YARN_RTOL)
+    assert af == pytest.approx(_mscale(factor), rel=1e-12)
+    if positions_factor != 1:  # the dict's own original length would be a different model
+        plain = {**scaling, "original_max_position_embeddings": original}
+        assert not np.allclose(rope_frequencies(128, 5e6, plain)[0].double().numpy(), expected)
+
+
+# ------------------------------------------------------------------------------ longrope
+
+
+@pytest.mark.parametrize("max_model_len", [16384, 2048])
+@pytest.mark.parametrize("mscales", [{}, {"short_mscale": 1.0, "long_mscale": 1.3}])
+def test_vllm_longrope_is_freq_factors_fixed_at_init(max_model_len: int, mscales: dict) -> None:
+    """``Phi3LongRoPEScaledRotaryEmbedding``: long factors for every position when
+    ``max_model_len > original``, else short; cos / sin times ``long_mscale`` /
+    ``short_mscale``, default ``sqrt(1 + ln(L / L0) / ln L0)`` with ``L = max_position``."""
+    dim, base, original, max_position = 16, 1e4, 4096, 131072
+    short = [1.0, 1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0]
+    long = [1.0, 1.2, 1.8, 3.0, 6.0, 12.0, 24.0, 40.0]
+    use_long = max_model_len > original
+    lam = np.array(long if use_long else short)
+    default = math.sqrt(1 + math.log(max_position / original) / math.log(original))
+    mscale = mscales.get("long_mscale" if use_long else "short_mscale", default)
+    factors = {
+        "rope_type": "freq_factors",
+        "freq_factors": long if use_long else short,
+        "attention_factor": mscale,
+    }
+    ours, af = rope_frequencies(dim, base, factors)
+    _close(ours, _plain(dim, base) / lam)
+    assert af == pytest.approx(mscale, rel=1e-12)
+    if not mscales:  # relpos's longrope gives the same on calls on max_model_len's side
+        lr = {"rope_type": "longrope", "short_factor": short, "long_factor": long}
+        seq_len = original + 1 if use_long else original
+        hf, hf_af = rope_frequencies(
+            dim,
+            base,
+            {**lr, "original_max_position_embeddings": original},
+            seq_len=seq_len,
+            max_position_embeddings=max_position,
+        )
+        assert torch.equal(hf, ours) and hf_af == pytest.approx(mscale, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------ grok-1
+
+
+def test_grok1_yarn_log_is_per_pair_factors() -> None:
+    """``extra_method="yarn_log"``: ``exp(ln theta * m + ln(theta / s) (1 - m))`` =
+    ``theta / s^(1 - m)``, a fixed divisor per pair; the cache is not multiplied by the
+    mscale (commented out in ``_compute_cos_sin_cache``)."""
+    dim, base, original, s = 128, 1e4, 8192, 4.0
+    keep = _yarn_keep(dim, base, original)
+    expected = np.exp(np.log(_plain(dim, base)) * keep + np.log(_plain(dim, base) / s) * (1 - keep))
+    factors = (s ** (1 - keep)).tolist()
+    ours, af = rope_frequencies(dim, base, {"rope_type": "freq_factors", "freq_factors": factors})
+    _close(ours, expected, YARN_RTOL)
+    assert af == 1.0
+
+
+def test_grok1_yarn_linear_is_yarn_without_magnitude() -> None:
+    dim, base, original, s = 128, 1e4, 8192, 4.0
+    scaling = {
+        "rope_type": "yarn",
+        "factor": s,
+        "original_max_position_embeddings": original,
+        "attention_factor": 1.0,
+    }
+    ours, af = rope_frequencies(dim, base, scaling)
+    _close(ours, _vllm_yarn(dim, base, s, original), YARN_RTOL)
+    assert af == 1.0
