@@ -163,13 +163,13 @@ def test_sdpa_cannot_softcap_and_says_so():
 
 
 def test_the_cap_the_model_passes_is_the_cap_relpos_applies():
-    """A cap the logits reach (0.5 instead of Gemma-2's 50): the unpatched model changes
+    """A cap the logits reach (0.01 instead of Gemma-2's 50): the unpatched model changes
     (the check has teeth) and relpos follows it."""
     hf = _tiny("gemma2")
     batch, mask, pos = hf_families._inputs()
     ref, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
     for layer in hf.model.layers:
-        layer.self_attn.attn_logit_softcapping = 0.5
+        layer.self_attn.attn_logit_softcapping = 0.01
     tight, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
     assert hf_families._relative(tight, ref) > 1e-3
     with patch(hf, "rope", backend="chunked"):
