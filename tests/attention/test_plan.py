@@ -185,13 +185,15 @@ def taken(monkeypatch) -> list[list]:
         ("_tile_attention", "tile"),
     ):
         hook(chunked, attr, path)
-    hook(sdpa, "_score_mask", lambda args, out: "dense-bias" if args[0].has_bias else "fused")
+    hook(sdpa, "_sink_attention", "dense-bias")  # the sink's column: a dense mask
+    dense = lambda args, out: args[0].has_bias or args[0].sinks is not None  # noqa: E731
+    hook(sdpa, "_score_mask", lambda args, out: "dense-bias" if dense(args, out) else "fused")
     hook(fold, "_single_pass", lambda args, out: "fold-sdpa" if out else "fold-passes")
     hook(fold, "disentangled_fold_attention", "fold-band")
     return record
 
 
-def _check_registry(names, first, taken, monkeypatch):
+def _check_registry(names, first, taken, monkeypatch, **features):
     table = every_key_table(first)
     if table is not None:
         monkeypatch.setattr(policy, "active_table", lambda: table)
@@ -200,7 +202,7 @@ def _check_registry(names, first, taken, monkeypatch):
         for causal in (True, False) if not enc.causal_only else (True,):
             for grad in (False, True):
                 q, k, v = (t.requires_grad_(grad) for t in qkv(2, 64, dim=16))
-                kw = _adapt(enc, q, k, {"causal": causal})
+                kw = _adapt(enc, q, k, {"causal": causal, **features})
                 with torch.set_grad_enabled(grad):
                     expected = plan(q, k, v, enc, **kw)
                     frozen_cache.clear()  # sdpa forms its mask (recorded) on this call
@@ -234,6 +236,21 @@ def test_plan_is_what_attention_runs(taken, monkeypatch):
     """One encoding of every kind, causal and not, in inference and in a training step, under
     the active table: the backend and the path recorded inside the backends are ``plan``'s."""
     _check_registry(REPRESENTATIVES, None, taken, monkeypatch)
+
+
+@pytest.mark.parametrize("first", [None, "eager", "sdpa", "fold", "chunked"])
+@pytest.mark.parametrize(
+    "features",
+    [{"softcap": 7.0}, {"sinks": "random"}, {"softcap": 7.0, "sinks": "random"}],
+    ids=["softcap", "sinks", "both"],
+)
+def test_plan_is_what_attention_runs_with_softcap_and_sinks(first, features, taken, monkeypatch):
+    """Softcapping and sinks: ``auto`` (under tables that rank each backend first) runs the
+    backend and path ``plan`` names, and never one that cannot compute them (those raise)."""
+    if features.get("sinks") == "random":
+        features = {**features, "sinks": torch.randn(4, generator=torch.Generator().manual_seed(0))}
+    names = ("alibi", "t5", "rope", "dca", "cope", "shaw")
+    _check_registry(names, first, taken, monkeypatch, **features)  # (sdpa, fold would raise)
 
 
 @pytest.mark.slow

@@ -69,7 +69,7 @@ PAD = 3
 LENGTH = 20
 STEPS = 3
 BUILD_SECONDS = 30
-#: one family per RoPE convention, for the fast tier
+#: one family per RoPE convention or attention feature, for the fast tier
 REPRESENTATIVES = (
     "llama",  # half-split pairs
     "cohere",  # interleaved pairs
@@ -81,6 +81,8 @@ REPRESENTATIVES = (
     "ministral3",  # YaRN with Llama-4's attention temperature
     "persimmon",  # no position_ids reach attention
     "deepseek_v3",  # rotated channels at the end of the head (MLA)
+    "gemma2",  # attention-logit softcapping
+    "gpt_oss",  # attention sinks (s_aux)
     "falcon",  # no attention interface: refused
 )
 

@@ -116,3 +116,62 @@ def test_the_probe_leaves_a_dynamic_ntk_model_as_it_was():
     inspect_model(hf, probe=True)  # its far row is beyond the trained length
     assert torch.equal(hf.model.rotary_emb.inv_freq, before)
     assert hf.model.rotary_emb.max_seq_len_cached == 16
+
+
+# ------------------------------------------------------------------------------ softcap, sinks
+
+
+@pytest.mark.parametrize(("model_type", "feature"), [("gemma2", "softcap"), ("gpt_oss", "s_aux")])
+@pytest.mark.parametrize("backend", ["eager", "chunked", "auto"])
+def test_softcapping_and_sinks_run_in_relpos_attention(model_type, feature, backend):
+    """Gemma-2's softcap and gpt-oss's sinks reach ``relpos.attention``: baseline on a relpos
+    backend equals the unpatched model (float32 rounding), and a relpos call sees them."""
+    from relpos.attention import api
+
+    hf = _tiny(model_type)
+    batch, mask, pos = hf_families._inputs()
+    ref, ref_steps = hf_families._forward_and_decode(hf, batch, mask, pos)
+    seen = []
+    original = api._dispatch
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("softcap"), kwargs.get("sinks")))
+        return original(*args, **kwargs)
+
+    api._dispatch = spy
+    try:
+        with patch(hf, "baseline", backend=backend):
+            out, steps = hf_families._forward_and_decode(hf, batch, mask, pos)
+    finally:
+        api._dispatch = original
+    err = max(hf_families._relative(out, ref), hf_families._relative(steps, ref_steps))
+    assert err <= hf_families.RTOL, err
+    softcap, sinks = seen[0]
+    if feature == "softcap":
+        assert softcap == hf.config.attn_logit_softcapping and sinks is None
+    else:
+        assert softcap is None and sinks is hf.model.layers[0].self_attn.sinks
+
+
+def test_sdpa_cannot_softcap_and_says_so():
+    hf = _tiny("gemma2")
+    with (
+        patch(hf, "baseline", backend="sdpa"),
+        pytest.raises(ValueError, match="cannot apply softcap"),
+    ):
+        hf(tokens(8))
+
+
+def test_the_cap_the_model_passes_is_the_cap_relpos_applies():
+    """A cap the logits reach (0.01 instead of Gemma-2's 50): the unpatched model changes
+    (the check has teeth) and relpos follows it."""
+    hf = _tiny("gemma2")
+    batch, mask, pos = hf_families._inputs()
+    ref, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
+    for layer in hf.model.layers:
+        layer.self_attn.attn_logit_softcapping = 0.01
+    tight, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
+    assert hf_families._relative(tight, ref) > 1e-3
+    with patch(hf, "rope", backend="chunked"):
+        out, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
+    assert hf_families._relative(out, tight) <= hf_families.RTOL

@@ -312,7 +312,7 @@ def test_unpatch_restores_the_model_and_its_rope():
 # ------------------------------------------------------------------------------ refusals
 
 
-def test_refuses_softcapping():
+def test_accepts_softcapping():
     import transformers as tf
 
     cfg = tf.Gemma2Config(
@@ -325,8 +325,13 @@ def test_refuses_softcapping():
         head_dim=16,
         attn_logit_softcapping=50.0,
     )
-    with pytest.raises(ValueError, match="softcapping"):
-        patch(tf.Gemma2ForCausalLM(cfg), "self-extend")
+    hf = tf.Gemma2ForCausalLM(cfg).eval()
+    ids = tokens(12)
+    with torch.no_grad():
+        full = hf(ids).logits
+    with patch(hf, "self-extend", group_size=4, neighbor_window=16), torch.no_grad():
+        extended = hf(ids).logits  # accepted: the cap reaches relpos.attention
+    torch.testing.assert_close(extended, full, rtol=0, atol=1e-5)  # all within the window
 
 
 def test_refuses_models_that_do_not_use_the_attention_interface():
@@ -410,8 +415,9 @@ def test_refuses_a_second_patch_and_unsupported_attention_arguments():
         hf(tokens(4))  # the rotary hook has run
         with pytest.raises(ValueError, match="sliding window 8"):
             handle.attend(attn, q, kv, kv, None, position_ids=pos, sliding_window=8)
-        with pytest.raises(ValueError, match="softcapping"):
-            handle.attend(attn, q, kv, kv, None, position_ids=pos, softcap=30.0)
+        capped, _ = handle.attend(attn, q, kv, kv, None, position_ids=pos, softcap=0.5)
+        plain, _ = handle.attend(attn, q, kv, kv, None, position_ids=pos)
+        assert not torch.allclose(capped, plain)  # the cap reaches relpos.attention
         with pytest.raises(ValueError, match="position_bias"):
             handle.attend(attn, q, kv, kv, None, position_ids=pos, position_bias=q)
         with pytest.raises(ValueError, match="position_ids"):

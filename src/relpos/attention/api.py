@@ -22,6 +22,11 @@ fastest for calls like it, in two steps:
   ``relpos bench --calibrate`` (shipped with the package, or this machine's); the first
   ranked candidate runs.
 
+``softcap`` (Gemma-2's attention-logit softcapping) and ``sinks`` (gpt-oss's attention sinks)
+change the softmax beyond an additive score: each backend either computes them exactly or
+refuses the call by name (``BACKEND_FEATURES``), and ``auto`` chooses among the backends that
+compute them (``eager``, ``chunked``, ``flex``; ``sdpa`` for sinks).
+
 ``feature_map`` (the kernelized model, not softmax attention) always runs ``linear``
 (``attention/linear``), the only backend that computes it; ``linear`` is never chosen
 otherwise and the softmax backends refuse ``feature_map``.
@@ -77,6 +82,45 @@ BACKENDS: dict[str, Callable[[AttentionCall], Tensor]] = {
 }
 
 
+#: the score features (``AttentionCall.score_features``) each backend computes exactly; a
+#: backend refuses a call with a feature it lacks and ``auto`` never chooses it for one
+BACKEND_FEATURES: dict[str, frozenset[str]] = {
+    "eager": frozenset({"softcap", "sinks"}),
+    "chunked": frozenset({"softcap", "sinks"}),  # explicit logits per block (probabilities)
+    "flex": frozenset({"softcap", "sinks"}),  # score_mod; the sink as an appended key
+    "sdpa": frozenset({"sinks"}),  # the sink as an appended key; no tanh in the kernel
+    "fold": frozenset(),
+    "linear": frozenset(),
+}
+#: why a backend lacks a feature (the refusal names it)
+_FEATURE_REFUSALS = {
+    "sdpa": "its kernel adds a mask to q k^T and has no tanh of the logits",
+    "fold": "it folds biases into q/k channels and runs the fused kernel on them, which has "
+    "neither a tanh of the logits nor a sink",
+    "linear": "kernelized attention phi(q) . phi(k) has no softmax logits to cap and no "
+    "softmax denominator for a sink",
+}
+
+
+def _call_features(softcap: object, sinks: object) -> frozenset[str]:
+    return frozenset(
+        name for name, value in (("softcap", softcap), ("sinks", sinks)) if value is not None
+    )
+
+
+def _check_features(backend: str, features: frozenset[str]) -> None:
+    """ValueError naming the feature when an explicit ``backend`` cannot compute it."""
+    if backend == "auto":
+        return
+    missing = sorted(features - BACKEND_FEATURES[backend])
+    if missing:
+        able = [b for b, f in BACKEND_FEATURES.items() if features <= f and b != "linear"]
+        raise ValueError(
+            f"backend {backend!r} cannot apply {' and '.join(missing)}: "
+            f"{_FEATURE_REFUSALS[backend]}; use backend 'auto' or one of {able}"
+        )
+
+
 def supported_backends(encoding: Encoding | None) -> list[str]:
     """Backends that compute this encoding exactly (``sdpa`` materialises biases; ``fold``
     takes biases that fold exactly into q/k channels, ``exact_fold_pieces``, and DeBERTa's
@@ -124,14 +168,16 @@ def _trains(call: AttentionCall) -> bool:
 def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
     """The backends ``auto`` may run for this call: those that compute it exactly (``fold``
     within its rounding tolerance, ``flex`` where it compiles and, on CPU, only without
-    gradients) and never form an ``Lq x Lk`` tensor above ``DENSE_BIAS_LIMIT`` elements
-    (``eager`` always forms one; ``sdpa`` does for a bias or a ``mask_mod``)."""
+    gradients; only backends whose ``BACKEND_FEATURES`` hold the call's softcap and sinks)
+    and never form an ``Lq x Lk`` tensor above ``DENSE_BIAS_LIMIT`` elements (``eager``
+    always forms one; ``sdpa`` does for a bias, a ``mask_mod`` or sinks)."""
     B, H, Lq = call.q.shape[:3]
     small = B * H * Lq * call.k.shape[2] <= DENSE_BIAS_LIMIT
+    features = call.score_features
     if call.needs_probabilities:
         return ("eager", "chunked") if small else ("chunked",)
     out = []
-    if small or not (call.has_bias or call.mask_mod is not None):
+    if small or not (call.has_bias or call.mask_mod is not None or call.sinks is not None):
         out.append("sdpa")
     if small:
         out.append("eager")
@@ -140,15 +186,15 @@ def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
         out.append("flex")
     if _fold_is_candidate(call):
         out.append("fold")
-    return tuple(out)
+    return tuple(b for b in out if features <= BACKEND_FEATURES[b])
 
 
 def call_kind(call: AttentionCall, candidates: tuple[str, ...] | None = None) -> str:
     """The kind of call a policy table distinguishes (``policy.KINDS``): ``plain`` (no
     bias), ``band`` (a two-sided table bias the fold runs as a band), else the chunked
     backend's path (``toeplitz``, ``tile``, ``probabilities``, ``piecewise-sdpa``,
-    ``row-suffix``)."""
-    if not call.needs_probabilities and not call.has_bias:
+    ``row-suffix``; calls with softcap or sinks are ``probabilities`` or ``row-suffix``)."""
+    if not call.needs_probabilities and not call.has_bias and not call.score_features:
         return "plain"
     if folds_disentangled(call.encoding) and "fold" in (
         candidate_backends(call) if candidates is None else candidates
@@ -188,7 +234,9 @@ def backend_path(call: AttentionCall, backend: str) -> str:
     if backend == "linear":
         return linear_path(call)
     if backend == "sdpa":
-        return "dense-bias" if call.has_bias else "fused"
+        if call.has_bias or (call.sinks is not None and call.q.shape[2] and call.k.shape[2]):
+            return "dense-bias"
+        return "fused"
     if backend == "flex":
         return "score-mod"
     if backend == "fold":
@@ -251,8 +299,11 @@ def _dispatch(
     once (``split_call``) or the prepared call and the backend that runs it (``linear``
     when a ``feature_map`` asks for kernelized attention)."""
     _check_backend(backend, encoding, feature_map)
+    features = _call_features(call.get("softcap"), call.get("sinks"))
+    _check_features("linear" if feature_map is not None else backend, features)
     if feature_map is not None:
         create_feature_map(feature_map, q.shape[-1])  # validates it
+        call = {n: value for n, value in call.items() if n not in ("softcap", "sinks")}
         return None, prepare_linear_call(q, k, v, encoding, **call), "linear"  # type: ignore[arg-type]
     if isinstance(call.get("cache"), LinearState):
         raise ValueError(
@@ -292,6 +343,8 @@ def plan(
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
     feature_map: str | FeatureMap | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[str, str]:
     """``(backend, path)`` that ``relpos.attention`` with these arguments would take (see
     the module docstring for the paths). It validates and prepares the call (rotations,
@@ -313,6 +366,8 @@ def plan(
         inputs=inputs,
         mask_mod=mask_mod,
         cache=None if cache is None else copy.copy(cache),
+        softcap=softcap,
+        sinks=sinks,
     )
     if blocks is not None:  # the first query block stands for the call
         return plan(**blocks[0], backend=backend)
@@ -333,6 +388,8 @@ def facts(
     inputs: dict[str, Tensor] | None = None,
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> CallFacts:
     """The facts ``auto``'s choice reads for this call (``policy.CallFacts``: kind, size,
     mode, candidates), with the arguments of ``relpos.attention``; for a call split into
@@ -353,6 +410,8 @@ def facts(
         inputs=inputs,
         mask_mod=mask_mod,
         cache=None if cache is None else copy.copy(cache),
+        softcap=softcap,
+        sinks=sinks,
     )
     if blocks is not None:
         return facts(**blocks[0])
@@ -376,6 +435,8 @@ def attention(
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | LinearState | None = None,
     feature_map: str | FeatureMap | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with a relative positional encoding.
 
@@ -417,6 +478,28 @@ def attention(
             ``linear`` (``auto`` picks it): rotary encodings rotate the features (RoFormer
             eq. 19), distance-only biases multiply the kernel by ``exp(b)`` through an FFT
             (Luo et al. 2021); see ``relpos.attention.linear.backend``.
+        softcap: attention-logit softcapping (Gemma-2: "Gemma 2: Improving Open Language
+            Models at a Practical Size", arXiv:2408.00118): a finite float ``c > 0``; the
+            logits ``s = q k^T * scale + every score term of the encoding`` become
+            ``c * tanh(s / c)`` before the mask is added, the order of transformers'
+            ``models/gemma2/modeling_gemma2.py`` (``eager_attention_forward``: ``/ c``,
+            ``tanh``, ``* c``, then ``+ attention_mask``) and of flash-attention
+            (Dao-AILab/flash-attention ``csrc/flash_attn/src/flash_fwd_kernel.h``:
+            ``apply_softcap`` on the scores right after ``Q K^T``, before ``apply_mask``).
+            flash-attention adds its ALiBi slopes inside ``apply_mask``, after the cap;
+            relpos caps the whole logit including the encoding's bias (no model pairs a
+            bias with softcapping). ``eager``, ``chunked`` and ``flex`` compute it;
+            ``sdpa``, ``fold`` and ``linear`` refuse it.
+        sinks: attention sinks (gpt-oss; "Efficient Streaming Language Models with
+            Attention Sinks", arXiv:2309.17453, as learned logits): a float tensor ``(H,)``
+            of finite values, one logit per query head, cast to the dtype of the scores.
+            Each row's softmax runs over its masked logits and the head's sink logit, whose
+            weight is dropped (it has no value), as transformers'
+            ``models/gpt_oss/modeling_gpt_oss.py`` ``eager_attention_forward`` and
+            openai/gpt-oss ``gpt_oss/torch/model.py`` (``sdpa``) do; the sink is not
+            softcapped. A row whose every key is masked gives 0 (the sink takes it), as
+            does ``Lk = 0``. ``eager``, ``chunked``, ``flex`` and ``sdpa`` compute it;
+            ``fold`` and ``linear`` refuse it.
 
     Returns:
         ``(B, H, Lq, Dv)`` in the dtype of q.
@@ -436,6 +519,8 @@ def attention(
         inputs=inputs,
         mask_mod=mask_mod,
         cache=cache,
+        softcap=softcap,
+        sinks=sinks,
     )
     if blocks is not None:  # the encoding bounds the query span of a call (xPos)
         return torch.cat(

@@ -117,6 +117,10 @@ class AttentionCall:
     # what the encoding's ``prepare_rotary`` returned (camera frames), passed to ``rotate``
     # for the output ("o") by ``relpos.attention``; None for position-only rotations
     rotary_state: object = None
+    # attention-logit softcapping: logits ``s`` become ``softcap * tanh(s / softcap)``
+    softcap: float | None = None
+    # attention sinks: one logit per query head ``(H,)`` in every row's softmax, no value
+    sinks: Tensor | None = None
     # ``distance_delta``, once computed (it may read positions: computed once per call)
     _delta: object = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -154,6 +158,18 @@ class AttentionCall:
         if self.rotary_state is None:
             return self.encoding.rotate(out, self.q_pos, "o")
         return self.encoding.rotate(out, self.q_pos, "o", self.rotary_state)
+
+    @property
+    def score_features(self) -> frozenset[str]:
+        """The features of this call that change the softmax beyond an additive score
+        (``"softcap"``, ``"sinks"``): a backend runs the call only if it computes them
+        (``relpos.attention.api.BACKEND_FEATURES``)."""
+        out = set()
+        if self.softcap is not None:
+            out.add("softcap")
+        if self.sinks is not None:
+            out.add("sinks")
+        return frozenset(out)
 
     @property
     def has_user_mask(self) -> bool:
@@ -382,6 +398,34 @@ def _check_mask(
         ) from None
 
 
+def check_softcap(softcap: object) -> float | None:
+    """``softcap`` (a finite float > 0, or None) as a float."""
+    if softcap is None:
+        return None
+    return check_float(
+        softcap, "softcap (the logit cap c of c * tanh(logits / c), or None)", above=0.0
+    )
+
+
+def check_sinks(sinks: object, heads: int, device: torch.device) -> Tensor | None:
+    """``sinks``: None, or one finite logit per query head, a float tensor ``(H,)`` on the
+    device of q."""
+    if sinks is None:
+        return None
+    form = f"a float tensor of shape (H,) = ({heads},): one sink logit per query head"
+    if not isinstance(sinks, Tensor):
+        raise TypeError(f"sinks must be {form}, or None; got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be {form}; got dtype {sinks.dtype}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must be {form}; got shape {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on the device of q ({device}), got {sinks.device}")
+    if not bool(torch.isfinite(sinks.detach()).all()):
+        raise ValueError(f"sinks must be finite ({form}); got {sinks.detach().tolist()}")
+    return sinks
+
+
 def _check_inputs(encoding: Encoding | None, inputs: object) -> dict[str, Tensor]:
     if inputs is None:
         inputs = {}
@@ -452,6 +496,8 @@ def prepare_call(
     mask_mod: MaskMod | None = None,
     cache: KeyValueCache | None = None,
     rotate: bool = True,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> AttentionCall:
     """Validate the arguments of ``relpos.attention``, normalise positions and rotate q, k
     (and v, if the encoding asks).
@@ -464,9 +510,12 @@ def prepare_call(
     depends on the other positions (``cache_rotated_keys``) have the new keys stored rotated;
     the others store raw keys and the whole cache is rotated on every call.
     ``check_causal=False`` (``relpos.scores``: logits before any mask) lets causal-only
-    encodings be inspected without a causal mask.
+    encodings be inspected without a causal mask. ``softcap`` and ``sinks``: see
+    ``relpos.attention``.
     """
     _check_qkv(q, k, v)
+    softcap = check_softcap(softcap)
+    sinks = check_sinks(sinks, q.shape[1], q.device)
     if encoding is not None and not isinstance(encoding, Encoding):
         raise TypeError(
             f"encoding must be a relpos.Encoding (see relpos.create) or None, "
@@ -602,6 +651,8 @@ def prepare_call(
         mask_mod,
         positions,
         state,
+        softcap,
+        sinks,
     )
 
 

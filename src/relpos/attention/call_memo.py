@@ -5,13 +5,13 @@ produced besides q, k, v (positions, the bias context, the distance facts) and t
 its own q, k, v at once.
 
 It applies to calls with default positions and scale and no mask, ``mask_mod``, per-call
-inputs or cache, for an encoding that neither rotates, nor changes the weights beyond a
-score term, nor prepares per-call data (``Encoding.prepare`` / ``precompute`` not
-overridden). The key holds the shapes, dtype and device of q, k, v, ``causal``, the backend
-asked for, the grad mode and which of q, k, v require grad, and the encoding's state
-(``frozen_cache.encoding_state``: no entry while a gradient can reach its parameters); an
-entry is used only with the policy table it was chosen under. The memo is a bounded
-least-recently-used map; the entry of a collected encoding is never used.
+inputs, cache, ``softcap`` or ``sinks``, for an encoding that neither rotates, nor changes
+the weights beyond a score term, nor prepares per-call data (``Encoding.prepare`` /
+``precompute`` not overridden). The key holds the shapes, dtype and device of q, k, v,
+``causal``, the backend asked for, the grad mode and which of q, k, v require grad, and the
+encoding's state (``frozen_cache.encoding_state``: no entry while a gradient can reach its
+parameters); an entry is used only with the policy table it was chosen under. The memo is a
+bounded least-recently-used map; the entry of a collected encoding is never used.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["MEMO_ENTRIES", "memo_applies", "lookup", "store", "clear"]
 
 #: the most prepared calls kept
 MEMO_ENTRIES = 256
-_KEYWORDS = ("q_pos", "k_pos", "mask", "scale", "inputs", "mask_mod", "cache")
+_KEYWORDS = ("q_pos", "k_pos", "mask", "scale", "inputs", "mask_mod", "cache", "softcap", "sinks")
 
 
 @dataclasses.dataclass(frozen=True)

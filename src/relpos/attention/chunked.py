@@ -6,13 +6,16 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
   schedules): the engine's piecewise kernel (``relpos.attention.piecewise``), the pieces
   through the fused SDPA kernel at about plain-attention cost.
 * **probabilities** (encodings that change the weights themselves: value terms, URPE's
-  multiplied weights, other piecewise logits): each query block runs
-  ``dense.block_attention`` (explicit logits and softmax over its keys) under activation
-  checkpointing.
+  multiplied weights, other piecewise logits; and every call with ``softcap`` or ``sinks``,
+  which change the softmax beyond an additive score: the fused kernel cannot take them):
+  each query block runs ``dense.block_attention`` (explicit logits, capped, and a softmax
+  over its keys and the sink) under activation checkpointing.
 * **row-suffix** (row-dependent terms, ``Encoding.row_dependent``: CoPE, TRA): each query
   block walks its keys in blocks of ``FORWARD_BLOCK`` from right to left, carrying the
   running suffix sum of the gates (``dense.row_term``), and merges the key blocks by an
-  online softmax (running max, sum and output), under activation checkpointing.
+  online softmax (running max, sum and output), under activation checkpointing. Softcapping
+  caps each key block's logits; a sink is the first entry of the running max and sum (it
+  contributes no value).
 * **toeplitz** (a bias that is a function of ``q_pos - k_pos`` for this call, positions one
   batch-shared integer range, no user mask: ``AttentionCall.distance_table``): the bias is
   tabulated once per distance, ``table (H, Lq + Lk - 1)`` (O(L)), with ``-inf`` on future
@@ -40,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .call import AttentionCall, QueryBlock, query_blocks, run_blocks
-from .dense import block_attention, empty_attention, row_term
+from .dense import block_attention, capped_logits, empty_attention, row_term
 from .piecewise import piecewise_sdpa_attention, runs_piecewise
 
 FORWARD_BLOCK = 256  # the most query rows of a forward block (Toeplitz), key blocks (row-suffix)
@@ -210,8 +213,13 @@ def _row_suffix_attention(call: AttentionCall) -> Tensor:
         qb = q[:, :, s:e]
         i = torch.arange(s, e, device=dev)
         shape = (*qb.shape[:3], 1)
-        run_max = torch.full(shape, float("-inf"), dtype=acc, device=dev)
-        run_sum = torch.zeros(shape, dtype=acc, device=dev)
+        if call.sinks is None:
+            run_max = torch.full(shape, float("-inf"), dtype=acc, device=dev)
+            run_sum = torch.zeros(shape, dtype=acc, device=dev)
+        else:  # the sink: one more logit of every row, weight exp(sink - max), no value
+            sink = call.sinks.to(qb.dtype).to(acc).view(1, -1, 1, 1).expand(shape)
+            run_max = sink.detach()
+            run_sum = torch.exp(sink - run_max)
         out = torch.zeros(*qb.shape[:3], v.shape[-1], dtype=acc, device=dev)
         carry = None
         for a in reversed(range(0, kend, width)):
@@ -219,7 +227,10 @@ def _row_suffix_attention(call: AttentionCall) -> Tensor:
             scores = torch.matmul(qb, k[:, :, a:c].transpose(-1, -2)) * call.scale
             mask = call.mask_block(s, e, c, qb.dtype, k_start=a)
             term, carry = row_term(call, scores, mask, i, torch.arange(a, c, device=dev), carry)
-            logits = (scores + term).to(acc)
+            logits = scores + term
+            if call.softcap is not None:
+                logits = capped_logits(logits, call.softcap)
+            logits = logits.to(acc)
             if mask is not None:
                 logits = logits + mask.to(acc)
             # the running max only stabilises the exponentials: detached, exact gradients
@@ -249,7 +260,7 @@ def chunked_path(call: AttentionCall) -> str:
         and not (enc.has_value_term or enc.multiplies_probs or enc.piecewise)
     ):
         return "row-suffix"
-    if call.needs_probabilities:
+    if call.needs_probabilities or call.score_features:
         return "probabilities"
     if not call.has_user_mask and call.distance_delta() is not None:
         return "toeplitz"

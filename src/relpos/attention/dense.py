@@ -7,12 +7,25 @@ the only place that runs the hooks which change the attention weights themselves
     logit_ij = <q^r_i, k^r_j> * scale + bias_ij      r = piece_index(i, j) (piecewise) or 0
     (row-dependent encodings: bias_ij = row_bias(s, g, count)_ij, with the gates
      g = row_gates(s) of the unmasked keys and count_ij = sum_{t >= j} g_it, ``row_term``)
+    logit_ij = c * tanh(logit_ij / c)                    (``softcap`` c, when given)
     p_ij     = softmax_j(logit_ij + mask_ij)             (0 on a row that sees no key)
+               (with ``sinks``: softmax over [logit_i + mask_i, sink_h], the sink dropped)
     out_i    = sum_j p_ij * m_ij * v_j  +  value_term(p)_i      m = prob_multiplier (URPE)
 
 A row whose every logit is ``-inf`` (fully masked, causal with ``Lq > Lk``, left padding
 under a causal mask) gets weights 0, so its output is 0 and its gradients are 0, as SDPA and
-the flash kernels give (docs/numerics.md).
+the flash kernels give (docs/numerics.md); with sinks the sink takes the whole row, which
+gives the same 0.
+
+Softcapping follows Gemma-2 (transformers ``models/gemma2/modeling_gemma2.py``,
+``eager_attention_forward``: scaled ``q k^T``, then ``/ c``, ``tanh``, ``* c``, then the
+mask is added), in the same order of operations; relpos's score terms (biases, piecewise
+logits) are part of the logits it caps, and a logit that is ``-inf`` (a pair a piecewise
+schedule leaves out) stays ``-inf``. Sinks follow gpt-oss (transformers
+``models/gpt_oss/modeling_gpt_oss.py`` ``eager_attention_forward``; openai/gpt-oss
+``gpt_oss/torch/model.py`` ``sdpa``): the sink logit of the row's head is concatenated to
+the row's masked logits before the (max-subtracted) softmax and its weight dropped after it,
+so the weights of a row sum to ``1 - p_sink``.
 """
 
 from __future__ import annotations
@@ -32,6 +45,23 @@ def masked_softmax(s: Tensor) -> Tensor:
     dead = (s == float("-inf")).all(dim=-1, keepdim=True)
     p = torch.softmax(s.masked_fill(dead, 0.0), dim=-1)
     return p.masked_fill(dead, 0.0)
+
+
+def capped_logits(s: Tensor, softcap: float) -> Tensor:
+    """``softcap * tanh(s / softcap)`` with ``-inf`` kept (a pair a piecewise schedule leaves
+    out stays out), in the order of operations of Gemma-2's eager attention."""
+    capped = torch.tanh(s / softcap) * softcap
+    return torch.where(s == float("-inf"), s, capped)
+
+
+def sink_softmax(s: Tensor, sinks: Tensor) -> Tensor:
+    """Softmax weights of the rows of ``s (B, H, T, S)`` (masked logits, ``-inf`` where
+    masked) with the head's sink logit ``sinks (H,)`` as one more entry of every row, the
+    sink's weight dropped: ``(B, H, T, S)``, rows summing to ``1 - p_sink``. The sink (cast to
+    the dtype of ``s``, like the other score terms) is finite, so no row is dead: a fully
+    masked row gives weights 0 with zero gradients."""
+    sink = sinks.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    return torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def empty_attention(call: AttentionCall) -> Tensor:
@@ -76,8 +106,9 @@ def block_logits(
     call: AttentionCall, start: int, end: int, key_end: int, mask: Tensor | None = None
 ) -> Tensor:
     """Logits ``(B, H, end - start, key_end)`` of query rows ``start:end`` against keys
-    ``0:key_end``, before any mask (the dtype of q). ``mask``: the additive mask of the block,
-    read only by row-dependent terms (their gates count the visible keys only)."""
+    ``0:key_end``, before any mask (the dtype of q), softcapped when the call asks. ``mask``:
+    the additive mask of the block, read only by row-dependent terms (their gates count the
+    visible keys only, from the logits before the cap)."""
     dev = call.q.device
     i = torch.arange(start, end, device=dev)
     j = torch.arange(key_end, device=dev)
@@ -106,6 +137,8 @@ def block_logits(
             out = out + row_term(call, out, mask, i, j)[0]
         else:
             out = out + call.bias_block(i, j).to(out.dtype)
+    if call.softcap is not None:
+        out = capped_logits(out, call.softcap)
     return out
 
 
@@ -116,7 +149,7 @@ def block_attention(call: AttentionCall, start: int, end: int, key_end: int) -> 
     s = block_logits(call, start, end, key_end, mask=m)
     if m is not None:
         s = s + m
-    p = masked_softmax(s)
+    p = masked_softmax(s) if call.sinks is None else sink_softmax(s, call.sinks)
     _, v = call.expanded_kv()
     v = v[:, :, :key_end]
     enc = call.encoding

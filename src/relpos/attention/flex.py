@@ -18,6 +18,11 @@ Guards (docs/numerics.md):
   refused with a ``TypeError`` that names them (inductor raised a raw error).
 * **Empty calls** (``Lq = 0`` or ``Lk = 0``) do not reach the kernel: the result is SDPA's
   (empty, or zeros with zero gradients).
+
+Softcapping is part of the ``score_mod`` (``c * tanh(s / c)`` of the score with the bias
+added, as ``dense.block_attention`` computes it). A sink is one more key: a zero key and
+value appended at index ``Lk``, which the block mask lets every row see and whose score the
+``score_mod`` replaces by the head's sink logit (its value adds nothing).
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ def flex_needs_backward(call: AttentionCall) -> bool:
         call.q.requires_grad
         or call.k.requires_grad
         or call.v.requires_grad
+        or (call.sinks is not None and call.sinks.requires_grad)
         or (call.encoding is not None and call.encoding.learnable)
     )
 
@@ -154,6 +160,28 @@ def _table_score_mod(table: Tensor, length_q: int, length_k: int):
     return score_mod
 
 
+def _full_score_mod(call: AttentionCall):
+    """The call's ``score_mod``: the bias (``_score_mod``), then the softcap, and the sink
+    logit at the appended key ``Lk``; None when the score is ``q . k * scale`` alone."""
+    bias_mod = _score_mod(call) if call.has_bias else None
+    softcap, sinks = call.softcap, call.sinks
+    if softcap is None and sinks is None:
+        return bias_mod
+    Lk = call.k.shape[2]
+    sink = None if sinks is None else sinks.to(call.q.dtype)
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        if bias_mod is not None:
+            score = bias_mod(score, b, h, i, j)
+        if softcap is not None:
+            score = torch.tanh(score / softcap) * softcap
+        if sink is not None:
+            score = torch.where(j == Lk, sink[h].to(score.dtype), score)
+        return score
+
+    return score_mod
+
+
 def _block_mask(call: AttentionCall):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -164,11 +192,13 @@ def _block_mask(call: AttentionCall):
         raise ValueError("the flex backend takes a bool mask (True = attend); got a float mask")
     B, H, Lq = call.q.shape[:3]
     Lk = call.k.shape[2]
+    sink = call.sinks is not None
     dev = call.q.device
-    Pq, Pk = _padded(Lq, dev), _padded(Lk, dev)
+    Pq, Pk = _padded(Lq, dev), _padded(Lk + sink, dev)
 
     def mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         keep = j < Lk  # padded keys (CPU)
+        is_sink = j == Lk
         i, j = i.clamp(max=Lq - 1), j.clamp(max=Lk - 1)
         if causal:
             keep = keep & (j <= i + offset)
@@ -176,26 +206,31 @@ def _block_mask(call: AttentionCall):
             keep = keep & user[b, h, i, j]
         if user_mod is not None:  # queries in key coordinates, as on the other backends
             keep = keep & user_mod(b, h, i + offset, j)
-        return keep
+        return keep | is_sink if sink else keep
 
     if not call.has_user_mask:
-        return _plain_block_mask(Lq, Lk, Pq, Pk, causal, str(dev))
+        return _plain_block_mask(Lq, Lk, Pq, Pk, causal, str(dev), sink)
     return create_block_mask(mask_mod, B, H, Pq, Pk, device=dev)
 
 
 @lru_cache(maxsize=32)
-def _plain_block_mask(Lq: int, Lk: int, Pq: int, Pk: int, causal: bool, device: str):
+def _plain_block_mask(
+    Lq: int, Lk: int, Pq: int, Pk: int, causal: bool, device: str, sink: bool = False
+):
     """Block mask over the padded ``(Pq, Pk)``: padded keys masked, and bottom-right
-    aligned causal if ``causal``; built once per shape (building one is slow)."""
+    aligned causal if ``causal``; with ``sink`` the appended key ``Lk`` seen by every row;
+    built once per shape (building one is slow)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset = Lk - Lq
+    last = Lk + 1 if sink else Lk
 
     def real_keys(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        return j < Lk
+        return j < last
 
     def causal_real_keys(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        return (j <= i + offset) & (j < Lk)
+        keep = (j <= i + offset) & (j < Lk)
+        return keep | (j == Lk) if sink else keep
 
     mod = causal_real_keys if causal else real_keys
     return create_block_mask(mod, None, None, Pq, Pk, device=device)
@@ -219,14 +254,15 @@ def flex_attention_backend(call: AttentionCall) -> Tensor:
             "backend='flex' has no backward on CPU in this torch; use backend='chunked' for "
             "training (or run the forward under torch.no_grad())"
         )
-    score_mod = _score_mod(call) if call.has_bias else None
-    Pq, Pk = _padded(Lq, call.q.device), _padded(Lk, call.q.device)
+    score_mod = _full_score_mod(call)
+    sink = call.sinks is not None  # the sink: an appended zero key and value at index Lk
+    Pq, Pk = _padded(Lq, call.q.device), _padded(Lk + sink, call.q.device)
     q, k, v = call.q, call.k, call.v
     if Pq != Lq:
         q = F.pad(q, (0, 0, 0, Pq - Lq))
     if Pk != Lk:
         k, v = F.pad(k, (0, 0, 0, Pk - Lk)), F.pad(v, (0, 0, 0, Pk - Lk))
-    masked = call.causal or call.has_user_mask or Pk != Lk
+    masked = call.causal or call.has_user_mask or Pk != Lk + sink
     block_mask = _block_mask(call) if masked else None
     out = compiled_flex_attention(call.q.device.type)(
         q,

@@ -34,13 +34,14 @@ PIECEWISE_MIN_ROWS = 256
 
 
 def runs_piecewise(call: AttentionCall) -> bool:
-    """The call has pieces and nothing else that changes the weights (no bias, value term or
-    weight multiplier) and one layout for every head (not ``selects``):
-    ``piecewise_sdpa_attention`` computes it."""
+    """The call has pieces and nothing else that changes the weights (no bias, value term,
+    weight multiplier, ``softcap`` or ``sinks``) and one layout for every head (not
+    ``selects``): ``piecewise_sdpa_attention`` computes it."""
     enc = call.encoding
     return (
         enc is not None
         and call.pieces is not None
+        and not call.score_features
         and not (call.has_bias or enc.has_value_term or enc.multiplies_probs or enc.selects)
     )
 

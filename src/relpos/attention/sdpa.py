@@ -4,6 +4,12 @@ For encodings without a bias (rotary, none, absolute) this is the fast path: fla
 on CPU and GPU, no L x L tensor when the only mask is causal with ``Lq == Lk``. With a bias
 it materialises the (B, H, Lq, Lk) bias as a float mask, which ``auto`` allows only below
 ``relpos.attention.api.DENSE_BIAS_LIMIT`` elements.
+
+Attention sinks run exactly as one more key: a zero key and a zero value appended to every
+head, whose column of the float mask holds the head's sink logit (``q . 0 * scale = 0``
+exactly, so its logit is the sink; its value adds nothing), which materialises the mask as
+a bias does. Softcapping cannot run here (the kernel adds a mask to ``q k^T`` and has no
+tanh of the logits): the engine refuses it by name (``api.BACKEND_FEATURES``).
 """
 
 from __future__ import annotations
@@ -41,9 +47,38 @@ def _score_mask(call: AttentionCall) -> Tensor | None:
     return bias
 
 
+def _sink_attention(call: AttentionCall) -> Tensor:
+    """Attention with sinks: the sink as an appended zero key and value whose mask column is
+    the head's sink logit (see the module docstring)."""
+    assert call.sinks is not None
+    B, H, Lq = call.q.shape[:3]
+    Lk = call.k.shape[2]
+    dtype = call.q.dtype
+    mask = _score_mask(call) if (call.has_bias or call.causal or call.has_user_mask) else None
+    if mask is None:
+        mask = call.q.new_zeros(1, 1, Lq, Lk)
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    rows = mask.shape[0]
+    mask = mask.expand(rows, H, Lq, Lk)
+    sink = call.sinks.to(dtype).view(1, H, 1, 1).expand(rows, H, Lq, 1)
+    mask = torch.cat([mask, sink], dim=-1)
+    k = F.pad(call.k, (0, 0, 0, 1))
+    v = F.pad(call.v, (0, 0, 0, 1))
+    return F.scaled_dot_product_attention(
+        call.q, k, v, attn_mask=mask, scale=call.scale, enable_gqa=call.groups > 1
+    )
+
+
 def sdpa_attention(call: AttentionCall) -> Tensor:
     """Returns ``(B, H, Lq, Dv)``."""
+    if call.softcap is not None:
+        raise ValueError(
+            "backend 'sdpa' cannot apply softcap: its kernel adds a mask to q k^T and has no "
+            "tanh of the logits; use backend 'eager', 'chunked', 'flex' or 'auto'"
+        )
     Lq, Lk = call.q.shape[2], call.k.shape[2]
+    if call.sinks is not None and Lq and Lk:
+        return _sink_attention(call)
     is_causal = call.causal and Lq == Lk and not call.has_user_mask and not call.has_bias
     bias = None
     if is_causal:

@@ -29,8 +29,8 @@ that per-position factor.
 It refuses, by name and with the reason, models it cannot run exactly: a model that does not
 dispatch attention through transformers' attention interface (``_supports_attention_backend``
 false: the registered function would never be called), a model without a decoder-level
-``rotary_emb``, attention-logit softcapping (Gemma-2: ``tanh`` of the logits, which relpos's
-kernels do not apply), and encoder-decoder models. Read against transformers 5.24.
+``rotary_emb``, and encoder-decoder models (attention-logit softcapping and sinks reach
+``relpos.attention`` through the attention call: ``patch``). Read against transformers 5.24.
 """
 
 from __future__ import annotations
@@ -159,13 +159,6 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
             f"relpos.interop.hf: {type(model).__name__} does not dispatch attention through "
             "transformers' attention interface (_supports_attention_backend is False), so a "
             "registered attention function would never run"
-        )
-    softcap = _read(config, "attn_logit_softcapping")
-    if softcap is not None:
-        raise ValueError(
-            f"relpos.interop.hf: attention-logit softcapping ({model_type}: "
-            f"attn_logit_softcapping={softcap}) is not supported: relpos's kernels add no "
-            "tanh to the logits, so the model would change"
         )
     decoder = _decoder(model)
     rotary = getattr(decoder, "rotary_emb", None)

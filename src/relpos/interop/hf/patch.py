@@ -18,9 +18,20 @@ own (``relpos_<method>_<n>``):
 Methods:
 
 * ``"baseline"``: the model's own RoPE (applied by the model), attention by relpos's
-  backends. ``backend=None`` (default) calls transformers' ``sdpa_attention_forward`` itself,
-  so logits are bit-identical to the unpatched model; ``backend="chunked"`` (O(L x block)
-  memory), ``"eager"``, ``"sdpa"`` or ``"flex"`` run ``relpos.attention`` on the rotated q/k.
+  backends. ``backend=None`` (default) calls transformers' own attention function itself, so
+  logits are bit-identical to the unpatched model: ``sdpa_attention_forward``, or, for a call
+  with softcapping or sinks (which transformers' SDPA function does not compute) and for a
+  model that ran eager attention before the patch, the model's own
+  ``eager_attention_forward`` (its modeling module's) with transformers' eager form of the
+  mask; ``backend="chunked"`` (O(L x block) memory), ``"eager"``, ``"sdpa"`` or
+  ``"flex"`` run ``relpos.attention`` on the rotated q/k.
+
+Attention-logit softcapping and attention sinks are passed to ``relpos.attention`` for every
+method: the ``softcap`` the model gives its attention function (Gemma-2 and VaultGemma pass
+``config.attn_logit_softcapping``) and the sinks it gives as ``s_aux`` (gpt-oss, Granite-SWA,
+Flint, MiMo-V2-Flash: the layer's ``sinks`` parameter, one logit per query head). Backends
+that cannot compute them refuse the call by name (``sdpa`` cannot softcap); ``auto`` chooses
+among those that can (``relpos.attention.api.BACKEND_FEATURES``).
 * any relpos encoding name (``relpos.available()``) that acts inside attention on 1-D
   positions: ``"rope"`` (with ``scaling=`` an HF dict: linear, dynamic, yarn, llama3,
   longrope, ... as ``relpos.rope_scaling`` computes them), the piecewise schedules
@@ -55,8 +66,8 @@ Because the attention sees every key's position in each call, length-dependent s
 cache (transformers keeps keys rotated with the frequencies of the step that cached them).
 
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
-attention interface or have no ``rotary_emb`` (``model.inspect_model``), attention-logit
-softcapping, attention sinks, an additive ``position_bias``, attention dropout while training,
+attention interface or have no ``rotary_emb`` (``model.inspect_model``), an additive
+``position_bias``, attention dropout while training,
 packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
 slots are not the latest tokens in order; non-baseline methods), encodings that add to the
 token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
@@ -91,9 +102,6 @@ BASELINE = "baseline"
 BACKENDS = ("auto", "eager", "sdpa", "chunked", "flex")
 #: attention kwargs that change the result and that relpos does not implement
 _REFUSED_KWARGS = {
-    "softcap": "attention-logit softcapping (tanh of the logits)",
-    "s_aux": "attention sinks",
-    "sinks": "attention sinks",
     "cu_seq_lens_q": "flash-attention varlen (packed) inputs",
     "cu_seq_lens_k": "flash-attention varlen (packed) inputs",
 }
@@ -268,10 +276,14 @@ class PatchHandle:
     # -------------------------------------------------------------- lifecycle
     def _install(self) -> None:
         tf = _transformers()
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
         tf.AttentionInterface.register(self.name, _attention_function(weakref.ref(self)))
-        AttentionMaskInterface.register(self.name, sdpa_mask)
+        # baseline without a relpos backend on a model that ran eager attention calls the
+        # model's eager function: it gets the mask eager attention is built with (some
+        # models extend the additive mask themselves: DeepSeek-V4's compressed keys)
+        own_eager = self.method == BASELINE and self.backend is None and self.previous == "eager"
+        AttentionMaskInterface.register(self.name, eager_mask if own_eager else sdpa_mask)
         if self.method != BASELINE:
             self._hooks = [
                 module.register_forward_hook(self._identity_rotation, with_kwargs=True)
@@ -424,7 +436,25 @@ class PatchHandle:
                 f"{what}: attention dropout ({dropout}) is not supported; set the config's "
                 "attention_dropout to 0 for training"
             )
+        softcap = kwargs.pop("softcap", None)
+        sinks = kwargs.pop("s_aux", None)
+        if sinks is None:
+            sinks = kwargs.pop("sinks", None)
         if self.method == BASELINE and self.backend is None:
+            if softcap is not None or sinks is not None or self.previous == "eager":
+                return _model_eager_attention(
+                    module,
+                    query,
+                    key,
+                    value,
+                    attention_mask,
+                    dropout=dropout,
+                    scaling=scaling,
+                    is_causal=is_causal,
+                    softcap=softcap,
+                    s_aux=sinks,
+                    **kwargs,
+                )
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
             return sdpa_attention_forward(
@@ -477,8 +507,61 @@ class PatchHandle:
             mask=mask,
             scale=scaling,
             backend=self.backend or "auto",
+            softcap=softcap,
+            sinks=sinks,
         )
         return out.transpose(1, 2).contiguous(), None
+
+
+def _model_eager_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    softcap: float | None,
+    s_aux: Tensor | None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The model's own ``eager_attention_forward`` (its modeling module's), for ``baseline``
+    without a relpos backend on a call with softcapping or sinks or in a model that ran eager
+    attention before the patch, with the mask in the form transformers' eager attention
+    receives (``masking_utils.eager_mask``: 0 where attended, the dtype's minimum
+    elsewhere). Without one: transformers' SDPA function, or a ``ValueError`` for a call
+    with softcapping or sinks."""
+    import sys
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None and softcap is None and s_aux is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if eager is None:
+        raise ValueError(
+            f"relpos.interop.hf method 'baseline': {type(module).__name__} applies "
+            "softcapping or sinks and its modeling module has no eager_attention_forward to "
+            "call; pass backend='eager' (relpos computes them)"
+        )
+    lq, lk = query.shape[2], key.shape[2]
+    causal = kwargs.get("is_causal")
+    if causal is None:
+        causal = getattr(module, "is_causal", True)
+    if attention_mask is None and causal and lq > 1:
+        # transformers' builder leaves out a purely causal mask (SDPA's is_causal covers it);
+        # eager attention needs it spelt out (bottom-right aligned)
+        i = torch.arange(lq, device=query.device)[:, None] + (lk - lq)
+        attention_mask = (torch.arange(lk, device=query.device)[None, :] <= i)[None, None]
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        low = torch.finfo(query.dtype).min
+        attention_mask = torch.where(attention_mask, 0.0, low).to(query.dtype)
+    extra: dict[str, Any] = {}
+    if softcap is not None:
+        extra["softcap"] = softcap
+    if s_aux is not None:
+        extra["s_aux"] = s_aux
+    out, _ = eager(module, query, key, value, attention_mask, **kwargs, **extra)
+    return out, None
 
 
 def _to_device(encoding: Encoding, device: torch.device) -> None:
@@ -547,7 +630,15 @@ def patch(
     else:
         if method not in available():
             encoding_class(method)  # ValueError naming the known encodings (or an alias)
-        facts = inspect_model(model, probe=True)
+        try:
+            facts = inspect_model(model, probe=True)
+        except RuntimeError as err:  # the probe's q/k rows do not fit the positions
+            raise ValueError(
+                f"relpos.interop.hf method {method!r}: the {facts.model_type} layers' q and k "
+                f"do not match the tokens' positions when their rotation is read ({err}): "
+                "keys that are not one per token (DeepSeek-V4 appends compressed keys to its "
+                "attention keys) have positions relpos cannot know. Use method='baseline'"
+            ) from None
         specs, layer_keys = _encoding_keys(facts)
         if not specs:
             raise ValueError(
