@@ -3,7 +3,11 @@
 ``walk()`` builds each ``*ForCausalLM`` class of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` from a
 tiny random config (its default config, shrunk: 4 heads of 16 channels, 2 key-value heads,
 vocabulary 128, one layer per distinct per-layer setting, sliding windows and attention chunks
-of 8) and checks it (``check_family``) on a left-padded batch with KV-cache decoding:
+of 8; a composite config gives the text sub-config its class takes, MoE counts a default
+leaves None are set, latent-attention head sizes stay consistent, nested configs shrink too,
+and ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason, the few default
+configs that cannot build a model as they are) and checks it (``check_family``) on a
+left-padded batch with KV-cache decoding:
 
 * ``baseline``: the patched model's logits equal the unpatched model's bit for bit;
 * ``rope`` (backend ``eager``): relpos recomputes the model's own RoPE from the probed facts;
@@ -60,6 +64,13 @@ OPTIONAL_SIZES = dict(
     sliding_window=8,
     attention_chunk_size=8,
     rotary_dim=8,
+    qk_head_dim=None,  # placeholder: derived below from the nope and rope parts
+    # Mamba-2 blocks of hybrids: heads x head size = expand x hidden size
+    mamba_n_heads=2,
+    mamba_d_head=64,
+    mamba_d_ssm=128,
+    mamba_d_state=16,
+    mamba_chunk_size=8,
 )
 SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 MAX_LAYERS = 4
@@ -84,6 +95,7 @@ REPRESENTATIVES = (
     "gemma2",  # attention-logit softcapping
     "gpt_oss",  # attention sinks (s_aux)
     "falcon",  # no attention interface: refused
+    "cohere_compass_text",  # interleaved M-RoPE sections per layer type, text positions
 )
 
 
@@ -106,19 +118,166 @@ def families() -> list[tuple[str, str]]:
     )
 
 
-def tiny_config(model_type: str):
-    """The default config of ``model_type``, shrunk (module docstring)."""
+#: MoE counts a MoE default config may leave None (the model picks them from checkpoints):
+#: set where the config has the attribute and is a mixture of experts
+MOE_COUNTS = dict(
+    num_experts_per_tok=2,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+)
+#: keys whose presence (not None) makes a config a mixture of experts
+MOE_MARKERS = ("moe_intermediate_size", "num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _override_dbrx(cfg) -> None:
+    # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare
+    # (checkpoints carry it in their attn_config); the rotary module reads rope_parameters
+    cfg.attn_config.rope_theta = cfg.rope_parameters["rope_theta"]
+    # clip_qkv None makes its forward call clamp(None, None), which torch rejects; the DBRX
+    # checkpoints clip at 8
+    cfg.attn_config.clip_qkv = 8.0
+
+
+def _override_cohere_compass_text(cfg) -> None:
+    # CohereCompassTextConfig() has no rope_parameters, and its rotary module reads one entry
+    # per layer type (with M-RoPE sections, which text positions make one ordinary RoPE)
+    half = cfg.head_dim // 2
+    sections = [half - 2 * (half // 4), half // 4, half // 4]
+    cfg.rope_parameters = {
+        t: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
+        for t in set(cfg.layer_types)
+    }
+
+
+def _override_lfm2_moe(cfg) -> None:
+    # Lfm2MoeConfig() leaves layer_types None, which its decoder layers index; checkpoints
+    # list short-convolution and attention layers
+    cfg.layer_types = ["conv", "full_attention"] * (cfg.num_hidden_layers // 2)
+
+
+def _override_all_mamba(cfg) -> None:
+    # the default config has Mamba layers only (checkpoints place attention layers among
+    # them): make the second of the two layers attention, the RoPE under test
+    if hasattr(cfg, "attn_layer_indices"):
+        cfg.attn_layer_indices = [1]
+    else:
+        cfg.layer_types = ["linear_attention", "full_attention"]
+
+
+def _override_qwen4_exp(cfg) -> None:
+    # the query-selected-attention indexer sizes default to None, which its layers divide;
+    # checkpoints set them (one key head, a budget that is a multiple of the compression)
+    cfg.indexer_n_heads, cfg.indexer_kv_heads, cfg.indexer_head_dim = 2, 1, 16
+    cfg.indexer_budget, cfg.indexer_compress_ratio = 8, 4
+
+
+def _rederived(cfg):
+    """``cfg`` built again from its values, so that sizes its ``__post_init__`` derives
+    (Zamba2's Mamba head size and hybrid layer ids) follow the shrunk ones."""
+    values = cfg.to_dict()
+    for key in ("hybrid_layer_ids", "mamba_headdim", "attention_head_dim", "attention_hidden_size"):
+        values.pop(key, None)
+    return type(cfg)(**values)
+
+
+def _override_gemma3n_text(cfg) -> None:
+    # its last num_kv_shared_layers layers reuse the caches of earlier layers of their type;
+    # counted in layers of the full depth, that no longer fits the cut one
+    cfg.num_kv_shared_layers = 0
+
+
+#: model type -> a fix of its default config, applied before shrinking (reason in each fix)
+DEFAULT_OVERRIDES = {
+    "dbrx": _override_dbrx,
+    "cohere_compass_text": _override_cohere_compass_text,
+    "lfm2_moe": _override_lfm2_moe,
+    "qwen4_exp": _override_qwen4_exp,
+    "qwen4_exp_text": _override_qwen4_exp,
+    "gemma3n_text": _override_gemma3n_text,
+}
+#: model type -> applied to the shrunk config (returns the config to use, or None: the same)
+SHRUNK_OVERRIDES = {
+    "zamba2": _rederived,
+    "bamba": _override_all_mamba,
+    "granitemoehybrid": _override_all_mamba,
+}
+
+
+def default_config(model_type: str):
+    """The default config of ``model_type`` as its ``*ForCausalLM`` class takes it: the text
+    sub-config where the class is built from one (``AutoModelForCausalLM.from_config`` does the
+    same with ``get_text_config``)."""
+    import transformers
     from transformers import CONFIG_MAPPING
 
     cfg = CONFIG_MAPPING[model_type]()
-    depth = getattr(cfg, "num_hidden_layers", None)
-    for key, value in {**SIZES, **OPTIONAL_SIZES}.items():
-        if key in SIZES or getattr(cfg, key, None) is not None:
+    cls = getattr(transformers, dict(families()).get(model_type, ""), None)
+    wanted = getattr(cls, "config_class", None)
+    if wanted is not None and not isinstance(cfg, wanted):
+        for key, sub_class in getattr(cfg, "sub_configs", {}).items():
+            if sub_class is wanted and isinstance(getattr(cfg, key, None), wanted):
+                return getattr(cfg, key)
+    return cfg
+
+
+def _has(cfg, key: str) -> bool:
+    """Whether ``cfg`` has ``key`` set (not None); per-layer attributes of heterogeneous
+    configs raise on access and count as absent."""
+    try:
+        return getattr(cfg, key, None) is not None
+    except Exception:  # noqa: BLE001 - transformers' per-layer attribute guard
+        return False
+
+
+def _per_layer_guard(cfg, key: str) -> bool:
+    """Whether reading ``key`` raises transformers' per-layer attribute guard."""
+    try:
+        getattr(cfg, key, None)
+    except AttributeError:
+        return False
+    except Exception:  # noqa: BLE001 - AmbiguousGlobalPerLayerAttributeError
+        return True
+    return False
+
+
+def _shrink(cfg, sizes: dict, optional: dict) -> None:
+    for key, value in {**sizes, **optional}.items():
+        if value is not None and (key in sizes or _has(cfg, key)):
+            current = getattr(cfg, key, None) if _has(cfg, key) else None
+            if isinstance(current, list) and all(isinstance(v, int) for v in current):
+                value = [value] * len(current)  # a size per layer (Gemma-3n's MLP widths)
             with contextlib.suppress(Exception):
                 setattr(cfg, key, value)
-    if getattr(cfg, "qk_rope_head_dim", None) is not None:
+
+
+def tiny_config(model_type: str):
+    """The default config of ``model_type``, shrunk (module docstring)."""
+    cfg = default_config(model_type)
+    if model_type in DEFAULT_OVERRIDES:
+        DEFAULT_OVERRIDES[model_type](cfg)
+    per_layer_sizes = [k for k in OPTIONAL_SIZES if _per_layer_guard(cfg, k)]
+    if per_layer_sizes:
+        raise NotImplementedError(
+            f"a heterogeneous config: {', '.join(per_layer_sizes)} set per layer (per-layer "
+            "overrides), which the walker's shrinking does not cut"
+        )
+    depth = getattr(cfg, "num_hidden_layers", None)
+    _shrink(cfg, SIZES, OPTIONAL_SIZES)
+    if any(_has(cfg, key) for key in MOE_MARKERS):
+        _shrink(cfg, {}, {k: v for k, v in MOE_COUNTS.items() if k in vars(cfg)})
+        for key, value in MOE_COUNTS.items():
+            if key in vars(cfg) and vars(cfg)[key] is None:
+                setattr(cfg, key, value)
+    for sub_config in vars(cfg).values():  # nested configs (DBRX's FFN): the same sizes
+        if hasattr(sub_config, "to_dict") and hasattr(sub_config, "hidden_size"):
+            _shrink(sub_config, {}, SIZES)
+    if _has(cfg, "qk_rope_head_dim"):
         cfg.head_dim = cfg.qk_rope_head_dim  # multi-head latent attention: the rotary part
-    if getattr(cfg, "kv_lora_rank", None) is not None:
+        if "qk_head_dim" in vars(cfg) and _has(cfg, "qk_nope_head_dim"):
+            cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    if _has(cfg, "kv_lora_rank"):
         cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
     for key, value in SPECIAL_TOKENS.items():
         current = getattr(cfg, key, None)
@@ -137,9 +296,17 @@ def tiny_config(model_type: str):
             seen.add(row)
             keep.append(i)
     keep = sorted(set(keep[:MAX_LAYERS]) | {0, 1})[:MAX_LAYERS]
+    derived_types = getattr(cfg, "layer_types", None) if "layer_types" not in vars(cfg) else None
+    if not per_layer and isinstance(derived_types, list) and len(derived_types) == depth:
+        # layer types computed from a period (Jamba, RecurrentGemma): the shortest prefix
+        # that has every type
+        first = {t: derived_types.index(t) for t in derived_types}
+        keep = list(range(max(2, max(first.values()) + 1)))
     cfg.num_hidden_layers = len(keep)
     for key, values in per_layer.items():
         setattr(cfg, key, [values[i] for i in keep])
+    if model_type in SHRUNK_OVERRIDES:
+        cfg = SHRUNK_OVERRIDES[model_type](cfg) or cfg
     return cfg
 
 
@@ -213,6 +380,19 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
+def _computes_rope(model) -> bool:
+    """Whether ``model`` has a rotary module: one named ``rotary_emb`` (where the patch looks)
+    or any ``*RotaryEmbedding`` (LFM2-MoE's ``pos_emb``), which the patch must then refuse."""
+    from relpos.interop.hf.probe import rotary_modules
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    return (
+        bool(rotary_modules(model))
+        or hasattr(decoder, "rotary_emb")
+        or any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules())
+    )
+
+
 def check_family(model_type: str, class_name: str) -> Outcome:
     """The outcome of one family (module docstring)."""
     from relpos.interop.hf import patch
@@ -231,11 +411,8 @@ def check_family(model_type: str, class_name: str) -> Outcome:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    from relpos.interop.hf.probe import rotary_modules
-
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-    if not rotary_modules(model) and not hasattr(decoder, "rotary_emb"):
-        return outcome("no rope", "no rotary_emb module")
+    if not _computes_rope(model):
+        return outcome("no rope", "no rotary embedding module")
     try:
         with patch(model, "baseline"):
             base, base_steps = _forward_and_decode(model, batch, mask, pos)
