@@ -212,3 +212,13 @@ def test_a_spec_must_be_a_module_level_name():
                 super().__init__(num_heads, head_dim)
 
     assert local_spec.doc
+
+
+def test_a_class_options_dict_is_refused_not_ignored():
+    with pytest.raises(TypeError, match="declare each option in the annotation"):
+
+        class _Legacy(Encoding):
+            options = {"size": Int()}
+
+            def __init__(self, num_heads: int, head_dim: int, *, size: int = 1) -> None:
+                super().__init__(num_heads, head_dim)

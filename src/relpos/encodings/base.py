@@ -159,6 +159,13 @@ class Encoding(RotaryRole, BiasRole, WeightRole, PieceRole, InputRole, nn.Module
         module = cls.__module__.split(".")
         if module[:2] == ["relpos", "encodings"] and len(module) > 3:
             cls.family = module[2]  # the family is the subpackage, by construction
+        legacy = cls.__dict__.get("options")
+        if isinstance(legacy, dict) and any(isinstance(v, OptionSpec) for v in legacy.values()):
+            raise TypeError(
+                f"{cls.__qualname__}.options: declare each option in the annotation of its "
+                f"constructor parameter, Annotated[type, Spec] (option_overrides only for an "
+                f"inherited option the class narrows or refuses without taking it)"
+            )
         init = cls.__dict__.get("__init__")
         if init is not None:
             cls._signature_options = signature_options(init, cls)
