@@ -1,10 +1,11 @@
 """Conformance: every encoding declares its options, and refuses bad values by name.
 
 Each keyword of an encoding's constructor (along its class hierarchy) has a spec in
-``option_specs`` (``relpos.encodings.options``). From each spec come values it must refuse
-(a wrong type, NaN, out of range), with the exception class of the policy in
-``relpos.validation``: ``TypeError`` for a wrong type, ``ValueError`` for a wrong value. The
-message names the option.
+``option_specs``, declared in the parameter's ``Annotated[type, Spec]`` annotation
+(``relpos.encodings.options``; the rule: ``tests/encodings/test_options_declared_once.py``).
+From each spec come values it must refuse (a wrong type, NaN, out of range), with the
+exception class of the policy in ``relpos.validation``: ``TypeError`` for a wrong type,
+``ValueError`` for a wrong value. The message names the option.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def constructor_keywords(cls: type[Encoding]) -> set[str]:
 def test_every_constructor_keyword_is_declared(name):
     cls = encoding_class(name)
     missing = constructor_keywords(cls) - set(cls.option_specs)
-    assert not missing, f"{name}: options without a spec in `options`: {sorted(missing)}"
+    assert not missing, f"{name}: options without an Annotated spec: {sorted(missing)}"
 
 
 def test_declared_options_are_accepted_by_the_constructor(name):

@@ -7,6 +7,8 @@ encodings against them (NoPE, the other baseline, is ``nope.py``).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -36,13 +38,18 @@ class Sinusoidal(Encoding):
     relative = False
     continuous = True
     adds_to_input = True
-    options = {
-        "base": Float(above=1.0, doc="wavelength base (10000 in the paper)"),
-        "scale": Float(above=0.0, optional=True, doc="PE multiplier (None: dim ** -0.5)"),
-    }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, base: float = 10000.0, scale: float | None = None
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        base: Annotated[
+            float, Float(above=1.0, doc="wavelength base (10000 in the paper)")
+        ] = 10000.0,
+        scale: Annotated[
+            float | None, Float(above=0.0, optional=True, doc="PE multiplier (None: dim ** -0.5)")
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.base = base
@@ -66,18 +73,18 @@ class LearnedAbsolute(Encoding):
     paper = "Gehring et al. 2017; Radford et al. 2019 (GPT-2)"
     relative = False
     adds_to_input = True
-    options = {
-        "max_positions": Int(doc="rows of the table (positions 0 .. max_positions - 1)"),
-        "dim": Int(optional=True, doc="embedding width (None: num_heads * head_dim)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_positions: int = 1024,
-        dim: int | None = None,
+        max_positions: Annotated[
+            int, Int(doc="rows of the table (positions 0 .. max_positions - 1)")
+        ] = 1024,
+        dim: Annotated[
+            int | None, Int(optional=True, doc="embedding width (None: num_heads * head_dim)")
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.dim = dim if dim is not None else num_heads * head_dim

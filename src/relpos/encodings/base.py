@@ -46,15 +46,18 @@ tables has no value term). Everything that reports or dispatches on flags (backe
 ``relpos list``, the README table, the conformance suite) reads instances, and the
 conformance suite checks every flag against behaviour (``tests/conformance/test_flags.py``).
 
-Options: each constructor keyword is declared in ``options`` (``relpos.encodings.options``);
-``__init_subclass__`` merges the declarations along the class hierarchy into
-``option_specs`` and checks declared keywords before the constructor body runs.
+Options: each constructor keyword is declared once, in the annotation of its parameter
+(``typing.Annotated[type, Spec]``, ``relpos.encodings.options``); a class narrows or refuses
+an inherited option it does not take itself in ``option_overrides``. ``__init_subclass__``
+merges both along the class hierarchy into ``option_specs`` and checks declared keywords
+before the constructor body runs.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from typing import Any, ClassVar
 
 from torch import nn
@@ -111,9 +114,14 @@ class Encoding(RotaryRole, BiasRole, WeightRole, PieceRole, InputRole, nn.Module
     #: the subpackage of ``relpos.encodings`` the class lives in (set by
     #: ``__init_subclass__``); classes in top-level modules declare it (``absolute``, ``none``)
     family: ClassVar[str] = "none"
-    #: declared constructor options of this class (merged into ``option_specs``)
-    options: ClassVar[dict[str, OptionSpec]] = {}
+    #: specs for inherited options this class narrows or refuses without taking them in its
+    #: own signature (its own options are declared in their annotations)
+    option_overrides: ClassVar[dict[str, OptionSpec]] = {}
+    #: every option of the class: the annotated keyword parameters of the constructors along
+    #: the class hierarchy and their overrides, child entries winning (``__init_subclass__``)
     option_specs: ClassVar[dict[str, OptionSpec]] = {}
+    #: the options this class's own constructor declares in its annotations
+    _signature_options: ClassVar[dict[str, OptionSpec]] = {}
 
     # capability flags: class defaults, set per instance where options change them
     relative: bool = True
@@ -151,11 +159,21 @@ class Encoding(RotaryRole, BiasRole, WeightRole, PieceRole, InputRole, nn.Module
         module = cls.__module__.split(".")
         if module[:2] == ["relpos", "encodings"] and len(module) > 3:
             cls.family = module[2]  # the family is the subpackage, by construction
+        legacy = cls.__dict__.get("options")
+        if isinstance(legacy, dict) and any(isinstance(v, OptionSpec) for v in legacy.values()):
+            raise TypeError(
+                f"{cls.__qualname__}.options: declare each option in the annotation of its "
+                f"constructor parameter, Annotated[type, Spec] (option_overrides only for an "
+                f"inherited option the class narrows or refuses without taking it)"
+            )
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            cls._signature_options = signature_options(init, cls)
         specs: dict[str, OptionSpec] = {}
         for klass in reversed(cls.__mro__):
-            specs.update(klass.__dict__.get("options", {}))
+            specs.update(klass.__dict__.get("_signature_options", {}))
+            specs.update(klass.__dict__.get("option_overrides", {}))
         cls.option_specs = specs
-        init = cls.__dict__.get("__init__")
         if init is not None and not getattr(init, "_checks_options", False):
 
             @functools.wraps(init)
@@ -260,6 +278,32 @@ class Encoding(RotaryRole, BiasRole, WeightRole, PieceRole, InputRole, nn.Module
                 continue
             extra.append(f"{name}={value!r}")
         return ", ".join([text, *extra]) if extra else text
+
+
+def signature_options(init: Any, owner: type) -> dict[str, OptionSpec]:
+    """The options a constructor declares: ``{name: spec}`` for each parameter annotated
+    ``Annotated[type, spec]`` (``spec`` an ``OptionSpec``), in signature order. Annotations
+    are resolved in the constructor's module (``typing.get_type_hints``), so every name a
+    spec uses must be a module-level name there."""
+    init = inspect.unwrap(init)
+    try:
+        hints = typing.get_type_hints(init, include_extras=True)
+    except NameError as err:
+        raise TypeError(
+            f"{owner.__qualname__}.__init__: an annotation names {err.name!r}, which is not a "
+            f"module-level name of {owner.__module__} when the class is defined"
+        ) from err
+    out: dict[str, OptionSpec] = {}
+    for name in inspect.signature(init).parameters:
+        hint = hints.get(name)
+        if typing.get_origin(hint) is not typing.Annotated:
+            continue
+        specs = [m for m in hint.__metadata__ if isinstance(m, OptionSpec)]
+        if len(specs) > 1:
+            raise TypeError(f"{owner.__qualname__}.__init__: {name} has {len(specs)} option specs")
+        if specs:
+            out[name] = specs[0]
+    return out
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -28,6 +28,8 @@ different sampling rates get different codes (by design: the code is Nyquist-rel
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
@@ -69,13 +71,16 @@ class EchoBandEmbedding(Encoding):
     relative = False
     continuous = True
     adds_to_input = True
-    options = {
-        "freq_scale": Float(above=0.0, doc="multiplier of f_norm in the frequency code"),
-        "base": Float(above=1.0, doc="wavelength base of both codes"),
-    }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, freq_scale: float = 25.0, base: float = 10000.0
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        freq_scale: Annotated[
+            float, Float(above=0.0, doc="multiplier of f_norm in the frequency code")
+        ] = 25.0,
+        base: Annotated[float, Float(above=1.0, doc="wavelength base of both codes")] = 10000.0,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.freq_scale, self.base = freq_scale, base

@@ -1,13 +1,34 @@
 """Declared encoding options: each keyword of an encoding's constructor has a spec.
 
-An encoding class lists its own options in ``options = {"name": Spec, ...}``; subclasses
-inherit their parents' (``Encoding.option_specs`` is the merged view, child entries win), so
-the common RoPE options are declared once on ``RoPE`` and every rotary variant accepts and
-checks them. ``Encoding.__init_subclass__`` wraps each constructor so the keyword arguments
-named in ``option_specs`` are checked (and normalised: ints to floats for ``Float``) before
-the body runs; the body then only stores them. Checks follow ``relpos.validation``'s policy:
+Each option is declared once, in the annotation of its constructor parameter: the type and
+the spec together, ``typing.Annotated[type, Spec]``::
+
+    def __init__(self, num_heads: int, head_dim: int, *,
+                 head_offset: Annotated[int, Int(minimum=0, doc="first head")] = 0): ...
+
+The signature gives the name and the default, the spec the check and the doc. A spec too long
+to read inline, or shared by several signatures, gets a module-level name
+(``ROPE_SCALING = scaling_option()``, then ``Annotated[dict | None, ROPE_SCALING]``);
+annotations are strings (``from __future__ import annotations``) resolved with
+``typing.get_type_hints`` in the constructor's module when the class is defined, so every name
+a spec uses must be a module-level name defined before the class.
+
+``Encoding.option_specs`` is the merged view along the class hierarchy (child entries win):
+a subclass that passes an option on through ``**options`` inherits its parent's spec, so the
+common RoPE options are declared once, in ``RoPE``'s signature, and every rotary variant
+accepts and checks them. A subclass that re-takes an inherited option in its own signature
+(to change its default) annotates it again, with the parent's named spec or a narrower one.
+The one other place a spec may appear is the class attribute ``option_overrides``: for an
+inherited option the subclass narrows or refuses *without* taking it in its own signature
+(``Refused(reason)`` where a method cannot honour it; a grid size fixed to the subclass's
+number of axes). A name is never both in a class's ``option_overrides`` and in its own
+signature (``tests/encodings/test_options_declared_once.py`` checks every encoding).
+
+``Encoding.__init_subclass__`` wraps each constructor so the keyword arguments named in
+``option_specs`` are checked (and normalised: ints to floats for ``Float``) before the body
+runs; the body then only stores them. Checks follow ``relpos.validation``'s policy:
 ``TypeError`` for a wrong type, ``ValueError`` for a wrong value, the message names the
-option and its form.
+option and its form. Defaults are read from the signatures (``Encoding.option_defaults``).
 
 Each spec also yields ``invalid_examples()``: values of a wrong type, NaN and out-of-range
 values with the exception they must raise. The conformance suite feeds them to every

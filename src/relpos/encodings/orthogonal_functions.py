@@ -13,6 +13,7 @@ tests/encodings/test_orthogonal_functions.py; what the paper does beyond the win
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -91,20 +92,21 @@ class OrthogonalFunctionPE(Encoding):
     relative = False
     continuous = True
     adds_to_input = True
-    options = {
-        "max_length": Int(minimum=2, doc="window [0, max_length) of the orthogonal basis"),
-        "clamp": Bool(doc="positions outside the window take its boundary embedding"),
-        "scale": Float(above=0.0, optional=True, doc="PE multiplier (None: dim ** -0.5)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_length: int = 2048,
-        clamp: bool = True,
-        scale: float | None = None,
+        max_length: Annotated[
+            int, Int(minimum=2, doc="window [0, max_length) of the orthogonal basis")
+        ] = 2048,
+        clamp: Annotated[
+            bool, Bool(doc="positions outside the window take its boundary embedding")
+        ] = True,
+        scale: Annotated[
+            float | None, Float(above=0.0, optional=True, doc="PE multiplier (None: dim ** -0.5)")
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.max_length, self.clamp, self.scale = max_length, clamp, scale
@@ -146,14 +148,15 @@ class LegendrePE(OrthogonalFunctionPE):
     """
 
     paper = "Y. Li 2025 (orthogonal-function PEs: Legendre)"
-    options = {"discrete": Bool(doc="orthogonalise the polynomials on the integer grid")}
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        discrete: bool = False,
+        discrete: Annotated[
+            bool, Bool(doc="orthogonalise the polynomials on the integer grid")
+        ] = False,
         **options,
     ) -> None:
         super().__init__(num_heads, head_dim, **options)

@@ -8,6 +8,8 @@ ofirpress/attention_with_linear_biases (``get_slopes``) and its README's FAQ.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -35,6 +37,13 @@ def alibi_form(bidirectional: object, name: str = "bidirectional") -> str:
             f"{name} must be a bool or one of {', '.join(map(repr, FORMS))}, got {bidirectional!r}"
         )
     return check_choice(bidirectional, name, FORMS)
+
+
+BIDIRECTIONAL = Custom(
+    checker=alibi_form,
+    invalid=[("no", ValueError), (3, TypeError), (None, TypeError)],
+    doc="False/'causal', True/'symmetric', 'asymmetric' or 'shifted'",
+)
 
 
 @register("alibi")
@@ -76,26 +85,22 @@ class ALiBi(DistanceBias):
     paper = "Press et al. 2021 (ALiBi)"
     continuous = True
     FORMS = FORMS
-    options = {
-        "bidirectional": Custom(
-            checker=alibi_form,
-            invalid=[("no", ValueError), (3, TypeError), (None, TypeError)],
-            doc="False/'causal', True/'symmetric', 'asymmetric' or 'shifted'",
-        ),
-        "learnable_slopes": Bool(doc="slopes as per-head parameters (log-parametrised)"),
-        "head_offset": Int(minimum=0, doc="first head of this tensor-parallel shard"),
-        "total_heads": Int(optional=True, doc="heads of the whole model (None: num_heads)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        bidirectional: bool | str = False,
-        learnable_slopes: bool = False,
-        head_offset: int = 0,
-        total_heads: int | None = None,
+        bidirectional: Annotated[bool | str, BIDIRECTIONAL] = False,
+        learnable_slopes: Annotated[
+            bool, Bool(doc="slopes as per-head parameters (log-parametrised)")
+        ] = False,
+        head_offset: Annotated[
+            int, Int(minimum=0, doc="first head of this tensor-parallel shard")
+        ] = 0,
+        total_heads: Annotated[
+            int | None, Int(optional=True, doc="heads of the whole model (None: num_heads)")
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.form = alibi_form(bidirectional)

@@ -9,6 +9,8 @@ module (read); CrossFormer's own code was not.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -45,24 +47,19 @@ class DynamicPositionBias(TabulatedDistanceBias):
     paper = "Wang et al. 2021 (CrossFormer dynamic position bias)"
     ACTIVATIONS = ACTIVATIONS
     own_init_modules = ("mlp.0",)  # the scalar-input layer keeps PyTorch's init in models
-    options = {
-        "width": Int(optional=True, doc="hidden units (None: num_heads * head_dim // 4)"),
-        "depth": Int(minimum=1, doc="hidden layers"),
-        "log_distance": Bool(doc="feed sign(x) log(|x| + 1) instead of x"),
-        "norm": Bool(doc="LayerNorm after each hidden Linear (CrossFormer)"),
-        "activation": Choice(tuple(ACTIVATIONS), doc="hidden activation"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        width: int | None = None,
-        depth: int = 2,
-        log_distance: bool = False,
-        norm: bool = False,
-        activation: str = "silu",
+        width: Annotated[
+            int | None, Int(optional=True, doc="hidden units (None: num_heads * head_dim // 4)")
+        ] = None,
+        depth: Annotated[int, Int(minimum=1, doc="hidden layers")] = 2,
+        log_distance: Annotated[bool, Bool(doc="feed sign(x) log(|x| + 1) instead of x")] = False,
+        norm: Annotated[bool, Bool(doc="LayerNorm after each hidden Linear (CrossFormer)")] = False,
+        activation: Annotated[str, Choice(tuple(ACTIVATIONS), doc="hidden activation")] = "silu",
     ) -> None:
         super().__init__(num_heads, head_dim)
         width = max(num_heads * head_dim // 4, 1) if width is None else width

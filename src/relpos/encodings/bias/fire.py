@@ -10,6 +10,8 @@ form follows the PyTorch snippet of the paper's appendix as reproduced in mcleis
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -49,22 +51,20 @@ class FIRE(Encoding):
     own_init_modules = ("mlp_in",)  # the scalar-input layer keeps PyTorch's init in models
     relative = False
     continuous = True
-    options = {
-        "mlp_width": Int(minimum=1, doc="hidden units of f_theta"),
-        "init_c": Float(above=0.0, doc="initial c of psi(x) = log(|c x| + 1)"),
-        "init_L": Float(above=0.0, doc="initial threshold L (positions)"),
-        "eps": Float(above=0.0, doc="added to the normaliser psi(max(L, i))"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        mlp_width: int = 32,
-        init_c: float = 0.1,
-        init_L: float = 512.0,
-        eps: float = 1e-6,
+        mlp_width: Annotated[int, Int(minimum=1, doc="hidden units of f_theta")] = 32,
+        init_c: Annotated[
+            float, Float(above=0.0, doc="initial c of psi(x) = log(|c x| + 1)")
+        ] = 0.1,
+        init_L: Annotated[float, Float(above=0.0, doc="initial threshold L (positions)")] = 512.0,
+        eps: Annotated[
+            float, Float(above=0.0, doc="added to the normaliser psi(max(L, i))")
+        ] = 1e-6,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.mlp_in = nn.Linear(1, mlp_width)

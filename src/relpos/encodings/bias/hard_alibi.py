@@ -14,6 +14,7 @@ hard_alibi_model.py`` (``GPTHardAlibiAttention._attn``, the ``#masking`` loop) a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -44,6 +45,19 @@ def official_windows(num_heads: int, windowed_heads: int) -> tuple[int | None, .
     """The official code's heads: head ``h < windowed_heads`` has window ``h + 1`` (head 0 sees
     only its own token), the others none."""
     return tuple(h + 1 if h < windowed_heads else None for h in range(num_heads))
+
+
+WINDOWED_HEADS = Int(
+    minimum=0,
+    optional=True,
+    doc="heads 0..n-1 get windows 1..n, the rest are NoPE (None: num_heads // 2)",
+)
+WINDOWS = Custom(
+    checker=check_windows,
+    invalid=[("8", TypeError), ([0], ValueError), ([2.5], TypeError), ([], ValueError)],
+    optional=True,
+    doc="per-head window m_h (int >= 1) or None for a NoPE head",
+)
 
 
 @register("hard-alibi")
@@ -77,27 +91,14 @@ class HardALiBi(DistanceBias):
 
     paper = "Jelassi et al. 2024 (Hard-ALiBi, Repeat After Me)"
     causal_only = True
-    options = {
-        "windowed_heads": Int(
-            minimum=0,
-            optional=True,
-            doc="heads 0..n-1 get windows 1..n, the rest are NoPE (None: num_heads // 2)",
-        ),
-        "windows": Custom(
-            checker=check_windows,
-            invalid=[("8", TypeError), ([0], ValueError), ([2.5], TypeError), ([], ValueError)],
-            optional=True,
-            doc="per-head window m_h (int >= 1) or None for a NoPE head",
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        windowed_heads: int | None = None,
-        windows: Sequence[int | None] | None = None,
+        windowed_heads: Annotated[int | None, WINDOWED_HEADS] = None,
+        windows: Annotated[Sequence[int | None] | None, WINDOWS] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if windows is not None and windowed_heads is not None:

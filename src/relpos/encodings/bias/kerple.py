@@ -15,6 +15,8 @@ parametrisation. Official code read: chijames/KERPLE ``megatron/mpu/layers.py``
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -115,18 +117,19 @@ class KerpleLog(_Kerple):
     Causal LMs mask j > i; the ``|i - j|`` form is the bidirectional extension.
     """
 
-    options = {
-        "r1": _per_head_option(EPS, doc="initial r1: a number or H values >= 1e-2"),
-        "r2": _per_head_option(EPS, doc="initial r2: a number or H values >= 1e-2"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        r1: float | list[float] | None = None,
-        r2: float | list[float] | None = None,
+        r1: Annotated[
+            float | list[float] | None,
+            _per_head_option(EPS, doc="initial r1: a number or H values >= 1e-2"),
+        ] = None,
+        r2: Annotated[
+            float | list[float] | None,
+            _per_head_option(EPS, doc="initial r2: a number or H values >= 1e-2"),
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         r1_init = _per_head(r1, num_heads, "r1")
@@ -159,18 +162,19 @@ class KerplePower(_Kerple):
     those ranges: ``r1 >= 1e-2``, ``1e-2 <= power <= 2``.
     """
 
-    options = {
-        "r1": _per_head_option(EPS, doc="initial r1: a number or H values >= 1e-2"),
-        "power": _per_head_option(EPS, 2.0, doc="initial exponent: a number or H values"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        r1: float | list[float] | None = None,
-        power: float | list[float] | None = None,
+        r1: Annotated[
+            float | list[float] | None,
+            _per_head_option(EPS, doc="initial r1: a number or H values >= 1e-2"),
+        ] = None,
+        power: Annotated[
+            float | list[float] | None,
+            _per_head_option(EPS, 2.0, doc="initial exponent: a number or H values"),
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         r1_init = _per_head(r1, num_heads, "r1")

@@ -8,6 +8,8 @@ reconstruction, checked by tests/encodings/bias/test_legendre.py.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -36,20 +38,15 @@ class LegendreBias(DistanceBias):
 
     paper = "Y. Li 2025 (orthogonal-function PEs: Legendre distance bias)"
     continuous = True
-    options = {
-        "degree": Int(doc="number of Legendre polynomials P_0 .. P_{degree-1}"),
-        "max_length": Int(doc="distances 0 .. max_length map onto [-1, 1]"),
-        "clamp": Bool(doc="clamp distances into [0, max_length]"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        degree: int = 8,
-        max_length: int = 2048,
-        clamp: bool = True,
+        degree: Annotated[int, Int(doc="number of Legendre polynomials P_0 .. P_{degree-1}")] = 8,
+        max_length: Annotated[int, Int(doc="distances 0 .. max_length map onto [-1, 1]")] = 2048,
+        clamp: Annotated[bool, Bool(doc="clamp distances into [0, max_length]")] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.degree, self.max_length, self.clamp = degree, max_length, clamp

@@ -8,6 +8,8 @@ text or code.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -17,6 +19,9 @@ from ..options import Choice, Int
 from ..registry import register
 
 __all__ = ["PositionalAttention"]
+
+
+BASIS = Choice(choices=("one-hot", "sinusoidal"), doc="the fixed positional matrix P")
 
 
 @register("positional-attention")
@@ -49,22 +54,20 @@ class PositionalAttention(Encoding):
     relative = False
     has_rotary = True
     keeps_own_init = True
-    options = {
-        "basis": Choice(choices=("one-hot", "sinusoidal"), doc="the fixed positional matrix P"),
-        "max_positions": Int(doc="positions of the one-hot basis (0 .. max_positions - 1)"),
-        "basis_dim": Int(minimum=2, doc="width of the sinusoidal basis (even)"),
-        "key_dim": Int(optional=True, doc="width of P W_Q and P W_K (None: head_dim)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        basis: str = "one-hot",
-        max_positions: int = 1024,
-        basis_dim: int = 64,
-        key_dim: int | None = None,
+        basis: Annotated[str, BASIS] = "one-hot",
+        max_positions: Annotated[
+            int, Int(doc="positions of the one-hot basis (0 .. max_positions - 1)")
+        ] = 1024,
+        basis_dim: Annotated[int, Int(minimum=2, doc="width of the sinusoidal basis (even)")] = 64,
+        key_dim: Annotated[
+            int | None, Int(optional=True, doc="width of P W_Q and P W_K (None: head_dim)")
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if basis == "sinusoidal" and basis_dim % 2:

@@ -9,6 +9,8 @@ No code by the authors was found; the form follows NVIDIA/NeMo's port
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
@@ -18,6 +20,9 @@ from .distance import accurate_dtype
 from .tabulated import TabulatedDistanceBias
 
 __all__ = ["Sandwich"]
+
+
+DIM = Int(minimum=2, optional=True, doc="d of the formula, even (None: head_dim)")
 
 
 @register("sandwich")
@@ -40,13 +45,14 @@ class Sandwich(TabulatedDistanceBias):
 
     paper = "Chi et al. 2023 (Sandwich)"
     continuous = True
-    options = {
-        "dim": Int(minimum=2, optional=True, doc="d of the formula, even (None: head_dim)"),
-        "base": Float(above=1.0, doc="sinusoid base"),
-    }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        dim: Annotated[int | None, DIM] = None,
+        base: Annotated[float, Float(above=1.0, doc="sinusoid base")] = 10000.0,
     ) -> None:
         super().__init__(num_heads, head_dim)
         dim = head_dim if dim is None else dim

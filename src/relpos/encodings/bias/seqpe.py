@@ -11,6 +11,7 @@ against the released GPT-2 / WikiText-103 code and config (ghrua/seqpe,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,10 @@ class SeqPEBlock:
     i0: int
     j0: int
     batch_shared: bool
+
+
+#: the position axes of ``seqpe`` (1) and ``seqpe-2d`` (2)
+DATA_DIM = Int(minimum=1, doc="position axes m")
 
 
 @register("seqpe")
@@ -78,32 +83,29 @@ class SeqPE(Encoding):
     paper = "H. Li et al. 2025 (SeqPE)"
     relative = False
     keeps_own_init = True
-    options = {
-        "max_digits": Int(minimum=1, maximum=18, doc="decimal digits per axis"),
-        "data_dim": Int(minimum=1, doc="position axes m"),
-        "embed_dim": Int(optional=True, doc="width D of the position encoder (None: H * d)"),
-        "encoder_heads": Int(optional=True, doc="heads of the position encoder (None: H)"),
-        "layers": Int(minimum=0, doc="GPT-2 blocks of the position encoder"),
-        "out_dim": Int(optional=True, doc="encoder output width (None: embed_dim)"),
-        "final_norm": Bool(doc="LayerNorm before the output projection"),
-        "temperature": Float(above=0.0, doc="divides the encoder output"),
-        "path": Choice(choices=("channels", "bias"), doc="extra q/k channels or a bias"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_digits: int = 5,
-        data_dim: int = 1,
-        embed_dim: int | None = None,
-        encoder_heads: int | None = None,
-        layers: int = 2,
-        out_dim: int | None = None,
-        final_norm: bool = True,
-        temperature: float = 1.0,
-        path: str = "channels",
+        max_digits: Annotated[int, Int(minimum=1, maximum=18, doc="decimal digits per axis")] = 5,
+        data_dim: Annotated[int, DATA_DIM] = 1,
+        embed_dim: Annotated[
+            int | None, Int(optional=True, doc="width D of the position encoder (None: H * d)")
+        ] = None,
+        encoder_heads: Annotated[
+            int | None, Int(optional=True, doc="heads of the position encoder (None: H)")
+        ] = None,
+        layers: Annotated[int, Int(minimum=0, doc="GPT-2 blocks of the position encoder")] = 2,
+        out_dim: Annotated[
+            int | None, Int(optional=True, doc="encoder output width (None: embed_dim)")
+        ] = None,
+        final_norm: Annotated[bool, Bool(doc="LayerNorm before the output projection")] = True,
+        temperature: Annotated[float, Float(above=0.0, doc="divides the encoder output")] = 1.0,
+        path: Annotated[
+            str, Choice(choices=("channels", "bias"), doc="extra q/k channels or a bias")
+        ] = "channels",
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.max_digits, self.path = max_digits, path
@@ -219,5 +221,7 @@ class SeqPE2D(SeqPE):
     """SeqPE over 2-D positions ``(B, L, 2)`` (``data_dim=2``: the image setting of the
     paper, e.g. ``(row, column)`` patch ids); see ``seqpe``."""
 
-    def __init__(self, num_heads: int, head_dim: int, *, data_dim: int = 2, **options) -> None:
+    def __init__(
+        self, num_heads: int, head_dim: int, *, data_dim: Annotated[int, DATA_DIM] = 2, **options
+    ) -> None:
         super().__init__(num_heads, head_dim, data_dim=data_dim, **options)

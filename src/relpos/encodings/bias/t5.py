@@ -10,6 +10,8 @@ up to ``max_distance``), checked against HF's port of Mesh-TensorFlow's bucket f
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -34,20 +36,19 @@ class T5Bias(DistanceBias):
     """
 
     paper = "Raffel et al. 2020 (T5)"
-    options = {
-        "bidirectional": Bool(doc="encoder (two-sided) buckets; False: decoder (causal)"),
-        "num_buckets": Int(minimum=2, doc="rows of the table"),
-        "max_distance": Int(minimum=2, doc="distance from which buckets are shared"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        bidirectional: bool = False,
-        num_buckets: int = 32,
-        max_distance: int = 128,
+        bidirectional: Annotated[
+            bool, Bool(doc="encoder (two-sided) buckets; False: decoder (causal)")
+        ] = False,
+        num_buckets: Annotated[int, Int(minimum=2, doc="rows of the table")] = 32,
+        max_distance: Annotated[
+            int, Int(minimum=2, doc="distance from which buckets are shared")
+        ] = 128,
     ) -> None:
         super().__init__(num_heads, head_dim)
         # checks the bucket geometry (num_buckets against max_distance) by name

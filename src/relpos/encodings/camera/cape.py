@@ -24,6 +24,7 @@ world-to-camera, optional ``q_viewmats`` (cross-attention: target queries, refer
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -31,7 +32,7 @@ from torch import Tensor
 from ...cameras import camera_centers, invert_se3
 from ..options import FloatSequence, Refused
 from ..registry import register
-from .frames import CameraFrames, FrameState
+from .frames import ROTATE_VALUES, CameraFrames, FrameState
 
 __all__ = ["CaPE6DoF", "CaPE4DoF", "spherical_pose"]
 
@@ -42,7 +43,9 @@ class CaPE6DoF(CameraFrames):
 
     paper = "Kong et al. 2024 (EscherNet, CaPE 6-DoF)"
 
-    def __init__(self, num_heads: int, head_dim: int, rotate_values: bool = False) -> None:
+    def __init__(
+        self, num_heads: int, head_dim: int, rotate_values: Annotated[bool, ROTATE_VALUES] = False
+    ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=rotate_values)
         self._set_channels(head_dim // 4 * 4, 0, "head_dim % 4 == 0 (4-channel pose chunks)")
         if head_dim % 4:
@@ -94,17 +97,18 @@ class CaPE4DoF(CameraFrames):
     rope_layout = "interleaved"
     rope_sign = 1.0
     se3_invariant = False
-    options = {
-        "radius": FloatSequence(length=2, above=0.0, doc="(r0, r1): camera distance clip"),
-        "rotate_values": Refused("EscherNet's CaPE rotates queries and keys only", default=False),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        radius: tuple[float, float] = (1.5, 2.2),
-        rotate_values: bool = False,
+        radius: Annotated[
+            tuple[float, float],
+            FloatSequence(length=2, above=0.0, doc="(r0, r1): camera distance clip"),
+        ] = (1.5, 2.2),
+        rotate_values: Annotated[
+            bool, Refused("EscherNet's CaPE rotates queries and keys only", default=False)
+        ] = False,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=False)
         if head_dim % 8:

@@ -35,6 +35,7 @@ positions are accepted); inputs ``k_viewmats (B, Lk, 4, 4)`` world-to-camera, op
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -43,10 +44,15 @@ from ...validation import check_int
 from ..options import Float, FloatSequence, Int, IntSequence, Refused
 from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
-from .frames import CameraFrames
+from .frames import ROTATE_VALUES, CameraFrames
 from .prope import PRoPE
 
 __all__ = ["Flex4DHuman"]
+
+
+IMAGE_SIZE = FloatSequence(
+    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
+)
 
 
 @register("flex4dhuman")
@@ -60,30 +66,32 @@ class Flex4DHuman(PRoPE):
     rope_layout = "interleaved"
     rope_sign = 1.0
     rope_multiple = 2
-    options = {
-        "base": Float(above=1.0, doc="RoPE base of the (t, h, w, view) sections (Wan 2.1)"),
-        "camera_dim": Int(minimum=0, optional=True, doc="channels of the camera section (x4)"),
-        "view_pairs": Int(minimum=0, optional=True, doc="rotary pairs of the view index"),
-        "sections": IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
-        "image_size": FloatSequence(
-            length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-        ),
-        "rope_fraction": Refused("the sections are set by camera_dim and view_pairs", 0.5),
-        "principal_point": Refused("PRoPE's normalised intrinsics", default="normalized"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        camera_dim: int | None = None,
-        view_pairs: int | None = None,
-        sections: Sequence[int] | None = None,
-        base: float = 10000.0,
-        image_size: tuple[float, float] | None = None,
-        rope_fraction: float = 0.5,
-        principal_point: str = "normalized",
-        rotate_values: bool = False,
+        camera_dim: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="channels of the camera section (x4)")
+        ] = None,
+        view_pairs: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="rotary pairs of the view index")
+        ] = None,
+        sections: Annotated[
+            Sequence[int] | None,
+            IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
+        ] = None,
+        base: Annotated[
+            float, Float(above=1.0, doc="RoPE base of the (t, h, w, view) sections (Wan 2.1)")
+        ] = 10000.0,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
+        rope_fraction: Annotated[
+            float, Refused("the sections are set by camera_dim and view_pairs", 0.5)
+        ] = 0.5,
+        principal_point: Annotated[
+            str, Refused("PRoPE's normalised intrinsics", default="normalized")
+        ] = "normalized",
+        rotate_values: Annotated[bool, ROTATE_VALUES] = False,
     ) -> None:
         head_dim = check_int(head_dim, "head_dim")
         if head_dim % 2:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -87,6 +87,11 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+ROTATE_VALUES = Bool(
+    doc="re-frame values (T_j^-1 v) and outputs (T_i o); False: queries and keys only"
+)
+
+
 class CameraFrames(Encoding):
     """Base class of the per-token frame encodings (see the module docstring).
 
@@ -100,11 +105,6 @@ class CameraFrames(Encoding):
     """
 
     paper: ClassVar[str] = ""
-    options = {
-        "rotate_values": Bool(
-            doc="re-frame values (T_j^-1 v) and outputs (T_i o); False: queries and keys only"
-        )
-    }
 
     relative = True
     continuous = True
@@ -123,7 +123,9 @@ class CameraFrames(Encoding):
     #: image size used by ``example_inputs`` (W, H) when the encoding has none
     EXAMPLE_IMAGE: ClassVar[tuple[float, float]] = (32.0, 32.0)
 
-    def __init__(self, num_heads: int, head_dim: int, rotate_values: bool = True) -> None:
+    def __init__(
+        self, num_heads: int, head_dim: int, rotate_values: Annotated[bool, ROTATE_VALUES] = True
+    ) -> None:
         super().__init__(num_heads, head_dim)
         self.rotate_values = rotate_values
         self.rotates_values = rotate_values

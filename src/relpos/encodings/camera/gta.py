@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
 
 from ..options import Bool, Float, Int, IntSequence
 from ..registry import register
-from .frames import CameraFrames, FrameState
+from .frames import ROTATE_VALUES, CameraFrames, FrameState
 from .wigner import wigner_d
 
 __all__ = ["GTA", "GTAState", "so2_frequencies", "t2_matrices"]
@@ -88,6 +88,9 @@ class GTAState(FrameState):
     k_so3: Tensor | None = None
 
 
+SO2_FREQS = Int(minimum=0, optional=True, doc="frequencies per axis of the so2 section")
+
+
 @register("gta")
 class GTA(CameraFrames):
     """GTA (see the module docstring). Options: ``se3_dim`` (default ``head_dim / 2``
@@ -101,32 +104,34 @@ class GTA(CameraFrames):
     reads_intrinsics = False
     rope_layout = "interleaved"
     rope_sign = 1.0
-    options = {
-        "se3_dim": Int(minimum=0, optional=True, doc="channels of the SE(3) section (x4)"),
-        "so2_freqs": Int(minimum=0, optional=True, doc="frequencies per axis of the so2 section"),
-        "grid": IntSequence(length=2, optional=True, doc="(H_p, W_p) patch grid"),
-        "max_freq": Float(above=0.0, doc="largest so2 frequency, in turns per image"),
-        "trans_coeff": Float(doc="initial translation scale s"),
-        "learn_trans_coeff": Bool(doc="train s (an nn.Parameter per encoding)"),
-        "so3_degrees": Int(minimum=0, doc="Wigner-D degrees 1..L of the SO(3) section"),
-        "so3_dim": Int(minimum=0, optional=True, doc="channels of the SO(3) section"),
-        "t2_dim": Int(minimum=0, doc="channels of the T(2) section (x3)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        se3_dim: int | None = None,
-        so2_freqs: int | None = None,
-        grid: tuple[int, int] | None = None,
-        max_freq: float = 1.0,
-        trans_coeff: float = 0.01,
-        learn_trans_coeff: bool = True,
-        so3_degrees: int = 0,
-        so3_dim: int | None = None,
-        t2_dim: int = 0,
-        rotate_values: bool = True,
+        se3_dim: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="channels of the SE(3) section (x4)")
+        ] = None,
+        so2_freqs: Annotated[int | None, SO2_FREQS] = None,
+        grid: Annotated[
+            tuple[int, int] | None,
+            IntSequence(length=2, optional=True, doc="(H_p, W_p) patch grid"),
+        ] = None,
+        max_freq: Annotated[
+            float, Float(above=0.0, doc="largest so2 frequency, in turns per image")
+        ] = 1.0,
+        trans_coeff: Annotated[float, Float(doc="initial translation scale s")] = 0.01,
+        learn_trans_coeff: Annotated[
+            bool, Bool(doc="train s (an nn.Parameter per encoding)")
+        ] = True,
+        so3_degrees: Annotated[
+            int, Int(minimum=0, doc="Wigner-D degrees 1..L of the SO(3) section")
+        ] = 0,
+        so3_dim: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="channels of the SO(3) section")
+        ] = None,
+        t2_dim: Annotated[int, Int(minimum=0, doc="channels of the T(2) section (x3)")] = 0,
+        rotate_values: Annotated[bool, ROTATE_VALUES] = True,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=rotate_values)
         chunk = so3_degrees * (so3_degrees + 2)  # sum of 2l + 1 over l = 1..L

@@ -29,13 +29,15 @@ in ``frames``: ``k_viewmats (B, Lk, 4, 4)`` and optional ``k_Ks (B, Lk, 3, 3)``,
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
 from ...cameras import invert_K, invert_se3, normalize_K
 from ..options import Choice, Float, FloatSequence, Refused
 from ..registry import register
-from .frames import CameraFrames
+from .frames import ROTATE_VALUES, CameraFrames
 
 __all__ = ["PRoPE", "StereoWorld", "lift"]
 
@@ -46,6 +48,14 @@ def lift(K: Tensor) -> Tensor:
     out[..., :3, :3] = K
     out[..., 3, 3] = 1
     return out
+
+
+IMAGE_SIZE = FloatSequence(
+    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
+)
+PATCH_BASE = Float(above=1.0, doc="RoPE base of the patch channels")
+ROPE_FRACTION = Float(minimum=0.0, below=1.0, doc="share of the head that is RoPE")
+PRINCIPAL_POINT = Choice(choices=("normalized", "zero"), doc="keep (cx/W - 1/2) or zero it in K~")
 
 
 @register("prope")
@@ -59,26 +69,16 @@ class PRoPE(CameraFrames):
     rope_layout = "half"
     rope_sign = -1.0
     rope_multiple = 4
-    options = {
-        "image_size": FloatSequence(
-            length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-        ),
-        "base": Float(above=1.0, doc="RoPE base of the patch channels"),
-        "rope_fraction": Float(minimum=0.0, below=1.0, doc="share of the head that is RoPE"),
-        "principal_point": Choice(
-            choices=("normalized", "zero"), doc="keep (cx/W - 1/2) or zero it in K~"
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        image_size: tuple[float, float] | None = None,
-        base: float = 100.0,
-        rope_fraction: float = 0.5,
-        principal_point: str = "normalized",
-        rotate_values: bool = True,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
+        base: Annotated[float, PATCH_BASE] = 100.0,
+        rope_fraction: Annotated[float, ROPE_FRACTION] = 0.5,
+        principal_point: Annotated[str, PRINCIPAL_POINT] = "normalized",
+        rotate_values: Annotated[bool, ROTATE_VALUES] = True,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=rotate_values)
         self.image_size = image_size
@@ -138,21 +138,20 @@ class StereoWorld(PRoPE):
     Trans(0.065 e_x)``. Needs ``head_dim % 4 == 0``."""
 
     paper = "StereoWorld 2025 (unified camera-frame PRoPE branch)"
-    options = {
-        "base": Refused("StereoWorld has no RoPE channels", default=100.0),
-        "rope_fraction": Refused("StereoWorld puts the camera on every channel", default=0.0),
-        "principal_point": Refused("StereoWorld zeroes the principal point", default="zero"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        image_size: tuple[float, float] | None = None,
-        base: float = 100.0,
-        rope_fraction: float = 0.0,
-        principal_point: str = "zero",
-        rotate_values: bool = True,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
+        base: Annotated[float, Refused("StereoWorld has no RoPE channels", default=100.0)] = 100.0,
+        rope_fraction: Annotated[
+            float, Refused("StereoWorld puts the camera on every channel", default=0.0)
+        ] = 0.0,
+        principal_point: Annotated[
+            str, Refused("StereoWorld zeroes the principal point", default="zero")
+        ] = "zero",
+        rotate_values: Annotated[bool, ROTATE_VALUES] = True,
     ) -> None:
         super().__init__(
             num_heads,

@@ -31,6 +31,8 @@ Shapes: ``pos (B|1, L, 3)`` = (t, x, y): time index and patch column/row on a
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
@@ -79,25 +81,30 @@ class RayNova(CameraFrames):
     rope_sign = 1.0
     relative = False
     se3_invariant = False
-    options = {
-        "grid": IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        "image_size": FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        "scales": FloatSequence(length=3, doc="angle scales of (time, direction, moment)"),
-        "base": Float(above=1.0, doc="RoPE base of every section"),
-        "moment": Bool(doc="Plücker moment c x d (True) or camera centre c (False)"),
-        "rotate_values": Refused("RAYNOVA rotates queries and keys only", default=False),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        grid: tuple[int, int] | None = None,
-        image_size: tuple[float, float] | None = None,
-        scales: tuple[float, float, float] = (30.0, 50.0, 2.0),
-        base: float = 100.0,
-        moment: bool = True,
-        rotate_values: bool = False,
+        grid: Annotated[
+            tuple[int, int] | None,
+            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
+        ] = None,
+        image_size: Annotated[
+            tuple[float, float] | None,
+            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
+        ] = None,
+        scales: Annotated[
+            tuple[float, float, float],
+            FloatSequence(length=3, doc="angle scales of (time, direction, moment)"),
+        ] = (30.0, 50.0, 2.0),
+        base: Annotated[float, Float(above=1.0, doc="RoPE base of every section")] = 100.0,
+        moment: Annotated[
+            bool, Bool(doc="Plücker moment c x d (True) or camera centre c (False)")
+        ] = True,
+        rotate_values: Annotated[
+            bool, Refused("RAYNOVA rotates queries and keys only", default=False)
+        ] = False,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=False)
         if head_dim % 16:

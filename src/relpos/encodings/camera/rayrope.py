@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -59,7 +59,7 @@ from ...validation import check_finite_tensor
 from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
 from ..registry import register
-from .frames import CameraFrames
+from .frames import ROTATE_VALUES, CameraFrames
 from .groups import row_camera_groups
 from .prope import lift
 
@@ -104,6 +104,12 @@ class RayState:
     k_sin: Tensor
 
 
+IDENTITY_CHANNELS = Bool(
+    doc="let head_dim % (2 * coordinates) channels pass through (False: refuse such a "
+    "head_dim, as RayRoPE does)"
+)
+
+
 @register("rayrope")
 class RayRoPE(CameraFrames):
     """RayRoPE (see the module docstring). Options: ``grid=(Px, Py)``, ``image_size=(W,
@@ -119,31 +125,31 @@ class RayRoPE(CameraFrames):
         "k_Ks": "(B, Lk, 3, 3) pixel intrinsics per key token",
         "k_depth_logsigma": "(B, Lk, 2) (log depth, sigma) per key token",
     }
-    options = {
-        "grid": IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        "image_size": FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        "rays_per_patch": Choice(choices=(1, 2, 3), doc="rays per patch (corners or centre)"),
-        "freq_base": Float(above=1.0, doc="ratio of adjacent frequencies"),
-        "max_log_depth": Float(doc="clamp of log d -+ sigma (3: depths up to e^3)"),
-        "group_limit": Int(doc="most query cameras per batch row (each costs one attention)"),
-        "identity_channels": Bool(
-            doc="let head_dim % (2 * coordinates) channels pass through (False: refuse such a "
-            "head_dim, as RayRoPE does)"
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        grid: tuple[int, int] | None = None,
-        image_size: tuple[float, float] | None = None,
-        rays_per_patch: int = 3,
-        freq_base: float = 3.0,
-        max_log_depth: float = MAX_LOG_DEPTH,
-        group_limit: int = 64,
-        identity_channels: bool = True,
-        rotate_values: bool = True,
+        grid: Annotated[
+            tuple[int, int] | None,
+            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
+        ] = None,
+        image_size: Annotated[
+            tuple[float, float] | None,
+            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
+        ] = None,
+        rays_per_patch: Annotated[
+            int, Choice(choices=(1, 2, 3), doc="rays per patch (corners or centre)")
+        ] = 3,
+        freq_base: Annotated[float, Float(above=1.0, doc="ratio of adjacent frequencies")] = 3.0,
+        max_log_depth: Annotated[
+            float, Float(doc="clamp of log d -+ sigma (3: depths up to e^3)")
+        ] = MAX_LOG_DEPTH,
+        group_limit: Annotated[
+            int, Int(doc="most query cameras per batch row (each costs one attention)")
+        ] = 64,
+        identity_channels: Annotated[bool, IDENTITY_CHANNELS] = True,
+        rotate_values: Annotated[bool, ROTATE_VALUES] = True,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=rotate_values)
         self.optional_inputs["q_depth_logsigma"] = "(B, Lq, 2) (log depth, sigma) per query"

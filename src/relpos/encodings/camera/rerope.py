@@ -22,7 +22,7 @@ Shapes: ``x (B, H, L, D)``, ``pos (B|1, L, 3)`` = (t, h, w); inputs as in ``fram
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -32,10 +32,15 @@ from ...validation import check_int
 from ..options import Float, FloatSequence, Int, Refused
 from ..registry import register
 from ..rotary.nd import split_pairs
-from .frames import FrameState, apply_proj4
+from .frames import ROTATE_VALUES, FrameState, apply_proj4
 from .prope import PRoPE
 
 __all__ = ["ReRoPE"]
+
+
+IMAGE_SIZE = FloatSequence(
+    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
+)
 
 
 @register("rerope")
@@ -46,28 +51,26 @@ class ReRoPE(PRoPE):
     ``image_size`` (to normalise intrinsics), ``rotate_values`` (False)."""
 
     paper = "ReRoPE 2025 (camera projection in low-frequency temporal RoPE bands; assumed form)"
-    options = {
-        "base": Float(above=1.0, doc="the video model's RoPE base"),
-        "frames": Int(minimum=2, doc="clip length used to select the low-frequency band"),
-        "epsilon": Float(above=0.0, doc="largest angle (rad) over the clip of a band pair"),
-        "image_size": FloatSequence(
-            length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-        ),
-        "rope_fraction": Refused("the band is chosen by frames and epsilon", default=0.5),
-        "principal_point": Refused("PRoPE's normalised intrinsics", default="normalized"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        base: float = 10000.0,
-        frames: int = 16,
-        epsilon: float = 0.5,
-        image_size: tuple[float, float] | None = None,
-        rope_fraction: float = 0.5,
-        principal_point: str = "normalized",
-        rotate_values: bool = False,
+        base: Annotated[float, Float(above=1.0, doc="the video model's RoPE base")] = 10000.0,
+        frames: Annotated[
+            int, Int(minimum=2, doc="clip length used to select the low-frequency band")
+        ] = 16,
+        epsilon: Annotated[
+            float, Float(above=0.0, doc="largest angle (rad) over the clip of a band pair")
+        ] = 0.5,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
+        rope_fraction: Annotated[
+            float, Refused("the band is chosen by frames and epsilon", default=0.5)
+        ] = 0.5,
+        principal_point: Annotated[
+            str, Refused("PRoPE's normalised intrinsics", default="normalized")
+        ] = "normalized",
+        rotate_values: Annotated[bool, ROTATE_VALUES] = False,
     ) -> None:
         head_dim = check_int(head_dim, "head_dim")
         if head_dim % 8:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +46,8 @@ from ...cameras import check_intrinsics, check_viewmats, invert_se3, patch_cente
 from ...validation import check_float, check_float_sequence, check_int
 from ..options import Float, FloatSequence, IntSequence, Refused
 from ..registry import register
-from .prope import PRoPE
+from .frames import ROTATE_VALUES
+from .prope import PATCH_BASE, ROPE_FRACTION, PRoPE
 
 __all__ = [
     "UCPE",
@@ -177,24 +179,28 @@ class UCPE(PRoPE):
     #: the ray frames read the absolute pixel of each patch: a shift of the positions moves
     #: the rays, so logits are not a function of ``q_pos - k_pos`` alone
     relative = False
-    options = {
-        "grid": IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        "image_size": FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        "xi": Float(minimum=0.0, maximum=1.0, doc="unified camera model parameter"),
-        "principal_point": Refused("the ray frames carry no intrinsics", default="normalized"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        grid: tuple[int, int] | None = None,
-        image_size: tuple[float, float] | None = None,
-        xi: float = 0.0,
-        base: float = 100.0,
-        rope_fraction: float = 0.5,
-        principal_point: str = "normalized",
-        rotate_values: bool = True,
+        grid: Annotated[
+            tuple[int, int] | None,
+            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
+        ] = None,
+        image_size: Annotated[
+            tuple[float, float] | None,
+            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
+        ] = None,
+        xi: Annotated[
+            float, Float(minimum=0.0, maximum=1.0, doc="unified camera model parameter")
+        ] = 0.0,
+        base: Annotated[float, PATCH_BASE] = 100.0,
+        rope_fraction: Annotated[float, ROPE_FRACTION] = 0.5,
+        principal_point: Annotated[
+            str, Refused("the ray frames carry no intrinsics", default="normalized")
+        ] = "normalized",
+        rotate_values: Annotated[bool, ROTATE_VALUES] = True,
     ) -> None:
         super().__init__(
             num_heads,

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
@@ -73,7 +73,7 @@ from ..base import QueryGroups
 from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
 from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
-from .frames import CameraFrames
+from .frames import ROTATE_VALUES, CameraFrames
 from .groups import query_camera_groups
 
 __all__ = ["WorldRoPE", "WorldState", "PrimitiveHead", "gaussian_expected_rotation"]
@@ -106,6 +106,9 @@ class WorldState:
     k_sin: Tensor
 
 
+NEAR = Float(above=0.0, doc="primitives at depth <= near in the query camera are unseen")
+
+
 @register("worldrope")
 class WorldRoPE(CameraFrames):
     """WorldRoPE (see the module docstring; a reconstruction). Options: ``grid=(Px, Py)`` and
@@ -123,28 +126,31 @@ class WorldRoPE(CameraFrames):
         "k_Ks": "(B, Lk, 3, 3) pixel intrinsics per key token",
         "k_depths": "(B, Lk, K) z-depths (> 0) of each key's K Gaussian primitives",
     }
-    options = {
-        "grid": IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        "image_size": FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        "base": Float(above=1.0, doc="RoPE base of the patch coordinates"),
-        "layout": Choice(choices=("half", "interleaved"), doc="channel pairing"),
-        "patch_extent": Bool(doc="add the patch footprint to each primitive's covariance"),
-        "near": Float(above=0.0, doc="primitives at depth <= near in the query camera are unseen"),
-        "group_limit": Int(doc="most query cameras per call (each costs one attention)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
-        grid: tuple[int, int] | None = None,
-        image_size: tuple[float, float] | None = None,
-        base: float = 100.0,
-        layout: str = "half",
-        patch_extent: bool = True,
-        near: float = 1e-3,
-        group_limit: int = 64,
-        rotate_values: bool = False,
+        grid: Annotated[
+            tuple[int, int] | None,
+            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
+        ] = None,
+        image_size: Annotated[
+            tuple[float, float] | None,
+            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
+        ] = None,
+        base: Annotated[float, Float(above=1.0, doc="RoPE base of the patch coordinates")] = 100.0,
+        layout: Annotated[
+            str, Choice(choices=("half", "interleaved"), doc="channel pairing")
+        ] = "half",
+        patch_extent: Annotated[
+            bool, Bool(doc="add the patch footprint to each primitive's covariance")
+        ] = True,
+        near: Annotated[float, NEAR] = 1e-3,
+        group_limit: Annotated[
+            int, Int(doc="most query cameras per call (each costs one attention)")
+        ] = 64,
+        rotate_values: Annotated[bool, ROTATE_VALUES] = False,
     ) -> None:
         super().__init__(num_heads, head_dim, rotate_values=rotate_values)
         if head_dim % 2 or head_dim < 4:

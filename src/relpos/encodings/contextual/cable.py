@@ -9,6 +9,7 @@ content. The official code was read.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -71,20 +72,21 @@ class Cable(Encoding):
     optional_inputs = {
         "x": "(B, Lk, input_dim) float hidden states of the key tokens (needs input_dim=...)"
     }
-    options = {
-        "input_dim": Int(optional=True, doc="hidden size C of inputs['x'] (None: read keys)"),
-        "scaled": Bool(doc="divide q . k by sqrt(head_dim) (the official code does not)"),
-        "init_std": Float(minimum=0.0, doc="std of the score projection's initial weights"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        input_dim: int | None = None,
-        scaled: bool = False,
-        init_std: float = 0.02,
+        input_dim: Annotated[
+            int | None, Int(optional=True, doc="hidden size C of inputs['x'] (None: read keys)")
+        ] = None,
+        scaled: Annotated[
+            bool, Bool(doc="divide q . k by sqrt(head_dim) (the official code does not)")
+        ] = False,
+        init_std: Annotated[
+            float, Float(minimum=0.0, doc="std of the score projection's initial weights")
+        ] = 0.02,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.scaled = scaled

@@ -10,6 +10,7 @@ and lucidrains/x-transformers' port of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -73,13 +74,18 @@ class CoPE(Encoding):
     row_dependent = True
     continuous = True
     keeps_own_init = True
-    options = {
-        "npos_max": Int(minimum=2, doc="number of position embeddings (positions clamp below)"),
-        "per_head": Bool(doc="one embedding table E per head (default: shared by the heads)"),
-    }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, npos_max: int = 64, per_head: bool = False
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        npos_max: Annotated[
+            int, Int(minimum=2, doc="number of position embeddings (positions clamp below)")
+        ] = 64,
+        per_head: Annotated[
+            bool, Bool(doc="one embedding table E per head (default: shared by the heads)")
+        ] = False,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.npos_max, self.per_head = npos_max, per_head

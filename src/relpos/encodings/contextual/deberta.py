@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -194,6 +194,13 @@ class DeBERTaData(TableData):
     p2c: TableRead | None = None
 
 
+POS_ATT_TYPE = Custom(
+    _pos_att_type,
+    invalid=[(3, TypeError), ("p2p", ValueError), ([], ValueError), ("c2p|x", ValueError)],
+    doc="subset of c2p, p2c ('c2p|p2c' or a list)",
+)
+
+
 @register("deberta")
 class DeBERTa(TableEncoding):
     """DeBERTa disentangled attention, v2/v3 code (He et al. 2021, arXiv 2006.03654;
@@ -247,40 +254,37 @@ class DeBERTa(TableEncoding):
 
     paper = "He et al. 2021 (DeBERTa)"
     folds_outside_band = True
-    options = {
-        "position_buckets": Int(minimum=-1, doc="log buckets (-1 or 0: none, plain clipping)"),
-        "max_relative_positions": Int(minimum=1, doc="span without buckets; log range"),
-        "pos_att_type": Custom(
-            _pos_att_type,
-            invalid=[(3, TypeError), ("p2p", ValueError), ([], ValueError), ("c2p|x", ValueError)],
-            doc="subset of c2p, p2c ('c2p|p2c' or a list)",
-        ),
-        "share_att_key": Bool(doc="v3: the layer's content projections read the table"),
-        "hidden_size": Int(minimum=1, optional=True, doc="width of rel_embeddings (H * D)"),
-        "norm_rel_embeddings": Bool(doc="LayerNorm the relative table (v3)"),
-        "layer_norm_eps": Float(above=0.0, doc="eps of that LayerNorm"),
-        "paper_p2c": Bool(doc="the paper's p2c index delta(j, i) instead of the code's"),
-        "clamp_buckets": Bool(doc="clamp distances before bucketing (official 'faster' code)"),
-        "dropout": DROPOUT,
-        "init_std": Float(minimum=0.0, doc="std of the N(0, std^2) initialisation"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        position_buckets: int = 256,
-        max_relative_positions: int = 512,
-        pos_att_type: str | Sequence[str] = ("c2p", "p2c"),
-        share_att_key: bool = False,
-        hidden_size: int | None = None,
-        norm_rel_embeddings: bool = True,
-        layer_norm_eps: float = 1e-7,
-        paper_p2c: bool = False,
-        clamp_buckets: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
+        position_buckets: Annotated[
+            int, Int(minimum=-1, doc="log buckets (-1 or 0: none, plain clipping)")
+        ] = 256,
+        max_relative_positions: Annotated[
+            int, Int(minimum=1, doc="span without buckets; log range")
+        ] = 512,
+        pos_att_type: Annotated[str | Sequence[str], POS_ATT_TYPE] = ("c2p", "p2c"),
+        share_att_key: Annotated[
+            bool, Bool(doc="v3: the layer's content projections read the table")
+        ] = False,
+        hidden_size: Annotated[
+            int | None, Int(minimum=1, optional=True, doc="width of rel_embeddings (H * D)")
+        ] = None,
+        norm_rel_embeddings: Annotated[bool, Bool(doc="LayerNorm the relative table (v3)")] = True,
+        layer_norm_eps: Annotated[float, Float(above=0.0, doc="eps of that LayerNorm")] = 1e-7,
+        paper_p2c: Annotated[
+            bool, Bool(doc="the paper's p2c index delta(j, i) instead of the code's")
+        ] = False,
+        clamp_buckets: Annotated[
+            bool, Bool(doc="clamp distances before bucketing (official 'faster' code)")
+        ] = True,
+        dropout: Annotated[float, DROPOUT] = 0.0,
+        init_std: Annotated[
+            float, Float(minimum=0.0, doc="std of the N(0, std^2) initialisation")
+        ] = 0.02,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if position_buckets > 0 and not (

@@ -11,6 +11,8 @@ Both use HF BERT's ``distance_embedding`` layout and are ``RelativeEmbeddingTabl
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
@@ -19,6 +21,9 @@ from ..registry import register
 from .embedding_table import RelativeEmbeddingTable
 
 __all__ = ["Huang2020Method3", "Huang2020Method4"]
+
+#: ``M`` of both methods (``max_position_embeddings``)
+TABLE_POSITIONS = Int(minimum=1, doc="M; the table has 2M - 1 rows")
 
 
 class _Huang2020(RelativeEmbeddingTable):
@@ -30,7 +35,6 @@ class _Huang2020(RelativeEmbeddingTable):
     """
 
     ascending = False
-    options = {"max_position_embeddings": Int(minimum=1, doc="M; the table has 2M - 1 rows")}
 
     def _set_positions(self, max_position_embeddings: int) -> None:
         m = max_position_embeddings
@@ -62,7 +66,11 @@ class Huang2020Method4(_Huang2020):
     terms = ("query", "key")
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, max_position_embeddings: int = 512
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_position_embeddings: Annotated[int, TABLE_POSITIONS] = 512,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self._set_positions(max_position_embeddings)
@@ -92,7 +100,11 @@ class Huang2020Method3(_Huang2020):
     terms = ("trilinear",)
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, max_position_embeddings: int = 512
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_position_embeddings: Annotated[int, TABLE_POSITIONS] = 512,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self._set_positions(max_position_embeddings)

@@ -42,7 +42,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -268,6 +268,14 @@ class IRPEData:
     on_queries: list[TableRead]
 
 
+RPE_ON = Custom(
+    _check_rpe_on,
+    invalid=[(3, TypeError), ("x", ValueError), ("", ValueError), ("kk", ValueError)],
+    optional=True,
+    doc="letters from 'q', 'k', 'v'; default: the class's default_rpe_on",
+)
+
+
 @register("irpe")
 class IRPE(Encoding):
     """iRPE (Wu et al. 2021, arXiv 2107.14222; microsoft/Cream ``iRPE``): bucketed 2-D
@@ -310,20 +318,6 @@ class IRPE(Encoding):
     """
 
     paper = "Wu et al. 2021 (iRPE)"
-    options = {
-        "method": Choice(METHODS),
-        "mode": Choice(_MODE_NAMES, optional=True, doc="default: the class's default_mode"),
-        "rpe_on": Custom(
-            _check_rpe_on,
-            invalid=[(3, TypeError), ("x", ValueError), ("", ValueError), ("kk", ValueError)],
-            optional=True,
-            doc="letters from 'q', 'k', 'v'; default: the class's default_rpe_on",
-        ),
-        "ratio": Float(above=0.0),
-        "shared_head": Bool(optional=True),
-        "skip": Int(minimum=0),
-        "init_std": Float(minimum=0.0),
-    }
     dims = 2
     relative = True
     has_bias = True  # per instance: False when rpe_on is "v" alone
@@ -336,13 +330,15 @@ class IRPE(Encoding):
         num_heads: int,
         head_dim: int,
         *,
-        method: str = "product",
-        mode: str | None = None,
-        rpe_on: str | None = None,
-        ratio: float = 1.9,
-        shared_head: bool | None = None,
-        skip: int = 0,
-        init_std: float = 0.0,
+        method: Annotated[str, Choice(METHODS)] = "product",
+        mode: Annotated[
+            str | None, Choice(_MODE_NAMES, optional=True, doc="default: the class's default_mode")
+        ] = None,
+        rpe_on: Annotated[str | None, RPE_ON] = None,
+        ratio: Annotated[float, Float(above=0.0)] = 1.9,
+        shared_head: Annotated[bool | None, Bool(optional=True)] = None,
+        skip: Annotated[int, Int(minimum=0)] = 0,
+        init_std: Annotated[float, Float(minimum=0.0)] = 0.0,
     ) -> None:
         super().__init__(num_heads, head_dim)
         mode = self.default_mode if mode is None else mode

@@ -7,6 +7,8 @@ the class itself is a ``LearnedRelativeTable`` (``embedding_table.py``).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from ..options import Bool, Int
 from ..registry import register
 from .embedding_table import LearnedRelativeTable
@@ -45,22 +47,16 @@ class MusicTransformerRelative(LearnedRelativeTable):
     paper = "Huang et al. 2018 (Music Transformer)"
     causal_only = True
     beyond = "zero"
-    options = {
-        "max_relative_position": Int(minimum=1, doc="N, rows of E_r"),
-        "values": Bool(doc="add_relative_to_values"),
-        "heads_share": Bool(doc="heads_share_relative_embedding"),
-        "bidirectional": Bool(doc="the unmasked variant (2N - 1 rows)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_relative_position: int = 2048,
-        values: bool = False,
-        heads_share: bool = False,
-        bidirectional: bool = False,
+        max_relative_position: Annotated[int, Int(minimum=1, doc="N, rows of E_r")] = 2048,
+        values: Annotated[bool, Bool(doc="add_relative_to_values")] = False,
+        heads_share: Annotated[bool, Bool(doc="heads_share_relative_embedding")] = False,
+        bidirectional: Annotated[bool, Bool(doc="the unmasked variant (2N - 1 rows)")] = False,
     ) -> None:
         super().__init__(num_heads, head_dim)
         n = max_relative_position

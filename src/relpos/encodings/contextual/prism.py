@@ -11,6 +11,7 @@ by tests/encodings/contextual/test_prism.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -141,6 +142,9 @@ class PRISMBlock:
     j0: int
 
 
+CORRECTION = Choice(choices=("none", "learned"), doc="the filter's correction step pi * l(x_t)")
+
+
 @register("prism")
 class PRISM(Encoding):
     """PRISM (P. Lee 2025, arXiv 2506.00920; a reconstruction from the abstract).
@@ -195,28 +199,26 @@ class PRISM(Encoding):
     paper = "P. Lee 2025 (PRISM)"
     has_bias = True
     continuous = True
-    options = {
-        "bins": Int(minimum=2, doc="histogram bins (counted positions 0 .. bins - 1)"),
-        "max_shift": Int(minimum=1, doc="largest step of a token's shift kernel"),
-        "kernel": Choice(choices=("learned", "counting"), doc="content kernels or delta_1"),
-        "distance": Choice(choices=("alibi", "learned"), doc="the distance function f_h"),
-        "correction": Choice(
-            choices=("none", "learned"), doc="the filter's correction step pi * l(x_t)"
-        ),
-        "correction_basis": Int(minimum=1, doc="cosine functions of the correction's l"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        bins: int = 512,
-        max_shift: int = 2,
-        kernel: str = "learned",
-        distance: str = "alibi",
-        correction: str = "none",
-        correction_basis: int = 8,
+        bins: Annotated[
+            int, Int(minimum=2, doc="histogram bins (counted positions 0 .. bins - 1)")
+        ] = 512,
+        max_shift: Annotated[int, Int(minimum=1, doc="largest step of a token's shift kernel")] = 2,
+        kernel: Annotated[
+            str, Choice(choices=("learned", "counting"), doc="content kernels or delta_1")
+        ] = "learned",
+        distance: Annotated[
+            str, Choice(choices=("alibi", "learned"), doc="the distance function f_h")
+        ] = "alibi",
+        correction: Annotated[str, CORRECTION] = "none",
+        correction_basis: Annotated[
+            int, Int(minimum=1, doc="cosine functions of the correction's l")
+        ] = 8,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.bins, self.max_shift, self.kernel, self.distance = bins, max_shift, kernel, distance

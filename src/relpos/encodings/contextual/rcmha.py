@@ -42,6 +42,7 @@ of ``e``, and per query block ``q @ E^T (B, H, T, R)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -81,11 +82,16 @@ class RCMHARelative(LearnedRelativeTable):
     """
 
     paper = "Sugiharto et al. 2023 (RCMHA)"
-    options = {
-        "max_relative_position": Int(minimum=1, doc="P: 2P rows for k_pos - q_pos in [-P, P-1]"),
-    }
 
-    def __init__(self, num_heads: int, head_dim: int, *, max_relative_position: int = 4096) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_relative_position: Annotated[
+            int, Int(minimum=1, doc="P: 2P rows for k_pos - q_pos in [-P, P-1]")
+        ] = 4096,
+    ) -> None:
         super().__init__(num_heads, head_dim)
         p = max_relative_position
         self.max_relative_position = p

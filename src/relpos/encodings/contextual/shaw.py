@@ -11,7 +11,7 @@ Both are ``RelativeEmbeddingTable``s (``embedding_table.py``, read through the t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -73,20 +73,17 @@ class ShawRelative(LearnedRelativeTable):
     """
 
     paper = "Shaw et al. 2018 (relation-aware self-attention)"
-    options = {
-        "max_relative_position": _WINDOW,
-        "values": Bool(doc="add the relative value embeddings"),
-        "heads_share": Bool(doc="one table for all heads (else one per head)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_relative_position: int | tuple[int, int] = 16,
-        values: bool = True,
-        heads_share: bool = True,
+        max_relative_position: Annotated[int | tuple[int, int], _WINDOW] = 16,
+        values: Annotated[bool, Bool(doc="add the relative value embeddings")] = True,
+        heads_share: Annotated[
+            bool, Bool(doc="one table for all heads (else one per head)")
+        ] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         m = max_relative_position  # checked: an int k or a (left, right) tuple
@@ -114,18 +111,14 @@ class NezhaRelative(RelativeEmbeddingTable):
     """
 
     paper = "Wei et al. 2019 (NEZHA)"
-    options = {
-        "max_relative_position": Int(minimum=0, doc="clipping distance K"),
-        "values": Bool(doc="add the value term"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_relative_position: int = 64,
-        values: bool = True,
+        max_relative_position: Annotated[int, Int(minimum=0, doc="clipping distance K")] = 64,
+        values: Annotated[bool, Bool(doc="add the value term")] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         k = max_relative_position

@@ -13,7 +13,7 @@ code, read through a copy), and follows it (see the class).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,16 @@ class _ExampleInputs:
         return example_inputs
 
 
+GATE = Choice(
+    choices=("hard", "straight-through", "soft"),
+    doc="keep decision: hard, straight-through gradient, or a sigmoid relaxation",
+)
+FORGET = Choice(
+    choices=("input", "head"),
+    doc="forget gate from the layer input (the authors) or one per head",
+)
+
+
 @register("tra")
 class TRA(Encoding):
     """TRA, threshold relative attention (Opper et al. 2025, arXiv 2503.23174; the authors'
@@ -118,20 +128,6 @@ class TRA(Encoding):
     has_bias = True
     row_dependent = True
     continuous = True
-    options = {
-        "threshold": Float(doc="keys with a scaled logit at or below it are removed"),
-        "gate": Choice(
-            choices=("hard", "straight-through", "soft"),
-            doc="keep decision: hard, straight-through gradient, or a sigmoid relaxation",
-        ),
-        "temperature": Float(above=0.0, doc="sigmoid temperature of the relaxed gates"),
-        "forget": Choice(
-            choices=("input", "head"),
-            doc="forget gate from the layer input (the authors) or one per head",
-        ),
-        "input_dim": Int(optional=True, doc="width of the layer input (None: H * head_dim)"),
-        "keep_own": Bool(doc="always keep the query's own key"),
-    }
 
     example_inputs = _ExampleInputs()  # type: ignore[assignment]
     #: the gate keeps PyTorch's Linear init, as the authors' model (models must not reset it)
@@ -142,12 +138,18 @@ class TRA(Encoding):
         num_heads: int,
         head_dim: int,
         *,
-        threshold: float = 0.0,
-        gate: str = "hard",
-        temperature: float = 1.0,
-        forget: str = "input",
-        input_dim: int | None = None,
-        keep_own: bool = False,
+        threshold: Annotated[
+            float, Float(doc="keys with a scaled logit at or below it are removed")
+        ] = 0.0,
+        gate: Annotated[str, GATE] = "hard",
+        temperature: Annotated[
+            float, Float(above=0.0, doc="sigmoid temperature of the relaxed gates")
+        ] = 1.0,
+        forget: Annotated[str, FORGET] = "input",
+        input_dim: Annotated[
+            int | None, Int(optional=True, doc="width of the layer input (None: H * head_dim)")
+        ] = None,
+        keep_own: Annotated[bool, Bool(doc="always keep the query's own key")] = False,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.threshold, self.gate, self.temperature = threshold, gate, temperature

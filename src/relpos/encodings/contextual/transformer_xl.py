@@ -9,7 +9,7 @@ gathered at the distance), ``u . k_j`` is one number per key and head.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,14 @@ class TransformerXLData(TableData):
 
     query: TableRead
     uk: Tensor
+
+
+D_MODEL = Custom(
+    _d_model,
+    optional=True,
+    invalid=[("64", TypeError), (2.5, TypeError), (0, ValueError), (7, ValueError)],
+    doc="width of the sinusoid R (positive, even; default H * head_dim)",
+)
 
 
 @register("transformer-xl")
@@ -77,29 +85,21 @@ class TransformerXL(TableEncoding):
     """
 
     paper = "Dai et al. 2019 (Transformer-XL)"
-    options = {
-        "d_model": Custom(
-            _d_model,
-            optional=True,
-            invalid=[("64", TypeError), (2.5, TypeError), (0, ValueError), (7, ValueError)],
-            doc="width of the sinusoid R (positive, even; default H * head_dim)",
-        ),
-        "clamp_len": Int(minimum=0, optional=True, doc="distances beyond ±clamp_len share R"),
-        "base": Float(above=1.0, doc="sinusoid base"),
-        "dropout": DROPOUT,
-        "init_std": Float(minimum=0.0, doc="std of the N(0, std^2) initialisation"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        d_model: int | None = None,
-        clamp_len: int | None = None,
-        base: float = 10000.0,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
+        d_model: Annotated[int | None, D_MODEL] = None,
+        clamp_len: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="distances beyond ±clamp_len share R")
+        ] = None,
+        base: Annotated[float, Float(above=1.0, doc="sinusoid base")] = 10000.0,
+        dropout: Annotated[float, DROPOUT] = 0.0,
+        init_std: Annotated[
+            float, Float(minimum=0.0, doc="std of the N(0, std^2) initialisation")
+        ] = 0.02,
     ) -> None:
         super().__init__(num_heads, head_dim)
         d_model = num_heads * head_dim if d_model is None else d_model

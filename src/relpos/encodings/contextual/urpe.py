@@ -9,6 +9,7 @@ renormalising. The official code was read.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -70,22 +71,20 @@ class URPE(DistanceBias):
 
     paper = "Luo et al. 2022 (URPE)"
     multiplies_probs = True
-    options = {
-        "max_length": Int(doc="largest |i - j| + 1 of the unbucketed tables"),
-        "num_buckets": Int(minimum=4, optional=True, doc="official signed buckets (None: off)"),
-        "max_distance": Int(minimum=2, doc="distance from which buckets are shared"),
-        "init_std": Float(minimum=0.0, doc="std of beta's initial values"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_length: int = 2048,
-        num_buckets: int | None = None,
-        max_distance: int = 128,
-        init_std: float = 0.02,
+        max_length: Annotated[int, Int(doc="largest |i - j| + 1 of the unbucketed tables")] = 2048,
+        num_buckets: Annotated[
+            int | None, Int(minimum=4, optional=True, doc="official signed buckets (None: off)")
+        ] = None,
+        max_distance: Annotated[
+            int, Int(minimum=2, doc="distance from which buckets are shared")
+        ] = 128,
+        init_std: Annotated[float, Float(minimum=0.0, doc="std of beta's initial values")] = 0.02,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.max_length = max_length

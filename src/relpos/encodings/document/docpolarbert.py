@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,7 @@ from ..contextual.table import RowIndex, TableRead, query_block_context
 from ..options import Bool, Custom, Float, Int
 from ..registry import register
 from .boxes import BoxEncoding, box_centres, padding_boxes
-from .layoutlmv2 import T5_BUCKET_OPTIONS, check_t5_bucket_range
+from .layoutlmv2 import T5_BUCKETS, T5_MAX_DISTANCE, check_t5_bucket_range
 
 __all__ = [
     "polar_angle_bucket",
@@ -184,6 +185,19 @@ class DocPolarBERTData:
     k_pad: Tensor | None = None
 
 
+DISTANCE_EDGES = Custom(
+    _check_distance_edges,
+    invalid=[
+        (3, TypeError),
+        ("median", ValueError),
+        ([math.nan] * 5, ValueError),
+        ([0.0, 1.0], ValueError),
+        ([0.0, 3.0, 2.0, 4.0, 5.0], ValueError),
+    ],
+    doc="'page', 'call' or rel_2d_pos_bins + 1 non-decreasing floats",
+)
+
+
 @register("docpolarbert")
 class DocPolarBERT(BoxEncoding):
     """DocPolarBERT relative polar self-attention (Uthayasooriyar, Ly, Vermet, Corro 2025,
@@ -228,41 +242,23 @@ class DocPolarBERT(BoxEncoding):
     """
 
     paper = "Uthayasooriyar et al. 2025 (DocPolarBERT)"
-    options = {
-        **T5_BUCKET_OPTIONS,
-        "rel_2d_pos_bins": Int(minimum=1, doc="distance buckets between box centres"),
-        "rel_2d_angle_bins": Int(minimum=1, doc="general angle sectors"),
-        "distance_edges": Custom(
-            _check_distance_edges,
-            invalid=[
-                (3, TypeError),
-                ("median", ValueError),
-                ([math.nan] * 5, ValueError),
-                ([0.0, 1.0], ValueError),
-                ([0.0, 3.0, 2.0, 4.0, 5.0], ValueError),
-            ],
-            doc="'page', 'call' or rel_2d_pos_bins + 1 non-decreasing floats",
-        ),
-        "page_size": Float(above=0.0),
-        "has_relative_attention_bias": Bool(),
-        "has_spatial_attention_bias": Bool(),
-        "has_angle_attention_bias": Bool(),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        rel_pos_bins: int = 32,
-        max_rel_pos: int = 128,
-        rel_2d_pos_bins: int = 4,
-        rel_2d_angle_bins: int = 8,
-        distance_edges: str | Sequence[float] | Tensor = "page",
-        page_size: float = 1000.0,
-        has_relative_attention_bias: bool = True,
-        has_spatial_attention_bias: bool = True,
-        has_angle_attention_bias: bool = True,
+        rel_pos_bins: Annotated[int, T5_BUCKETS] = 32,
+        max_rel_pos: Annotated[int, T5_MAX_DISTANCE] = 128,
+        rel_2d_pos_bins: Annotated[
+            int, Int(minimum=1, doc="distance buckets between box centres")
+        ] = 4,
+        rel_2d_angle_bins: Annotated[int, Int(minimum=1, doc="general angle sectors")] = 8,
+        distance_edges: Annotated[str | Sequence[float] | Tensor, DISTANCE_EDGES] = "page",
+        page_size: Annotated[float, Float(above=0.0)] = 1000.0,
+        has_relative_attention_bias: Annotated[bool, Bool()] = True,
+        has_spatial_attention_bias: Annotated[bool, Bool()] = True,
+        has_angle_attention_bias: Annotated[bool, Bool()] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if not (

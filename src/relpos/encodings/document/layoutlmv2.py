@@ -5,12 +5,13 @@ bucketed 1-D token distance and the bucketed x / y distances between word boxes.
 
 The bucket is the bidirectional T5 bucket (``functional.t5_bucket``), whose options
 (``bins``, ``max_distance``) are declared here once for both document encodings
-(``T5_BUCKET_OPTIONS``, ``check_t5_bucket_range``). Boxes: ``document.boxes``.
+(``T5_BUCKETS``, ``T5_MAX_DISTANCE``, ``check_t5_bucket_range``). Boxes: ``document.boxes``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from torch import Tensor, nn
 
@@ -20,14 +21,19 @@ from ..options import Bool, Int
 from ..registry import register
 from .boxes import BoxEncoding
 
-__all__ = ["T5_BUCKET_OPTIONS", "check_t5_bucket_range", "LayoutLMv2Data", "LayoutLMv2Bias"]
+__all__ = [
+    "T5_BUCKETS",
+    "T5_MAX_DISTANCE",
+    "check_t5_bucket_range",
+    "LayoutLMv2Data",
+    "LayoutLMv2Bias",
+]
 
-#: the bidirectional T5 buckets of the 1-D term (LayoutLMv2 and DocPolarBERT): at least 4
-#: buckets (2 per direction, one of them exact) and a log range past the exact part
-T5_BUCKET_OPTIONS = {
-    "rel_pos_bins": Int(minimum=4, doc="T5 buckets of p_j - p_i (both directions)"),
-    "max_rel_pos": Int(minimum=2, doc="distance from which 1-D buckets saturate"),
-}
+#: the specs of the bidirectional T5 buckets of the 1-D term (``rel_pos_bins``,
+#: ``max_rel_pos`` of LayoutLMv2 and DocPolarBERT): at least 4 buckets (2 per direction, one
+#: of them exact) and a log range past the exact part
+T5_BUCKETS = Int(minimum=4, doc="T5 buckets of p_j - p_i (both directions)")
+T5_MAX_DISTANCE = Int(minimum=2, doc="distance from which 1-D buckets saturate")
 
 
 def check_t5_bucket_range(bins: int, max_distance: int, bins_name: str, max_name: str) -> None:
@@ -83,25 +89,22 @@ class LayoutLMv2Bias(BoxEncoding):
     """
 
     paper = "Xu et al. 2021 (LayoutLMv2)"
-    options = {
-        **T5_BUCKET_OPTIONS,
-        "rel_2d_pos_bins": Int(minimum=4, doc="T5 buckets of x_j - x_i and y_j - y_i"),
-        "max_rel_2d_pos": Int(minimum=2, doc="box distance from which 2-D buckets saturate"),
-        "has_relative_attention_bias": Bool(),
-        "has_spatial_attention_bias": Bool(),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        rel_pos_bins: int = 32,
-        max_rel_pos: int = 128,
-        rel_2d_pos_bins: int = 64,
-        max_rel_2d_pos: int = 256,
-        has_relative_attention_bias: bool = True,
-        has_spatial_attention_bias: bool = True,
+        rel_pos_bins: Annotated[int, T5_BUCKETS] = 32,
+        max_rel_pos: Annotated[int, T5_MAX_DISTANCE] = 128,
+        rel_2d_pos_bins: Annotated[
+            int, Int(minimum=4, doc="T5 buckets of x_j - x_i and y_j - y_i")
+        ] = 64,
+        max_rel_2d_pos: Annotated[
+            int, Int(minimum=2, doc="box distance from which 2-D buckets saturate")
+        ] = 256,
+        has_relative_attention_bias: Annotated[bool, Bool()] = True,
+        has_spatial_attention_bias: Annotated[bool, Bool()] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if not (has_relative_attention_bias or has_spatial_attention_bias):

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +60,7 @@ from ...graphs import check_adjacency
 from ..base import Encoding
 from ..options import Bool, Choice, Float, FloatSequence, Int
 from ..registry import register
-from .base import DEFAULT_MAX_NODES
+from .base import DEFAULT_MAX_NODES, MAX_NODES
 from .walk_transport import WalkGraph, exact_transport, sparse_transport, walk_coefficients
 
 __all__ = ["AWRoPE", "AWRoPEExact", "AnalyticWalkRoPE", "WalkState", "example_walk_graphs"]
@@ -126,36 +126,33 @@ class AnalyticWalkRoPE(Encoding):
     cache_rotated_keys = False
     mixes_tokens = True
     needs_inputs = True
-    options = {
-        "field": Choice(choices=tuple(FIELD_INPUTS), doc="edge field of the angles a_uv"),
-        "feature_dim": Int(optional=True, doc="F of node_features (default H * D)"),
-        "field_hidden": Int(doc="hidden width of the learned field's MLP"),
-        "position_dim": Int(doc="P of node_positions"),
-        "max_displacement": Float(above=0.0, optional=True, doc="angle bound M (None: none)"),
-        "base": Float(above=1.0, doc="frequency base"),
-        "frequency_ladder": Choice(choices=("model", "head"), doc="one ladder or one per head"),
-        "learnable_frequencies": Bool(doc="train the frequencies"),
-        "initial_z": Float(minimum=0.0, below=1.0, doc="walk weight z at init"),
-        "learnable_z": Bool(doc="train z"),
-        "max_nodes": Int(doc="largest node count of a graph (positions < max_nodes)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        field: str = "features",
-        feature_dim: int | None = None,
-        field_hidden: int = 32,
-        position_dim: int = 3,
-        max_displacement: float | None = math.pi,
-        base: float = 10_000.0,
-        frequency_ladder: str = "model",
-        learnable_frequencies: bool = True,
-        initial_z: float = 0.8,
-        learnable_z: bool = True,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        field: Annotated[
+            str, Choice(choices=tuple(FIELD_INPUTS), doc="edge field of the angles a_uv")
+        ] = "features",
+        feature_dim: Annotated[
+            int | None, Int(optional=True, doc="F of node_features (default H * D)")
+        ] = None,
+        field_hidden: Annotated[int, Int(doc="hidden width of the learned field's MLP")] = 32,
+        position_dim: Annotated[int, Int(doc="P of node_positions")] = 3,
+        max_displacement: Annotated[
+            float | None, Float(above=0.0, optional=True, doc="angle bound M (None: none)")
+        ] = math.pi,
+        base: Annotated[float, Float(above=1.0, doc="frequency base")] = 10_000.0,
+        frequency_ladder: Annotated[
+            str, Choice(choices=("model", "head"), doc="one ladder or one per head")
+        ] = "model",
+        learnable_frequencies: Annotated[bool, Bool(doc="train the frequencies")] = True,
+        initial_z: Annotated[
+            float, Float(minimum=0.0, below=1.0, doc="walk weight z at init")
+        ] = 0.8,
+        learnable_z: Annotated[bool, Bool(doc="train z")] = True,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if head_dim % 2:
@@ -424,20 +421,18 @@ class AWRoPE(AnalyticWalkRoPE):
     """
 
     paper = "AW-RoPE (analytic-walk graph rotary, sparse walk sum; jiaqingxie/AW-RoPE)"
-    options = {
-        "num_steps": Int(minimum=0, doc="K: walk length of the truncated sum"),
-        "non_backtracking": Bool(doc="exclude immediate edge reversals"),
-        "z_values": FloatSequence(above=0.0, optional=True, doc="scales z_m of a mixture"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        num_steps: int = 8,
-        non_backtracking: bool = False,
-        z_values: tuple[float, ...] | None = None,
+        num_steps: Annotated[int, Int(minimum=0, doc="K: walk length of the truncated sum")] = 8,
+        non_backtracking: Annotated[bool, Bool(doc="exclude immediate edge reversals")] = False,
+        z_values: Annotated[
+            tuple[float, ...] | None,
+            FloatSequence(above=0.0, optional=True, doc="scales z_m of a mixture"),
+        ] = None,
         **options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **options)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -32,6 +33,7 @@ from ..options import Int
 
 __all__ = [
     "DEFAULT_MAX_NODES",
+    "MAX_NODES",
     "GraphEncoding",
     "GraphStructure",
     "check_structure",
@@ -41,6 +43,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NODES = 1024
+#: the spec of ``max_nodes``, the option every graph encoding takes
+MAX_NODES = Int(doc="largest node count of a graph (positions < max_nodes)")
 
 
 @dataclass
@@ -151,9 +155,14 @@ class GraphEncoding(Encoding):
     has_bias = True
     needs_inputs = True
     structure_input = ""  # the name of the precomputed structure in ``inputs``
-    options = {"max_nodes": Int(doc="largest node count of a graph (positions < max_nodes)")}
 
-    def __init__(self, num_heads: int, head_dim: int, *, max_nodes: int = DEFAULT_MAX_NODES):
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
+    ):
         super().__init__(num_heads, head_dim)
         self.max_positions = max_nodes
 

@@ -25,6 +25,7 @@ index, distinct within a graph), or the precomputed ``reading_codes (B, N, N)``
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +34,7 @@ from ...graphs import check_adjacency
 from ..base import BiasContext
 from ..options import Bool, Int
 from ..registry import register
-from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_forest
+from .base import DEFAULT_MAX_NODES, MAX_NODES, GraphEncoding, check_structure, example_forest
 
 __all__ = ["NO_EDGE", "ReadingOrderBias", "reading_order_codes"]
 
@@ -89,19 +90,15 @@ class ReadingOrderBias(GraphEncoding):
         "reading_order": "(B, N) reading index of each node",
         "reading_codes": "(B, N, N) integer codes (reading_order_codes)",
     }
-    options = {
-        "max_code": Int(minimum=1, doc="R: codes clipped to -R .. R"),
-        "mask_non_adjacent": Bool(doc="mask pairs that are not adjacent"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_code: int = 8,
-        mask_non_adjacent: bool = True,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        max_code: Annotated[int, Int(minimum=1, doc="R: codes clipped to -R .. R")] = 8,
+        mask_non_adjacent: Annotated[bool, Bool(doc="mask pairs that are not adjacent")] = True,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
         self.max_code, self.mask_non_adjacent = max_code, mask_non_adjacent

@@ -10,6 +10,7 @@ K)`` (``relpos.graphs.random_walk_probabilities``). Official code read: LiamMa/G
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,7 @@ from ..options import Bool, Int
 from ..registry import register
 from .base import (
     DEFAULT_MAX_NODES,
+    MAX_NODES,
     GraphEncoding,
     check_structure,
     example_forest,
@@ -49,19 +51,15 @@ class RandomWalkPairEncoding(GraphEncoding):
         "adjacency": "(B, N, N) bool",
         "rrwp": "(B, N, N, K) random-walk probabilities",
     }
-    options = {
-        "steps": Int(doc="K: random-walk channels I, M, ..., M^(K-1)"),
-        "values": Bool(doc="also add GRIT's value term"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        steps: int = 8,
-        values: bool = False,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        steps: Annotated[int, Int(doc="K: random-walk channels I, M, ..., M^(K-1)")] = 8,
+        values: Annotated[bool, Bool(doc="also add GRIT's value term")] = False,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
         self.steps = steps

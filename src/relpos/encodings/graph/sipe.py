@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,14 @@ from .. import registry
 from ..base import BiasContext
 from ..options import Bool, Custom, Int, Str
 from ..registry import register
-from .base import DEFAULT_MAX_NODES, GraphEncoding, GraphStructure, check_structure, example_forest
+from .base import (
+    DEFAULT_MAX_NODES,
+    MAX_NODES,
+    GraphEncoding,
+    GraphStructure,
+    check_structure,
+    example_forest,
+)
 
 __all__ = ["SyntaxPriorBias", "check_parse", "syntax_relations", "syntax_features"]
 
@@ -165,6 +172,16 @@ def _dict_checker(value: Any, name: str) -> dict:
     return dict(value)
 
 
+BASE_BIAS = Custom(
+    checker=_base_checker,
+    invalid=((3, TypeError), ("not-an-encoding", ValueError), ("rope", ValueError)),
+    doc="registered distance-only bias multiplied by the prior",
+)
+BASE_BIAS_OPTIONS = Custom(
+    checker=_dict_checker, invalid=((3, TypeError),), doc="options of the base bias"
+)
+
+
 @register("sipe")
 class SyntaxPriorBias(GraphEncoding):
     """SiPE's decoder form: ``pi_h(tau_ij) * beta_h(p_i - p_j)`` (see the module docstring;
@@ -187,31 +204,18 @@ class SyntaxPriorBias(GraphEncoding):
         "relations": "(B, L, L, 2) int (up, down) from relpos.encodings.graph.sipe."
         "syntax_relations",
     }
-    options = {
-        "base": Custom(
-            checker=_base_checker,
-            invalid=((3, TypeError), ("not-an-encoding", ValueError), ("rope", ValueError)),
-            doc="registered distance-only bias multiplied by the prior",
-        ),
-        "base_options": Custom(
-            checker=_dict_checker, invalid=((3, TypeError),), doc="options of the base bias"
-        ),
-        "max_relation": Int(doc="M: up / down steps clipped to M"),
-        "prior_hidden": Int(doc="hidden width of the prior's MLP"),
-        "single_root": Bool(doc="exactly one root per row"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        base: str = "t5",
-        base_options: dict | None = None,
-        max_relation: int = 8,
-        prior_hidden: int = 32,
-        single_root: bool = False,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        base: Annotated[str, BASE_BIAS] = "t5",
+        base_options: Annotated[dict | None, BASE_BIAS_OPTIONS] = None,
+        max_relation: Annotated[int, Int(doc="M: up / down steps clipped to M")] = 8,
+        prior_hidden: Annotated[int, Int(doc="hidden width of the prior's MLP")] = 32,
+        single_root: Annotated[bool, Bool(doc="exactly one root per row")] = False,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
         options = base_options or {}

@@ -9,6 +9,7 @@ Inputs: ``adjacency (B, N, N)`` or the precomputed ``spd (B, N, N)``
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -20,6 +21,7 @@ from ..options import Custom, Int
 from ..registry import register
 from .base import (
     DEFAULT_MAX_NODES,
+    MAX_NODES,
     GraphEncoding,
     check_structure,
     example_forest,
@@ -43,6 +45,19 @@ def check_spd(value: object) -> Tensor:
     return check_structure(value, "spd", "(B, N, N)", dims=3, minimum=0.0, allow_inf=True)
 
 
+UNREACHABLE = Custom(
+    checker=unreachable_policy,
+    invalid=[
+        ("far", ValueError),
+        (float("nan"), ValueError),
+        (-1.0, ValueError),
+        (True, TypeError),
+        (object(), TypeError),
+    ],
+    doc="'cap', 'mask' or the distance of unreachable pairs",
+)
+
+
 @register("graph-spd")
 class ShortestPathALiBi(GraphEncoding):
     """ALiBi over shortest-path distances (Gurev & Rumbell 2025, arXiv 2506.19834;
@@ -63,29 +78,17 @@ class ShortestPathALiBi(GraphEncoding):
         "adjacency": "(B, N, N) bool",
         "spd": "(B, N, N) float hop counts, inf = unreachable",
     }
-    options = {
-        "max_spd": Int(minimum=0, optional=True, doc="cap on the hop count (None: no cap)"),
-        "unreachable": Custom(
-            checker=unreachable_policy,
-            invalid=[
-                ("far", ValueError),
-                (float("nan"), ValueError),
-                (-1.0, ValueError),
-                (True, TypeError),
-                (object(), TypeError),
-            ],
-            doc="'cap', 'mask' or the distance of unreachable pairs",
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_spd: int | None = None,
-        unreachable: str | float = "cap",
-        max_nodes: int = DEFAULT_MAX_NODES,
+        max_spd: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="cap on the hop count (None: no cap)")
+        ] = None,
+        unreachable: Annotated[str | float, UNREACHABLE] = "cap",
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
         self.max_spd = max_spd

@@ -7,13 +7,15 @@ Inputs: ``parent (B, N)`` parent pointers or the precomputed ``relations (B, N, 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
 
 from ...graphs import tree_relations
 from ..options import Int
 from ..registry import register
-from .base import DEFAULT_MAX_NODES, GraphEncoding, check_structure, example_relations
+from .base import DEFAULT_MAX_NODES, MAX_NODES, GraphEncoding, check_structure, example_relations
 
 __all__ = ["TreeRelationBias"]
 
@@ -46,19 +48,15 @@ class TreeRelationBias(GraphEncoding):
         "parent": "(B, N) int parent pointers, -1 for roots",
         "relations": "(B, N, N, 2) int (up, down) from relpos.graphs.tree_relations",
     }
-    options = {
-        "max_up": Int(minimum=0, doc="steps up to the common ancestor, clipped"),
-        "max_down": Int(minimum=0, doc="steps down from it, clipped"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        max_up: int = 8,
-        max_down: int = 8,
-        max_nodes: int = DEFAULT_MAX_NODES,
+        max_up: Annotated[int, Int(minimum=0, doc="steps up to the common ancestor, clipped")] = 8,
+        max_down: Annotated[int, Int(minimum=0, doc="steps down from it, clipped")] = 8,
+        max_nodes: Annotated[int, MAX_NODES] = DEFAULT_MAX_NODES,
     ) -> None:
         super().__init__(num_heads, head_dim, max_nodes=max_nodes)
         self.max_up, self.max_down = max_up, max_down

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -60,6 +60,14 @@ def check_separators(separators: object, name: str = "separators") -> tuple[int,
     if not ids:
         raise ValueError(f"{name} must be {form}, got an empty collection")
     return tuple(ids)
+
+
+SEPARATORS = Custom(
+    checker=check_separators,
+    invalid=[(".", TypeError), ([1.5], TypeError), ([], ValueError), ([-1], ValueError)],
+    optional=True,
+    doc="token ids that end a segment",
+)
 
 
 @register("bipe-rope")
@@ -109,25 +117,17 @@ class BiPERoPE(RoPE):
 
     paper = "He et al. 2024 (BiPE)"
     adds_to_input = True
-    options = {
-        "separators": Custom(
-            checker=check_separators,
-            invalid=[(".", TypeError), ([1.5], TypeError), ([], ValueError), ([-1], ValueError)],
-            optional=True,
-            doc="token ids that end a segment",
-        ),
-        "max_intra": Int(minimum=1, doc="rows of the intra-segment table"),
-        "dim": Int(minimum=1, optional=True, doc="width of the intra-segment table"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        separators: Iterable[int] | None = None,
-        max_intra: int = 1024,
-        dim: int | None = None,
+        separators: Annotated[Iterable[int] | None, SEPARATORS] = None,
+        max_intra: Annotated[int, Int(minimum=1, doc="rows of the intra-segment table")] = 1024,
+        dim: Annotated[
+            int | None, Int(minimum=1, optional=True, doc="width of the intra-segment table")
+        ] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)

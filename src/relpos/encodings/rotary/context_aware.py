@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -67,16 +68,22 @@ class CARoPE(RoPE):
     relative = False
     cache_rotated_keys = False
 
-    options = {
-        "init_std": Float(minimum=0.0, doc="std of the frequency projection at init"),
+    option_overrides = {
         "scaling": Refused(
             "carope's frequencies are token-dependent (f_t^i), not RoPE's theta_i: no RoPE "
             "frequency scaling applies"
-        ),
+        )
     }
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, init_std: float = 0.02, **rope_options
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        init_std: Annotated[
+            float, Float(minimum=0.0, doc="std of the frequency projection at init")
+        ] = 0.02,
+        **rope_options,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
         rotated = int(head_dim * self.partial_rotary_factor)

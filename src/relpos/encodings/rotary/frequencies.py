@@ -18,6 +18,7 @@ LeRoPE and HoPE's cutoff are reconstructions from their abstracts (no code was f
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -127,18 +128,18 @@ class HoPE(FrequencyMaskRoPE):
     """
 
     paper = "Chen et al. 2024 (HoPE, high-frequency RoPE)"
-    options = {
-        "train_length": Float(above=0.0, optional=True, doc="keep wavelengths <= this"),
-        "rotated_pairs": Int(minimum=0, optional=True, doc="keep exactly this many pairs"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        train_length: float | None = None,
-        rotated_pairs: int | None = None,
+        train_length: Annotated[
+            float | None, Float(above=0.0, optional=True, doc="keep wavelengths <= this")
+        ] = None,
+        rotated_pairs: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="keep exactly this many pairs")
+        ] = None,
         **rope_options,
     ) -> None:
         if train_length is not None and rotated_pairs is not None:
@@ -178,16 +179,24 @@ class PRoPE(FrequencyMaskRoPE):
     """
 
     paper = "Barbero et al. 2024 (p-RoPE)"
-    options = {
-        "p": Float(minimum=0.0, maximum=1.0, doc="fraction of frequencies kept"),
+    option_overrides = {
         "partial_rotary_factor": Refused(
             "p-rope keeps the fraction p of frequencies over the whole head (HF's "
             "proportional partial_rotary_factor): give p",
             default=1.0,
-        ),
+        )
     }
 
-    def __init__(self, num_heads: int, head_dim: int, *, p: float = 0.25, **rope_options) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        p: Annotated[
+            float, Float(minimum=0.0, maximum=1.0, doc="fraction of frequencies kept")
+        ] = 0.25,
+        **rope_options,
+    ) -> None:
         self.p = p
         super().__init__(num_heads, head_dim, **rope_options)
         if head_dim % 2:

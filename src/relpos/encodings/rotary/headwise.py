@@ -18,6 +18,7 @@ HARoPE, Studentxll/HARoPE ``model/models_HARoPE.py``.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 from ..options import Refused
 from ..registry import register
 from .lie import skew_part
-from .rope import RoPE
+from .rope import ROPE_LAYOUT, RoPE
 
 __all__ = ["ComplexFormer", "HARoPE", "HeadwiseRoPE", "group_mean", "repeat_heads", "safe_atan2"]
 
@@ -123,7 +124,7 @@ class ComplexFormer(HeadwiseRoPE):
     """
 
     paper = "Shao et al. 2025 (ComplexFormer)"
-    options = {
+    option_overrides = {
         "layout": Refused(
             "complexformer's complex numbers are half-split pairs (x_j, x_{j+d/2})",
             default="half",
@@ -178,7 +179,12 @@ class HARoPE(HeadwiseRoPE):
     paper = "HARoPE (head-wise SVD-parameterised map + RoPE)"
 
     def __init__(
-        self, num_heads: int, head_dim: int, *, layout: str = "interleaved", **rope_options
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        layout: Annotated[str, ROPE_LAYOUT] = "interleaved",
+        **rope_options,
     ) -> None:
         super().__init__(num_heads, head_dim, layout=layout, **rope_options)
         d = head_dim

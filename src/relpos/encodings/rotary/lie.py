@@ -15,13 +15,14 @@ boosts (Hyperbolic HoPE), reconstructions from their abstracts.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from ...functional import apply_rotary, rope_angles
 from ..base import Encoding
-from ..options import Float, Int, OptionSpec, Refused
+from ..options import Float, Int, Refused
 from ..registry import register
 
 # --------------------------------------------------------------------------- shared helpers
@@ -89,19 +90,6 @@ def orthogonal_powers(base: Tensor, exponent: Tensor) -> Tensor:
     return table[exponent - lo]
 
 
-def refused_rope_options(reason: str, *, keep: tuple[str, ...] = ()) -> dict[str, OptionSpec]:
-    """``Refused`` specs for the common RoPE options (``rope.ROPE_OPTIONS``) a group encoding
-    cannot honour, each with ``reason``; ``keep`` names those it declares itself."""
-    defaults = {
-        "base": None,
-        "layout": None,
-        "partial_rotary_factor": None,
-        "scaling": None,
-        "max_position_embeddings": None,
-    }
-    return {k: Refused(reason, default=v) for k, v in defaults.items() if k not in keep}
-
-
 def _as_coordinates(pos: Tensor) -> Tensor:
     """``(B|1, L)`` or ``(B|1, L, m)`` -> float64 ``(B|1, L, m)``."""
     pos = pos.to(torch.float64)
@@ -109,6 +97,13 @@ def _as_coordinates(pos: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------- LieRE
+
+
+#: the common RoPE options (``rope.RoPE``'s) LieRE takes only to refuse them by name
+LIERE_NOT_ROPE = Refused(
+    "LieRE learns dense skew-symmetric generators: there is no RoPE base, pair "
+    "layout or frequency spectrum to set, rotate partly or rescale"
+)
 
 
 @register("liere")
@@ -147,31 +142,29 @@ class LieRE(Encoding):
     paper = "Ostmeier et al. 2024 (LieRE)"
     has_rotary = True
     continuous = True
-    options = {
-        "dims": Int(minimum=1, optional=True, doc="position axes (default: the class's)"),
-        "generator_dim": Int(minimum=2, optional=True, doc="block size g (even, divides D)"),
-        "init_range": Float(minimum=0.0, doc="generator entries start ~ U(0, init_range)"),
-        "expected_steps": Float(above=0.0, doc="positions are divided by it"),
-        **refused_rope_options(
-            "LieRE learns dense skew-symmetric generators: there is no RoPE base, pair "
-            "layout or frequency spectrum to set, rotate partly or rescale"
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        dims: int | None = None,
-        generator_dim: int | None = None,
-        init_range: float = 2 * math.pi,
-        expected_steps: float = 512.0,
-        base: None = None,
-        layout: None = None,
-        partial_rotary_factor: None = None,
-        scaling: None = None,
-        max_position_embeddings: None = None,
+        dims: Annotated[
+            int | None, Int(minimum=1, optional=True, doc="position axes (default: the class's)")
+        ] = None,
+        generator_dim: Annotated[
+            int | None, Int(minimum=2, optional=True, doc="block size g (even, divides D)")
+        ] = None,
+        init_range: Annotated[
+            float, Float(minimum=0.0, doc="generator entries start ~ U(0, init_range)")
+        ] = 2 * math.pi,
+        expected_steps: Annotated[
+            float, Float(above=0.0, doc="positions are divided by it")
+        ] = 512.0,
+        base: Annotated[None, LIERE_NOT_ROPE] = None,
+        layout: Annotated[None, LIERE_NOT_ROPE] = None,
+        partial_rotary_factor: Annotated[None, LIERE_NOT_ROPE] = None,
+        scaling: Annotated[None, LIERE_NOT_ROPE] = None,
+        max_position_embeddings: Annotated[None, LIERE_NOT_ROPE] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if head_dim % 2:
@@ -247,6 +240,14 @@ def boost_pairs(x: Tensor, rapidity: Tensor, metric: bool) -> Tensor:
     return torch.stack((first, second), dim=-1).to(x.dtype)
 
 
+#: the common RoPE options (``rope.RoPE``'s) besides ``base`` MinkowskiPE refuses by name
+MINKOWSKI_NOT_ROPE = Refused(
+    "MinkowskiPE's 4-channel boost + rotation blocks fix the channel layout and its "
+    "rapidity rates are not a RoPE spectrum an HF scaling dict could rescale"
+)
+MAX_RAPIDITY = Float(above=0.0, doc="rapidity rate of the first block")
+
+
 @register("minkowski")
 class MinkowskiPE(Encoding):
     """MinkowskiPE (Li et al. 2026, arXiv 2609.33804; abstract only, no code).
@@ -285,29 +286,21 @@ class MinkowskiPE(Encoding):
     continuous = True
     cache_rotated_keys = False
     dims = 3
-    options = {
-        "dims": Int(minimum=2, doc="time + space axes"),
-        "base": Float(above=1.0, doc="spectrum of the rotations and rapidity rates"),
-        "max_rapidity": Float(above=0.0, doc="rapidity rate of the first block"),
-        **refused_rope_options(
-            "MinkowskiPE's 4-channel boost + rotation blocks fix the channel layout and its "
-            "rapidity rates are not a RoPE spectrum an HF scaling dict could rescale",
-            keep=("base",),
-        ),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        dims: int = 3,
-        base: float = 10000.0,
-        max_rapidity: float = 1 / 1024,
-        layout: None = None,
-        partial_rotary_factor: None = None,
-        scaling: None = None,
-        max_position_embeddings: None = None,
+        dims: Annotated[int, Int(minimum=2, doc="time + space axes")] = 3,
+        base: Annotated[
+            float, Float(above=1.0, doc="spectrum of the rotations and rapidity rates")
+        ] = 10000.0,
+        max_rapidity: Annotated[float, MAX_RAPIDITY] = 1 / 1024,
+        layout: Annotated[None, MINKOWSKI_NOT_ROPE] = None,
+        partial_rotary_factor: Annotated[None, MINKOWSKI_NOT_ROPE] = None,
+        scaling: Annotated[None, MINKOWSKI_NOT_ROPE] = None,
+        max_position_embeddings: Annotated[None, MINKOWSKI_NOT_ROPE] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         if head_dim % 4:

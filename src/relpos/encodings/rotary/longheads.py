@@ -4,7 +4,7 @@ a selecting piecewise RoPE schedule (``longheads``). See ``LongHeads``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ class LongHeadsSelection:
 
     rank: Tensor | None
     exclude_diagonal: bool = False
+
+
+BEGIN_SELECTIVE_LENGTH = Int(minimum=1, optional=True, doc="B >= A, first position that selects")
 
 
 @register("longheads")
@@ -112,24 +115,21 @@ class LongHeads(PiecewiseRoPE):
     # w = 4, k = 4: a 48-token test has selecting queries from position 16 with a real choice
     test_options = {"window_size": 4, "atten_length": 16}
 
-    options = {
-        "window_size": Int(minimum=1, optional=True, doc="w (default min(256, A // 16))"),
-        "atten_length": Int(minimum=3, optional=True, doc="A = k w, tokens each head reads"),
-        "begin_selective_length": Int(
-            minimum=1, optional=True, doc="B >= A, first position that selects"
-        ),
-        "official_prefill": Bool(doc="prefill queries do not see themselves (official code)"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        window_size: int | None = None,
-        atten_length: int | None = None,
-        begin_selective_length: int | None = None,
-        official_prefill: bool = False,
+        window_size: Annotated[
+            int | None, Int(minimum=1, optional=True, doc="w (default min(256, A // 16))")
+        ] = None,
+        atten_length: Annotated[
+            int | None, Int(minimum=3, optional=True, doc="A = k w, tokens each head reads")
+        ] = None,
+        begin_selective_length: Annotated[int | None, BEGIN_SELECTIVE_LENGTH] = None,
+        official_prefill: Annotated[
+            bool, Bool(doc="prefill queries do not see themselves (official code)")
+        ] = False,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)

@@ -17,7 +17,7 @@ Two ways to give sections their frequencies (``spectrum``):
 * ``"shared"`` — one spectrum ``theta_i = base^(-2i / d)`` over all pairs, and the sections
   only choose which axis drives each pair (Qwen2-VL M-RoPE, hierarchical RoPE).
 
-Common RoPE options compose (declared once, ``rope.ROPE_OPTIONS``): ``base``, ``layout``,
+Common RoPE options compose (the specs of ``rope.RoPE``'s signature): ``base``, ``layout``,
 ``partial_rotary_factor`` (only the first ``int(head_dim * p)`` channels rotate; the sections
 share those pairs), ``scaling`` (an HF ``rope_scaling`` dict: YaRN, linear, Llama-3, dynamic
 NTK, ...) and ``max_position_embeddings``. A scaled spectrum is RoPE's, rescaled as
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -51,7 +51,13 @@ from ...validation import check_float, check_float_sequence
 from ..base import Encoding
 from ..options import Bool, Choice, Custom, Float, Int, IntSequence, Refused
 from ..registry import register
-from .rope import ROPE_OPTIONS, RoPE, rotate_pairs
+from .rope import (
+    ROPE_MAX_POSITION_EMBEDDINGS,
+    ROPE_PARTIAL_ROTARY_FACTOR,
+    ROPE_SCALING,
+    RoPE,
+    rotate_pairs,
+)
 
 
 def split_pairs(total: int, parts: int) -> list[int]:
@@ -157,18 +163,13 @@ def nd_angles(pos: Tensor, freq: Tensor) -> Tensor:
 class SectionedRoPE(Encoding):
     """Multi-axis rotary encoding with a frequency matrix ``F (H|1, P, m)`` (module docstring).
 
-    Stores the common RoPE options (``ROPE_OPTIONS``) and rotates; subclasses give ``F``
+    Stores the common RoPE options (``RoPE``'s) and rotates; subclasses give ``F``
     (``frequency_matrix``). ``rotary_pairs = ceil(int(head_dim * p) / 2)`` pairs may rotate;
     the remaining channels pass through.
     """
 
     has_rotary = True
     continuous = True
-    options = {
-        **ROPE_OPTIONS,
-        "base": Float(above=1.0, optional=True, doc="rope_theta (default: the class's)"),
-        "layout": Choice(("half", "interleaved"), optional=True, doc="channel pairing"),
-    }
     default_base: float = 10000.0  # ``base`` when none is given
     default_layout: str = "half"  # ``layout`` when none is given (the method's code)
 
@@ -177,11 +178,16 @@ class SectionedRoPE(Encoding):
         num_heads: int,
         head_dim: int,
         *,
-        base: float | Sequence[float] | None = None,
-        layout: str | None = None,
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        base: Annotated[
+            float | Sequence[float] | None,
+            Float(above=1.0, optional=True, doc="rope_theta (default: the class's)"),
+        ] = None,
+        layout: Annotated[
+            str | None, Choice(("half", "interleaved"), optional=True, doc="channel pairing")
+        ] = None,
+        partial_rotary_factor: Annotated[float, ROPE_PARTIAL_ROTARY_FACTOR] = 1.0,
+        scaling: Annotated[dict | None, ROPE_SCALING] = None,
+        max_position_embeddings: Annotated[int | None, ROPE_MAX_POSITION_EMBEDDINGS] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         base = self.default_base if base is None else base
@@ -363,15 +369,15 @@ class RoPEAxial(AxialRoPE):
     dims = 2
     spectrum = "per_axis"
     default_layout = "interleaved"
-    options = {"dims": Int(minimum=1), "sections": PAIR_COUNTS, "base": PER_AXIS_BASE}
+    option_overrides = {"base": PER_AXIS_BASE}
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        dims: int = 2,
-        sections: Sequence[int] | None = None,
+        dims: Annotated[int, Int(minimum=1)] = 2,
+        sections: Annotated[Sequence[int] | None, PAIR_COUNTS] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -394,18 +400,19 @@ class MRoPE(AxialRoPE):
 
     paper = "Wang et al. 2024 (Qwen2-VL, M-RoPE)"
     dims = 3
-    options = {
-        "mrope_section": IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
-        "interleaved_sections": Bool(doc="Qwen3-VL's interleaved axis assignment"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        mrope_section: Sequence[int] | None = None,
-        interleaved_sections: bool = False,
+        mrope_section: Annotated[
+            Sequence[int] | None,
+            IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
+        ] = None,
+        interleaved_sections: Annotated[
+            bool, Bool(doc="Qwen3-VL's interleaved axis assignment")
+        ] = False,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -442,15 +449,14 @@ class HierarchicalRoPE(AxialRoPE):
 
     paper = "hRoPE / HiRoPE (hierarchical positions; abstract only)"
     dims = 3
-    options = {"sections": PAIR_COUNTS, "levels": Int(minimum=1, doc="position axes")}
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        sections: Sequence[int] | None = None,
-        levels: int = 3,
+        sections: Annotated[Sequence[int] | None, PAIR_COUNTS] = None,
+        levels: Annotated[int, Int(minimum=1, doc="position axes")] = 3,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -477,18 +483,16 @@ class NormalizedRoPE2D(AxialRoPE):
     relative = False  # with rounding; the instance says True when rounding=False
     spectrum = "per_axis"
     default_layout = "interleaved"  # the Infinity code
-    options = {
-        "reference_grid": IntSequence(length=2, minimum=1, doc="(rows, cols) of the frame"),
-        "rounding": Bool(doc="round to the reference grid (Infinity)"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        reference_grid: Sequence[int] = (16, 16),
-        rounding: bool = True,
+        reference_grid: Annotated[
+            Sequence[int], IntSequence(length=2, minimum=1, doc="(rows, cols) of the frame")
+        ] = (16, 16),
+        rounding: Annotated[bool, Bool(doc="round to the reference grid (Infinity)")] = True,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -524,7 +528,7 @@ class RoPEMixed(SectionedRoPE):
     cache_rotated_keys = False  # grouped keys are expanded to the query heads when rotated
     default_base = 10.0  # naver-ai/rope-vit's magnitudes
     default_layout = "interleaved"  # the RoPE-ViT code
-    options = {
+    option_overrides = {
         "scaling": Refused(
             "RoPE-Mixed learns its frequencies per head; there is no fixed RoPE spectrum for "
             "an HF scaling dict to rescale (use rope-axial)"
@@ -560,6 +564,18 @@ class RoPEMixed(SectionedRoPE):
         return self.freq, 1.0
 
 
+TIME_SCALE = Custom(
+    checker=check_number_or_sequence(above=0.0),
+    invalid=[
+        ("1", TypeError),
+        (math.nan, ValueError),
+        (0.0, ValueError),
+        ([1.0, -2.0], ValueError),
+    ],  # fmt: skip
+    doc="positions are multiplied by it (one number, or one per axis)",
+)
+
+
 @register("time-rope")
 class TimeRoPE(AxialRoPE):
     """Continuous-time RoPE (DuET / TPRoPE; abstract only, no code): real-valued timestamps.
@@ -574,27 +590,14 @@ class TimeRoPE(AxialRoPE):
 
     paper = "DuET / TPRoPE (continuous-time positions; abstract only)"
     dims = 1
-    options = {
-        "time_scale": Custom(
-            checker=check_number_or_sequence(above=0.0),
-            invalid=[
-                ("1", TypeError),
-                (math.nan, ValueError),
-                (0.0, ValueError),
-                ([1.0, -2.0], ValueError),
-            ],  # fmt: skip
-            doc="positions are multiplied by it (one number, or one per axis)",
-        ),
-        "sections": PAIR_COUNTS,
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        time_scale: float | Sequence[float] = 1.0,
-        sections: Sequence[int] | None = None,
+        time_scale: Annotated[float | Sequence[float], TIME_SCALE] = 1.0,
+        sections: Annotated[Sequence[int] | None, PAIR_COUNTS] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)

@@ -55,7 +55,7 @@ base's ``P`` rotated pairs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
@@ -67,6 +67,11 @@ from .nd import RoPEAxial
 from .rope import RoPE, refuse_length_dependent, rotate_pairs, scaling_option
 
 __all__ = ["PanelOperators", "PanelOperatorRoPE", "PanelOperatorAxialRoPE", "PanelState"]
+
+
+#: the options both OPRO encodings take
+PANELS = Int(minimum=1, doc="number of panels")
+PER_HEAD = Bool(doc="one operator per head (else shared)")
 
 
 @dataclass
@@ -88,9 +93,7 @@ class PanelOperators:
 
     required_inputs = {"panel": "(B, Lk) int64 panel id of each key token"}
     optional_inputs = {"query_panel": "(B, Lq) int64 panel id of each query token"}
-    options = {
-        "panels": Int(minimum=1, doc="number of panels"),
-        "per_head": Bool(doc="one operator per head (else shared)"),
+    option_overrides = {
         "scaling": scaling_option(
             refuse_length_dependent("a re-rotated cache needs every cached key's panel"),
             refused=({"rope_type": "dynamic", "factor": 2.0},),
@@ -233,8 +236,8 @@ class PanelOperatorRoPE(PanelOperators, RoPE):
         num_heads: int,
         head_dim: int,
         *,
-        panels: int = 2,
-        per_head: bool = True,
+        panels: Annotated[int, PANELS] = 2,
+        per_head: Annotated[bool, PER_HEAD] = True,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -257,8 +260,8 @@ class PanelOperatorAxialRoPE(PanelOperators, RoPEAxial):
         num_heads: int,
         head_dim: int,
         *,
-        panels: int = 2,
-        per_head: bool = True,
+        panels: Annotated[int, PANELS] = 2,
+        per_head: Annotated[bool, PER_HEAD] = True,
         **axial_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **axial_options)

@@ -5,11 +5,11 @@ RoPE (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embed
 each channel pair of q and k is rotated by ``p * theta_i``, ``theta_i = base^(-2i/d)``, so
 ``<R(m) q, R(n) k> = <q, R(n - m) k>`` depends on the distance only.
 
-``ROPE_OPTIONS`` declares the common options once (``base``, ``layout``,
+``RoPE`` declares the common options once, in its signature (``base``, ``layout``,
 ``partial_rotary_factor``, ``scaling``, ``max_position_embeddings``); every subclass takes
-them as ``**rope_options`` and passes them on, or declares ``Refused(reason)`` for one it
-cannot honour. Subclasses change RoPE through three hooks, so every option composes with
-them:
+them as ``**rope_options`` and passes them on (so it inherits their specs), or refuses one
+it cannot honour (``option_overrides = {name: Refused(reason)}``). Subclasses change RoPE
+through three hooks, so every option composes with them:
 
 * ``frequencies(seq_len)``: the frequency set (HoPE and p-RoPE mask it); called at init and,
   for length-dependent scalings (dynamic NTK, LongRoPE), once per call;
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -92,14 +93,14 @@ def scaling_option(
     return Custom(checker=checker, invalid=invalid, optional=True, doc=doc)
 
 
-#: the options every rotary encoding takes (declared once; subclasses inherit them)
-ROPE_OPTIONS = {
-    "base": Float(above=1.0, doc="rope_theta"),
-    "layout": Choice(("half", "interleaved"), doc="channel pairing"),
-    "partial_rotary_factor": Float(above=0.0, maximum=1.0, doc="fraction of rotated channels"),
-    "scaling": scaling_option(),
-    "max_position_embeddings": Int(optional=True, doc="the model's trained length"),
-}
+#: the specs of the options every rotary encoding takes: ``RoPE`` declares them in its
+#: signature, its subclasses pass them on (``**rope_options``) and inherit them; an encoding
+#: that takes one itself (``SectionedRoPE``) annotates its parameter with the same spec
+ROPE_BASE = Float(above=1.0, doc="rope_theta")
+ROPE_LAYOUT = Choice(("half", "interleaved"), doc="channel pairing")
+ROPE_PARTIAL_ROTARY_FACTOR = Float(above=0.0, maximum=1.0, doc="fraction of rotated channels")
+ROPE_SCALING = scaling_option()
+ROPE_MAX_POSITION_EMBEDDINGS = Int(optional=True, doc="the model's trained length")
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
@@ -155,18 +156,17 @@ class RoPE(Encoding):
     paper = "Su et al. 2021 (RoFormer)"
     has_rotary = True
     continuous = True
-    options = ROPE_OPTIONS
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        base: float = 10000.0,
-        layout: str = "half",
-        partial_rotary_factor: float = 1.0,
-        scaling: dict | None = None,
-        max_position_embeddings: int | None = None,
+        base: Annotated[float, ROPE_BASE] = 10000.0,
+        layout: Annotated[str, ROPE_LAYOUT] = "half",
+        partial_rotary_factor: Annotated[float, ROPE_PARTIAL_ROTARY_FACTOR] = 1.0,
+        scaling: Annotated[dict | None, ROPE_SCALING] = None,
+        max_position_embeddings: Annotated[int | None, ROPE_MAX_POSITION_EMBEDDINGS] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.base = base

@@ -30,7 +30,7 @@ probability path's several times.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -144,22 +144,21 @@ class DualChunkAttention(PiecewiseRoPE):
     paper = "An et al. 2024 (Dual Chunk Attention, ChunkLlama)"
     test_options = {"pretraining_length": 16}  # s = 12, w = 2, c = 10
 
-    options = {
-        "pretraining_length": Int(minimum=2, optional=True, doc="Lp, the trained context"),
-        "chunk_size": Int(minimum=1, optional=True, doc="s (default 3 Lp // 4)"),
-        "local_window": Int(minimum=0, optional=True, doc="w (default Lp // 8), w < s"),
-        "mscale": Bool(doc="ChunkLlama's get_mscale factor past Lp"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        pretraining_length: int | None = None,
-        chunk_size: int | None = None,
-        local_window: int | None = None,
-        mscale: bool = False,
+        pretraining_length: Annotated[
+            int | None, Int(minimum=2, optional=True, doc="Lp, the trained context")
+        ] = None,
+        chunk_size: Annotated[
+            int | None, Int(minimum=1, optional=True, doc="s (default 3 Lp // 4)")
+        ] = None,
+        local_window: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="w (default Lp // 8), w < s")
+        ] = None,
+        mscale: Annotated[bool, Bool(doc="ChunkLlama's get_mscale factor past Lp")] = False,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -254,20 +253,16 @@ class LMInfinite(PiecewiseRoPE):
     paper = "Han et al. 2023 (LM-Infinite)"
     test_options = {"local_branch": 8, "global_branch": 3, "limit_distance": 6}
 
-    options = {
-        "local_branch": Int(minimum=1, optional=True, doc="n_local"),
-        "global_branch": Int(minimum=0, doc="n_global, the starting tokens"),
-        "limit_distance": Int(minimum=0, optional=True, doc="distance cap (default n_local)"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        local_branch: int | None = None,
-        global_branch: int = 10,
-        limit_distance: int | None = None,
+        local_branch: Annotated[int | None, Int(minimum=1, optional=True, doc="n_local")] = None,
+        global_branch: Annotated[int, Int(minimum=0, doc="n_global, the starting tokens")] = 10,
+        limit_distance: Annotated[
+            int | None, Int(minimum=0, optional=True, doc="distance cap (default n_local)")
+        ] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
@@ -334,20 +329,16 @@ class SelfExtend(PiecewiseRoPE):
     paper = "Jin et al. 2024 (Self-Extend, LongLM)"
     test_options = {"group_size": 4, "neighbor_window": 6}  # W/G fractional: float positions
 
-    options = {
-        "group_size": Int(minimum=1, doc="G (group_size_1)"),
-        "neighbor_window": Int(minimum=1, doc="W (group_size_2)"),
-        "log_scale_base": Float(above=1.0, optional=True, doc="the repo's scale_base"),
-    }
-
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        group_size: int = 8,
-        neighbor_window: int = 1024,
-        log_scale_base: float | None = None,
+        group_size: Annotated[int, Int(minimum=1, doc="G (group_size_1)")] = 8,
+        neighbor_window: Annotated[int, Int(minimum=1, doc="W (group_size_2)")] = 1024,
+        log_scale_base: Annotated[
+            float | None, Float(above=1.0, optional=True, doc="the repo's scale_base")
+        ] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..registry import register
-from .rope import ROPE_OPTIONS, RoPE, refuse_length_dependent, scaling_option
+from .rope import ROPE_SCALING, RoPE, refuse_length_dependent, scaling_option
 
 __all__ = ["RoVE"]
 
@@ -37,13 +37,13 @@ class RoVE(RoPE):
 
     paper = "García-Castellanos et al. 2026 (RoVE)"
     rotates_values = True
-    options = {
+    option_overrides = {
         "scaling": scaling_option(
             refuse_length_dependent(
                 "rove caches rotated values and rotates the output back with the queries' "
                 "positions; one base per call cannot be kept"
             ),
-            doc=ROPE_OPTIONS["scaling"].doc + " (static types only)",
+            doc=ROPE_SCALING.doc + " (static types only)",
             refused=({"rope_type": "dynamic", "factor": 2.0},),
         )
     }

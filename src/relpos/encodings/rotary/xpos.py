@@ -36,13 +36,14 @@ that float64 represents, and no logit is infinite or NaN.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
 
 from ..options import Float
 from ..registry import register
-from .rope import RoPE, rotate_pairs
+from .rope import ROPE_LAYOUT, RoPE, rotate_pairs
 
 __all__ = ["XPos", "HyperbolicRoPE", "envelope_budget"]
 
@@ -56,6 +57,10 @@ def envelope_budget(dtype: torch.dtype) -> float:
     if dtype == torch.float64:
         return 690.0
     return min(80.0, math.log(torch.finfo(dtype).max) - 4.0)
+
+
+#: xPos's ``B`` (``scale_base``), also taken by hyperbolic-rope
+SCALE_BASE = Float(above=0.0, doc="xPos's B: decay by zeta_i per B positions")
 
 
 @register("xpos")
@@ -88,15 +93,14 @@ class XPos(RoPE):
     causal_only = True
     continuous = False
     cache_rotated_keys = False
-    options = {"scale_base": Float(above=0.0, doc="xPos's B: decay by zeta_i per B positions")}
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        scale_base: float = 512.0,
-        layout: str = "interleaved",
+        scale_base: Annotated[float, SCALE_BASE] = 512.0,
+        layout: Annotated[str, ROPE_LAYOUT] = "interleaved",
         **rope_options,
     ) -> None:
         super().__init__(num_heads, head_dim, layout=layout, **rope_options)
@@ -212,8 +216,8 @@ class HyperbolicRoPE(XPos):
         num_heads: int,
         head_dim: int,
         *,
-        scale_base: float = 512.0,
-        layout: str = "half",
+        scale_base: Annotated[float, SCALE_BASE] = 512.0,
+        layout: Annotated[str, ROPE_LAYOUT] = "half",
         **rope_options,
     ) -> None:
         super().__init__(num_heads, head_dim, scale_base=scale_base, layout=layout, **rope_options)

@@ -22,6 +22,7 @@ coordinates are accepted (``continuous``). Parameters: ``shift (H, m)`` and ``lo
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -71,22 +72,16 @@ class GaussianShiftBias(Encoding):
     has_bias = True
     relative = True
     continuous = True
-    options = {
-        "dims": Int(minimum=1, maximum=3, doc="position axes"),
-        "alpha": Float(above=0.0, doc="initial concentration of every head"),
-        "shift_std": Float(above=0.0, doc="spread of random initial shifts"),
-        "learnable": Bool(doc="learn shifts and concentrations"),
-    }
 
     def __init__(
         self,
         num_heads: int,
         head_dim: int,
         *,
-        dims: int = 2,
-        alpha: float = 1.0,
-        shift_std: float = 1.0,
-        learnable: bool = True,
+        dims: Annotated[int, Int(minimum=1, maximum=3, doc="position axes")] = 2,
+        alpha: Annotated[float, Float(above=0.0, doc="initial concentration of every head")] = 1.0,
+        shift_std: Annotated[float, Float(above=0.0, doc="spread of random initial shifts")] = 1.0,
+        learnable: Annotated[bool, Bool(doc="learn shifts and concentrations")] = True,
     ) -> None:
         super().__init__(num_heads, head_dim)
         self.dims = dims

@@ -49,30 +49,42 @@ def grid_coordinates(size: Sequence[int]) -> Tensor:
 @dataclass(frozen=True)
 class GridSize(OptionSpec):
     """Option spec of a grid size: an int (every axis) or ``dims`` ints, each
-    ``>= minimum``; normalised to a tuple of ``dims`` ints."""
+    ``>= minimum``; normalised to a tuple of ``dims`` ints. ``dims=None`` leaves the number
+    of axes to the subclasses (a base class's spec, narrowed by each subclass's
+    ``option_overrides``): an int stays an int, a sequence of any length becomes a tuple."""
 
-    dims: int = 2
+    dims: int | None = 2
     minimum: int = 1
     optional: bool = False
     doc: str = ""
 
-    def check(self, value: Any, name: str) -> tuple[int, ...]:
-        return grid_size(value, self.dims, name, self.minimum)
+    def check(self, value: Any, name: str) -> int | tuple[int, ...]:
+        if self.dims is not None:
+            return grid_size(value, self.dims, name, self.minimum)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return check_int(value, name, minimum=self.minimum)
+        if isinstance(value, (bool, str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(
+                f"{name} must be an int or a sequence of ints (one per axis, each >= "
+                f"{self.minimum}), got {value!r}"
+            )
+        return check_int_sequence(value, name, minimum=self.minimum)
 
     @property
     def form(self) -> str:
-        return f"an int or {self.dims} ints >= {self.minimum}"
+        count = "one per axis" if self.dims is None else str(self.dims)
+        return f"an int or {count} ints >= {self.minimum}"
 
     def invalid_examples(self) -> list[tuple[Any, type[Exception]]]:
         low = self.minimum - 1
-        return [
-            ("7", TypeError),
-            (True, TypeError),
-            (2.5, TypeError),
-            ((7,) * self.dims + (7,), ValueError),
-            (low, ValueError),
-            ((self.minimum,) * (self.dims - 1) + (low,), ValueError),
-        ]
+        dims = 2 if self.dims is None else self.dims
+        out: list[tuple[Any, type[Exception]]] = [("7", TypeError), (True, TypeError)]
+        out.append((2.5, TypeError))
+        if self.dims is not None:
+            out.append(((7,) * self.dims + (7,), ValueError))
+        out.append((low, ValueError))
+        out.append(((self.minimum,) * (dims - 1) + (low,), ValueError))
+        return out
 
 
 class GridEncoding(Encoding):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -88,7 +88,6 @@ class MViTv2(GridEncoding):
     """
 
     paper = "Li et al. 2022 (MViTv2)"
-    options = {"zero_init": Bool()}
     default_size: ClassVar[tuple[int, ...]] = ()
     axis_names: ClassVar[tuple[str, ...]] = ()
 
@@ -97,9 +96,9 @@ class MViTv2(GridEncoding):
         num_heads: int,
         head_dim: int,
         *,
-        q_size: int | Sequence[int] | None = None,
-        kv_size: int | Sequence[int] | None = None,
-        zero_init: bool = False,
+        q_size: Annotated[int | Sequence[int] | None, GridSize(dims=None, optional=True)] = None,
+        kv_size: Annotated[int | Sequence[int] | None, GridSize(dims=None, optional=True)] = None,
+        zero_init: Annotated[bool, Bool()] = False,
     ) -> None:
         super().__init__(num_heads, head_dim)
         qs = tuple(self.default_size if q_size is None else q_size)  # normalised by the options
@@ -144,7 +143,7 @@ class MViTv2Decomposed(MViTv2):
         "\n    2-D: positions ``(h, w)``, tables ``rel_pos_h``, ``rel_pos_w``; default q_size 14"
         " (MViTv2 at stride 16 of a 224 input).\n"
     )
-    options = {
+    option_overrides = {
         "q_size": GridSize(dims=2, optional=True),
         "kv_size": GridSize(dims=2, optional=True),
     }
@@ -160,7 +159,7 @@ class MViTv2Decomposed3D(MViTv2):
         " ``rel_pos_h``, ``rel_pos_w`` (the temporal term has the same form); default q_size"
         " (8, 14, 14).\n"
     )
-    options = {
+    option_overrides = {
         "q_size": GridSize(dims=3, optional=True),
         "kv_size": GridSize(dims=3, optional=True),
     }

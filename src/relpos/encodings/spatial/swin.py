@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -160,7 +160,9 @@ class SwinBias(GridEncoding):
         num_heads: int,
         head_dim: int,
         *,
-        window_size: int | Sequence[int] | None = None,
+        window_size: Annotated[
+            int | Sequence[int] | None, GridSize(dims=None, optional=True)
+        ] = None,
     ) -> None:
         super().__init__(num_heads, head_dim)
         ws = self.default_window if window_size is None else window_size
@@ -187,7 +189,7 @@ class SwinBias(GridEncoding):
 @register("swin-2d")
 class SwinBias2D(SwinBias):
     __doc__ = SwinBias.__doc__ + "\n    2-D: positions ``(h, w)``; default window 7 (Swin-T/S/B).\n"
-    options = {"window_size": GridSize(dims=2, optional=True)}
+    option_overrides = {"window_size": GridSize(dims=2, optional=True)}
     dims = 2
     default_window = (7, 7)
 
@@ -200,7 +202,7 @@ class SwinBias3D(SwinBias):
         " (the ``window877`` configs). The 3-D index follows public copies of the"
         " Video Swin code (they agree).\n"
     )
-    options = {"window_size": GridSize(dims=3, optional=True)}
+    option_overrides = {"window_size": GridSize(dims=3, optional=True)}
     paper = "Liu et al. 2022 (Video Swin Transformer)"
     dims = 3
     default_window = (8, 7, 7)
@@ -240,11 +242,6 @@ class SwinV2Bias(GridEncoding):
     """
 
     paper = "Liu et al. 2022 (Swin Transformer V2)"
-    options = {
-        "window_size": GridSize(dims=2),
-        "pretrained_window_size": GridSize(dims=2, minimum=2, optional=True),
-        "mlp_width": Int(minimum=1),
-    }
     dims = 2
 
     def __init__(
@@ -252,9 +249,11 @@ class SwinV2Bias(GridEncoding):
         num_heads: int,
         head_dim: int,
         *,
-        window_size: int | Sequence[int] = (8, 8),
-        pretrained_window_size: int | Sequence[int] | None = None,
-        mlp_width: int = 512,
+        window_size: Annotated[int | Sequence[int], GridSize(dims=2)] = (8, 8),
+        pretrained_window_size: Annotated[
+            int | Sequence[int] | None, GridSize(dims=2, minimum=2, optional=True)
+        ] = None,
+        mlp_width: Annotated[int, Int(minimum=1)] = 512,
     ) -> None:
         super().__init__(num_heads, head_dim)
         ws, pre = tuple(window_size), pretrained_window_size  # normalised by the options
