@@ -76,7 +76,7 @@ class RopeFacts:
     model_applied: dict[str, Any] = field(default_factory=dict)
 
     def options(self) -> dict[str, Any]:
-        """The options of relpos's ``RoPE`` (its constructor's keyword options) that state this RoPE."""
+        """The keyword options of relpos's ``RoPE`` constructor that state this RoPE."""
         return {
             "base": self.base,
             "layout": "half",

@@ -163,9 +163,19 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     decoder = _decoder(model)
     rotary = getattr(decoder, "rotary_emb", None)
     if not isinstance(rotary, nn.Module):
+        elsewhere = sorted(
+            name
+            for name, m in decoder.named_modules()
+            if type(m).__name__.endswith("RotaryEmbedding")
+        )
+        found = (
+            f"; its RoPE module sits at {', '.join(elsewhere)}, which the patch does not hook"
+            if elsewhere
+            else ""
+        )
         raise ValueError(
-            f"relpos.interop.hf: the {model_type} decoder has no rotary_emb module; the patch "
-            "needs models whose RoPE is computed once per forward by decoder.rotary_emb"
+            f"relpos.interop.hf: the {model_type} decoder has no rotary_emb module{found}; the "
+            "patch needs models whose RoPE is computed once per forward by decoder.rotary_emb"
         )
     heads = int(_need(config, "num_attention_heads", model_type))
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
