@@ -252,6 +252,29 @@ def _shrink(cfg, sizes: dict, optional: dict) -> None:
                 setattr(cfg, key, value)
 
 
+def partial_rotary_factors(cfg) -> list[float]:
+    """Every ``partial_rotary_factor`` of the config: its own and those of its
+    ``rope_parameters`` (one dict, or one per layer type)."""
+    found = [getattr(cfg, "partial_rotary_factor", None)]
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict):
+        nested = [v for v in rope.values() if isinstance(v, dict)]
+        for params in nested or [rope]:
+            found.append(params.get("partial_rotary_factor"))
+    return [float(f) for f in found if isinstance(f, (int, float)) and 0 < f < 1]
+
+
+def even_rotary_head_dim(head_dim: int, factors: list[float]) -> int:
+    """The smallest head size from ``head_dim`` up (in steps of 16) whose rotary part
+    ``int(head_dim * f)`` is even and at least 2 for every factor. A shrunk head of 16 with
+    MiMo's 0.334 rotates ``int(5.3) = 5`` channels, an odd width the full-size model (192 ->
+    64) never has: the tiny model would test a convention of the walker's making."""
+    size = head_dim
+    while size < 256 and any(int(size * f) % 2 or int(size * f) < 2 for f in factors):
+        size += 16
+    return size if size < 256 else head_dim
+
+
 def tiny_config(model_type: str):
     """The default config of ``model_type``, shrunk (module docstring)."""
     cfg = default_config(model_type)
@@ -279,6 +302,8 @@ def tiny_config(model_type: str):
             cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     if _has(cfg, "kv_lora_rank"):
         cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
+    elif _has(cfg, "head_dim"):
+        cfg.head_dim = even_rotary_head_dim(cfg.head_dim, partial_rotary_factors(cfg))
     for key, value in SPECIAL_TOKENS.items():
         current = getattr(cfg, key, None)
         if current is None or isinstance(current, list) or current >= SIZES["vocab_size"]:
