@@ -303,7 +303,9 @@ def tiny_config(model_type: str):
     if _has(cfg, "kv_lora_rank"):
         cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
     elif _has(cfg, "head_dim"):
-        cfg.head_dim = even_rotary_head_dim(cfg.head_dim, partial_rotary_factors(cfg))
+        head_dim = even_rotary_head_dim(cfg.head_dim, partial_rotary_factors(cfg))
+        if head_dim != cfg.head_dim:  # (Falcon's head_dim is a read-only property)
+            cfg.head_dim = head_dim
     for key, value in SPECIAL_TOKENS.items():
         current = getattr(cfg, key, None)
         if current is None or isinstance(current, list) or current >= SIZES["vocab_size"]:
