@@ -41,18 +41,13 @@ import torch
 from torch import Tensor
 
 from ...validation import check_int
-from ..options import Float, FloatSequence, Int, IntSequence, Refused
+from ..options import Float, Int, IntSequence, Refused
 from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
-from .frames import ROTATE_VALUES, CameraFrames
+from .frames import IMAGE_SIZE, ROTATE_VALUES, CameraFrames
 from .prope import PRoPE
 
 __all__ = ["Flex4DHuman"]
-
-
-IMAGE_SIZE = FloatSequence(
-    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-)
 
 
 @register("flex4dhuman")

@@ -52,7 +52,7 @@ from torch import Tensor
 from ...cameras import check_intrinsics, check_viewmats, random_se3
 from ...functional import apply_rotary
 from ..base import Encoding
-from ..options import Bool
+from ..options import Bool, FloatSequence, IntSequence
 
 __all__ = ["FrameState", "CameraFrames", "apply_proj4"]
 
@@ -87,6 +87,11 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+#: the options the camera encodings share
+IMAGE_SIZE = FloatSequence(
+    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
+)
+PATCH_GRID = IntSequence(length=2, optional=True, doc="(Px, Py) patches per image")
 ROTATE_VALUES = Bool(
     doc="re-frame values (T_j^-1 v) and outputs (T_i o); False: queries and keys only"
 )

@@ -35,9 +35,9 @@ import torch
 from torch import Tensor
 
 from ...cameras import invert_K, invert_se3, normalize_K
-from ..options import Choice, Float, FloatSequence, Refused
+from ..options import Choice, Float, Refused
 from ..registry import register
-from .frames import ROTATE_VALUES, CameraFrames
+from .frames import IMAGE_SIZE, ROTATE_VALUES, CameraFrames
 
 __all__ = ["PRoPE", "StereoWorld", "lift"]
 
@@ -50,9 +50,6 @@ def lift(K: Tensor) -> Tensor:
     return out
 
 
-IMAGE_SIZE = FloatSequence(
-    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-)
 PATCH_BASE = Float(above=1.0, doc="RoPE base of the patch channels")
 ROPE_FRACTION = Float(minimum=0.0, below=1.0, doc="share of the head that is RoPE")
 PRINCIPAL_POINT = Choice(choices=("normalized", "zero"), doc="keep (cx/W - 1/2) or zero it in K~")

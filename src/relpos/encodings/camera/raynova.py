@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from ...cameras import camera_centers, pixel_rays
-from ..options import Bool, Float, FloatSequence, IntSequence, Refused
+from ..options import Bool, Float, FloatSequence, Refused
 from ..registry import register
-from .frames import CameraFrames, FrameState
+from .frames import IMAGE_SIZE, PATCH_GRID, CameraFrames, FrameState
 
 __all__ = ["RayNova", "ray_coordinates"]
 
@@ -86,14 +86,8 @@ class RayNova(CameraFrames):
         self,
         num_heads: int,
         head_dim: int,
-        grid: Annotated[
-            tuple[int, int] | None,
-            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        ] = None,
-        image_size: Annotated[
-            tuple[float, float] | None,
-            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        ] = None,
+        grid: Annotated[tuple[int, int] | None, PATCH_GRID] = None,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
         scales: Annotated[
             tuple[float, float, float],
             FloatSequence(length=3, doc="angle scales of (time, direction, moment)"),

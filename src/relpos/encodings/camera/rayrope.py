@@ -57,9 +57,9 @@ from torch import Tensor
 from ...cameras import camera_centers, invert_K, invert_se3, normalize_K
 from ...validation import check_finite_tensor
 from ..base import QueryGroups
-from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
+from ..options import Bool, Choice, Float, Int
 from ..registry import register
-from .frames import ROTATE_VALUES, CameraFrames
+from .frames import IMAGE_SIZE, PATCH_GRID, ROTATE_VALUES, CameraFrames
 from .groups import row_camera_groups
 from .prope import lift
 
@@ -130,14 +130,8 @@ class RayRoPE(CameraFrames):
         self,
         num_heads: int,
         head_dim: int,
-        grid: Annotated[
-            tuple[int, int] | None,
-            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        ] = None,
-        image_size: Annotated[
-            tuple[float, float] | None,
-            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        ] = None,
+        grid: Annotated[tuple[int, int] | None, PATCH_GRID] = None,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
         rays_per_patch: Annotated[
             int, Choice(choices=(1, 2, 3), doc="rays per patch (corners or centre)")
         ] = 3,

@@ -29,18 +29,13 @@ from torch import Tensor
 
 from ...functional import apply_rotary
 from ...validation import check_int
-from ..options import Float, FloatSequence, Int, Refused
+from ..options import Float, Int, Refused
 from ..registry import register
 from ..rotary.nd import split_pairs
-from .frames import ROTATE_VALUES, FrameState, apply_proj4
+from .frames import IMAGE_SIZE, ROTATE_VALUES, FrameState, apply_proj4
 from .prope import PRoPE
 
 __all__ = ["ReRoPE"]
-
-
-IMAGE_SIZE = FloatSequence(
-    length=2, above=0.0, optional=True, doc="(W, H) in pixels, to normalise intrinsics"
-)
 
 
 @register("rerope")

@@ -44,9 +44,9 @@ from torch import Tensor, nn
 
 from ...cameras import check_intrinsics, check_viewmats, invert_se3, patch_centers
 from ...validation import check_float, check_float_sequence, check_int
-from ..options import Float, FloatSequence, IntSequence, Refused
+from ..options import Float, Refused
 from ..registry import register
-from .frames import ROTATE_VALUES
+from .frames import IMAGE_SIZE, PATCH_GRID, ROTATE_VALUES
 from .prope import PATCH_BASE, ROPE_FRACTION, PRoPE
 
 __all__ = [
@@ -184,14 +184,8 @@ class UCPE(PRoPE):
         self,
         num_heads: int,
         head_dim: int,
-        grid: Annotated[
-            tuple[int, int] | None,
-            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        ] = None,
-        image_size: Annotated[
-            tuple[float, float] | None,
-            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        ] = None,
+        grid: Annotated[tuple[int, int] | None, PATCH_GRID] = None,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
         xi: Annotated[
             float, Float(minimum=0.0, maximum=1.0, doc="unified camera model parameter")
         ] = 0.0,

@@ -70,10 +70,10 @@ from torch import Tensor, nn
 from ...functional import apply_rotary
 from ...validation import check_finite_tensor, check_float, check_float_sequence, check_int
 from ..base import QueryGroups
-from ..options import Bool, Choice, Float, FloatSequence, Int, IntSequence
+from ..options import Bool, Choice, Float, Int
 from ..registry import register
 from ..rotary.nd import section_frequencies, split_pairs
-from .frames import ROTATE_VALUES, CameraFrames
+from .frames import IMAGE_SIZE, PATCH_GRID, ROTATE_VALUES, CameraFrames
 from .groups import query_camera_groups
 
 __all__ = ["WorldRoPE", "WorldState", "PrimitiveHead", "gaussian_expected_rotation"]
@@ -131,14 +131,8 @@ class WorldRoPE(CameraFrames):
         self,
         num_heads: int,
         head_dim: int,
-        grid: Annotated[
-            tuple[int, int] | None,
-            IntSequence(length=2, optional=True, doc="(Px, Py) patches per image"),
-        ] = None,
-        image_size: Annotated[
-            tuple[float, float] | None,
-            FloatSequence(length=2, above=0.0, optional=True, doc="(W, H) pixels"),
-        ] = None,
+        grid: Annotated[tuple[int, int] | None, PATCH_GRID] = None,
+        image_size: Annotated[tuple[float, float] | None, IMAGE_SIZE] = None,
         base: Annotated[float, Float(above=1.0, doc="RoPE base of the patch coordinates")] = 100.0,
         layout: Annotated[
             str, Choice(choices=("half", "interleaved"), doc="channel pairing")
