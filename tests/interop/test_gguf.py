@@ -21,6 +21,8 @@ import torch
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
+from gguf_files import tiny_llama_gguf  # noqa: E402
+
 from relpos.functional import apply_rotary, rope_angles  # noqa: E402
 from relpos.interop import ModelNotInstalledError, load_gguf, smollm2_path  # noqa: E402
 from relpos.interop.gguf import SMOLLM2_INSTALL_HINT  # noqa: E402
@@ -349,63 +351,17 @@ def test_yarn_at_16k_matches_transformers_on_the_longctx_passkey_prompt(smollm2,
 # ------------------------------------------------------------------------------ rope conventions
 
 
-def _tiny_llama_gguf(path, *, rope_freqs=None, base=1e4):
-    """A 1-layer llama GGUF (dim 16, 2 heads of 8, vocab 4) with random weights."""
-    import gguf
-
-    rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(64)
-    writer.add_embedding_length(16)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(32)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(base)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(["a", "b", "ab", "<s>"])
-    writer.add_token_merges(["a b"])
-    writer.add_token_types([1, 1, 1, 3])
-
-    def tensor(name, out, inp=None):
-        shape = (out,) if inp is None else (out, inp)
-        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
-
-    tensor("token_embd.weight", 4, 16)
-    tensor("output_norm.weight", 16)
-    for name, out, inp in [
-        ("attn_norm", 16, None),
-        ("attn_q", 16, 16),
-        ("attn_k", 16, 16),
-        ("attn_v", 16, 16),
-        ("attn_output", 16, 16),
-        ("ffn_norm", 16, None),
-        ("ffn_gate", 32, 16),
-        ("ffn_up", 32, 16),
-        ("ffn_down", 16, 32),
-    ]:
-        tensor(f"blk.0.{name}.weight", out, inp)
-    if rope_freqs is not None:
-        writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_rope_freqs_become_the_freq_factors_scaling(tmp_path):
     """llama.cpp divides pair i's angle by rope_freqs[i] (ggml-cpu/ops.cpp); the loader keeps
     that instead of dropping the tensor."""
     factors = [1.0, 2.0, 4.0, 8.0]
-    path = _tiny_llama_gguf(tmp_path / "freqs.gguf", rope_freqs=factors)
+    path = tiny_llama_gguf(tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": factors})
     model, _, _ = load_gguf(path)
     enc = model.blocks[0].attn.encoding
     assert enc.scaling["rope_type"] == "freq_factors"
     expected = 1e4 ** (-np.arange(0, 8, 2) / 8) / np.array(factors)
     np.testing.assert_allclose(enc.inv_freq.double().numpy(), expected, rtol=2e-7)
-    plain, _, _ = load_gguf(_tiny_llama_gguf(tmp_path / "plain.gguf"))
+    plain, _, _ = load_gguf(tiny_llama_gguf(tmp_path / "plain.gguf"))
     ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]])
     with torch.no_grad():
         assert not torch.allclose(model(ids), plain(ids))

@@ -19,6 +19,8 @@ import torch
 
 pytest.importorskip("gguf")
 
+from gguf_files import tiny_llama_gguf  # noqa: E402
+
 from relpos.encodings.registry import create  # noqa: E402
 from relpos.interop.gguf import load_gguf, rope_convention  # noqa: E402
 from relpos.interop.gguf_scaling import gguf_rope_scaling  # noqa: E402
@@ -225,65 +227,15 @@ def test_yarn_in_deepseek2_is_refused():
 # ------------------------------------------------------------------ the loader
 
 
-def _tiny_llama(path, rope_keys: dict, tensors: dict | None = None):
-    """A 1-layer llama GGUF (2 heads of 8 channels, vocabulary 4, random weights) with the
-    given ``llama.rope.*`` keys and extra tensors."""
-    import gguf
-
-    rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(64)
-    writer.add_embedding_length(16)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(32)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(1e4)
-    writer.add_layer_norm_rms_eps(1e-5)
-    for key, value in rope_keys.items():
-        if isinstance(value, str):
-            writer.add_string(f"llama.rope.{key}", value)
-        elif isinstance(value, int):
-            writer.add_uint32(f"llama.rope.{key}", value)
-        else:
-            writer.add_float32(f"llama.rope.{key}", value)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(["a", "b", "ab", "<s>"])
-    writer.add_token_merges(["a b"])
-    writer.add_token_types([1, 1, 1, 3])
-    shapes = {"token_embd.weight": (4, 16), "output_norm.weight": (16,)}
-    for name, shape in [
-        ("attn_norm", (16,)),
-        ("attn_q", (16, 16)),
-        ("attn_k", (16, 16)),
-        ("attn_v", (16, 16)),
-        ("attn_output", (16, 16)),
-        ("ffn_norm", (16,)),
-        ("ffn_gate", (32, 16)),
-        ("ffn_up", (32, 16)),
-        ("ffn_down", (16, 32)),
-    ]:
-        shapes[f"blk.0.{name}.weight"] = shape  # fmt: skip
-    for name, shape in shapes.items():
-        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
-    for name, values in (tensors or {}).items():
-        writer.add_tensor(name, np.asarray(values, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_load_gguf_applies_the_files_yarn_as_llama_cpp_computes_it(tmp_path):
     keys = {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.original_context_length": 16}
-    model, _, _ = load_gguf(_tiny_llama(tmp_path / "yarn.gguf", keys))
+    model, _, _ = load_gguf(tiny_llama_gguf(tmp_path / "yarn.gguf", rope_keys=keys))
     enc = model.blocks[0].attn.encoding
     assert enc.scaling["rope_type"] == "yarn"
     thetas, mscale = llama_cpp_rotation(n_dims=8, base=1e4, kind="yarn", factor=4.0, n_ctx_orig=16)
     np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
     assert enc.attention_factor == pytest.approx(mscale, rel=1e-7)
-    plain, _, _ = load_gguf(_tiny_llama(tmp_path / "plain.gguf", {}))
+    plain, _, _ = load_gguf(tiny_llama_gguf(tmp_path / "plain.gguf"))
     ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]])
     with torch.no_grad():
         assert not torch.allclose(model(ids), plain(ids))
@@ -293,10 +245,10 @@ def test_load_gguf_applies_the_files_yarn_as_llama_cpp_computes_it(tmp_path):
 
 def test_load_gguf_picks_longrope_factors_by_the_context_length(tmp_path):
     long, short = [1.0, 3.0, 9.0, 27.0], [1.0, 1.5, 2.0, 2.5]
-    path = _tiny_llama(
+    path = tiny_llama_gguf(
         tmp_path / "longrope.gguf",
-        {"scaling.attn_factor": 1.2, "scaling.original_context_length": 32},
-        {"rope_factors_long.weight": long, "rope_factors_short.weight": short},
+        rope_keys={"scaling.attn_factor": 1.2, "scaling.original_context_length": 32},
+        tensors={"rope_factors_long.weight": long, "rope_factors_short.weight": short},
     )
     with pytest.raises(ValueError, match="pass context_length"):
         load_gguf(path)

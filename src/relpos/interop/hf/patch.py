@@ -442,22 +442,12 @@ class PatchHandle:
             sinks = kwargs.pop("sinks", None)
         if self.method == BASELINE and self.backend is None:
             if softcap is not None or sinks is not None or self.previous == "eager":
-                return _model_eager_attention(
-                    module,
-                    query,
-                    key,
-                    value,
-                    attention_mask,
-                    dropout=dropout,
-                    scaling=scaling,
-                    is_causal=is_causal,
-                    softcap=softcap,
-                    s_aux=sinks,
-                    **kwargs,
-                )
-            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+                forward, extra = _model_eager_attention, {"softcap": softcap, "s_aux": sinks}
+            else:
+                from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-            return sdpa_attention_forward(
+                forward, extra = sdpa_attention_forward, {}
+            return forward(
                 module,
                 query,
                 key,
@@ -466,6 +456,7 @@ class PatchHandle:
                 dropout=dropout,
                 scaling=scaling,
                 is_causal=is_causal,
+                **extra,
                 **kwargs,
             )
         lq, lk = query.shape[2], key.shape[2]
