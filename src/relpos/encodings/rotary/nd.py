@@ -384,6 +384,15 @@ class RoPEAxial(AxialRoPE):
         self._set_sections(sections, dims, "sections")
 
 
+#: ``m-rope``'s explicit axis of every rotated pair
+AXIS_OF_PAIR = IntSequence(
+    minimum=0,
+    maximum=2,
+    optional=True,
+    doc="axis (0=t, 1=h, 2=w) of each rotated pair, e.g. from rotary.mrope_layouts",
+)
+
+
 @register("m-rope")
 class MRoPE(AxialRoPE):
     """Multimodal RoPE of Qwen2-VL (and Qwen3-VL's interleaved variant).
@@ -396,6 +405,11 @@ class MRoPE(AxialRoPE):
     it plain RoPE there (also with a ``scaling``: YaRN, dynamic NTK, ... as Qwen2-VL's
     ``rope_parameters``). Positions ``(B, L, 3)`` from
     ``relpos.positions_nd.multimodal_position_ids``. Half-split layout (HF).
+
+    ``axis_of_pair`` gives the axis (0 = t, 1 = h, 2 = w) of every rotated pair instead of
+    sections: one entry per rotated pair, pair ``p`` turning by ``pos[axis_of_pair[p]] *
+    theta_p`` on the same shared spectrum. ``relpos.encodings.rotary.mrope_layouts`` builds
+    the lists of Ernie 4.5 VL, Bailing / Ling and openPangu from their ``mrope_section``.
     """
 
     paper = "Wang et al. 2024 (Qwen2-VL, M-RoPE)"
@@ -413,17 +427,45 @@ class MRoPE(AxialRoPE):
         interleaved_sections: Annotated[
             bool, Bool(doc="Qwen3-VL's interleaved axis assignment")
         ] = False,
+        axis_of_pair: Annotated[Sequence[int] | None, AXIS_OF_PAIR] = None,
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
         self.interleaved_sections = interleaved_sections
+        self.axis_of_pair = None if axis_of_pair is None else tuple(axis_of_pair)
+        if self.axis_of_pair is not None:
+            mrope_section = self._sections_of_axis_list(self.axis_of_pair, mrope_section)
         if mrope_section is None:
             pairs = self.rotary_pairs
             t = pairs * 16 // 64
             mrope_section = [t, (pairs - t) // 2, pairs - t - (pairs - t) // 2]
         self._set_sections(mrope_section, 3, "mrope_section")
 
+    def _sections_of_axis_list(
+        self, axes: tuple[int, ...], mrope_section: Sequence[int] | None
+    ) -> list[int]:
+        """Check ``axis_of_pair`` against the other options; its pairs per axis."""
+        if self.interleaved_sections:
+            raise ValueError(
+                "axis_of_pair gives the axis of every pair; it cannot be combined with "
+                "interleaved_sections=True (Qwen3-VL's cycle)"
+            )
+        if mrope_section is not None:
+            raise ValueError(
+                "axis_of_pair gives the axis of every pair; pass it without mrope_section "
+                f"(got mrope_section={list(mrope_section)})"
+            )
+        if len(axes) != self.rotary_pairs:
+            raise ValueError(
+                f"axis_of_pair must give one axis per rotated pair: {self.rotary_pairs} for "
+                f"head_dim={self.head_dim}, partial_rotary_factor="
+                f"{self.partial_rotary_factor:g}; got {len(axes)}"
+            )
+        return [axes.count(axis) for axis in range(3)]
+
     def pair_axes(self) -> Tensor:
+        if self.axis_of_pair is not None:
+            return torch.tensor(self.axis_of_pair, dtype=torch.long)
         if not self.interleaved_sections:
             return super().pair_axes()
         _, h, w = self.sections
