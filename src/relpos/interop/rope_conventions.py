@@ -34,6 +34,11 @@ _GGUF = (
     "GGUFWriter files (tests/interop/test_gguf_scaling.py)"
 )
 
+_MROPE_LAYOUTS = (
+    "float64 restatement of the vLLM module, read in vllm-project/vllm's repository "
+    "(tests/encodings/rotary/test_mrope_layouts.py)"
+)
+
 CONVENTIONS: tuple[Convention, ...] = (
     # ----------------------------------------------------------------- transformers
     Convention(
@@ -252,28 +257,28 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(
         "vLLM",
         '`"bailing_mrope"` (Ling / Bailing-MoE-V3; `bailing_mrope.py`)',
-        "-",
-        "not supported: pairs below `h + w` alternate height (even) and width (odd), the "
-        "rest take time; relpos's `m-rope` assigns contiguous bands or Qwen3-VL's `i mod 3` "
-        "cycle, and no registered encoding takes a per-pair axis list",
-        supported=False,
+        '`m-rope`, `axis_of_pair=bailing_axes(mrope_section)`, `layout="interleaved"` '
+        "(`relpos.encodings.rotary.mrope_layouts`; `[t, h, w]`, h = w: pairs below h + w "
+        "alternate height (even) and width (odd), the rest take time; GPT-J pairs over the "
+        "MLA rope channels, as `bailing_moe_v3.py` builds it)",
+        _MROPE_LAYOUTS,
     ),
     Convention(
         "vLLM",
         "Ernie 4.5 VL 3-D RoPE (`ernie45_vl_rope.py`, `mrope_section=[h, w, t]`)",
-        "-",
-        "not supported: the same h / w alternation with a time tail as `bailing_mrope` "
-        "(GPT-J pairs); no relpos encoding assigns axes that way",
-        supported=False,
+        '`m-rope`, `axis_of_pair=ernie45_vl_axes(mrope_section)`, `layout="interleaved"` '
+        "(Ernie's `[h, w, t]` order, h = w, t >= 1: the same alternation with a time tail)",
+        _MROPE_LAYOUTS + "; transformers' `Ernie4_5_VLMoeTextRotaryEmbedding` and "
+        "`apply_rotary_pos_emb` (`ernie4_5_vl_moe`)",
     ),
     Convention(
         "vLLM",
         '`"openpangu"` (`mrope_interleaved.py`; earlier vLLM: `openpangu_rope.py`)',
-        "-",
-        "not supported: `get_mrope_interleaved_id_list` orders the axes greedily (rarest "
-        "first, no repeat, time last), e.g. `012120120...` for [16, 24, 24], not Qwen3-VL's "
-        "`012012...`; no relpos encoding takes that order",
-        supported=False,
+        '`m-rope`, `axis_of_pair=openpangu_axes(mrope_section)`, `layout="half"` '
+        "(`[t, h, w]`, t >= 1: `get_mrope_interleaved_id_list`'s greedy order, rarest axis "
+        "first, no immediate repeat, one time pair last, e.g. `0121201212...` for "
+        "[16, 24, 24]; the two-section `[h, w]` form is refused by name)",
+        _MROPE_LAYOUTS,
     ),
     Convention(
         "vLLM",
