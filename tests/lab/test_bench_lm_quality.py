@@ -238,3 +238,26 @@ def test_record_copies_finished_cases_and_refuses_a_corrupt_one(bench, tmp_path)
     good.write_text("{not json")
     with pytest.raises(ValueError):
         bench.record(run, tmp_path / "docs")
+
+
+def test_the_readme_peer_numbers_are_the_recorded_means(bench):
+    """The README's "Against a peer" figures are the means (and 95% half-widths) of the
+    recorded runs at the training length, to two decimals."""
+    readme = (bench.REPO / "README.md").read_text()
+    start = readme.index("**Against a peer.**")
+    paragraph = readme[start : readme.index("\n\n", start)]
+    groups = bench.by_model(bench.recorded_results())
+
+    def figure(encoding: str, model: str) -> str:
+        runs = next(m[model] for key, m in groups.items() if key[0] == encoding and model in m)
+        mean, half = bench.interval([r["ppl"]["128"] for r in runs])
+        return f"{mean:.2f}" if len(runs) < 2 else f"{mean:.2f} ± {half:.2f}"
+
+    for encoding, model in [
+        ("alibi", "relpos[init=gpt2]"),
+        ("alibi", "x-transformers"),
+        ("alibi", "relpos[init=fan-in,head=untied]"),
+        ("rope", "relpos[init=gpt2]"),
+        ("rope", "x-transformers"),
+    ]:
+        assert figure(encoding, model) in paragraph, (encoding, model, figure(encoding, model))
