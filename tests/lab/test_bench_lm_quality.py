@@ -259,5 +259,6 @@ def test_the_readme_peer_numbers_are_the_recorded_means(bench):
         ("alibi", "relpos[init=fan-in,head=untied]"),
         ("rope", "relpos[init=gpt2]"),
         ("rope", "x-transformers"),
+        ("rope", "relpos[init=fan-in,head=untied]"),
     ]:
         assert figure(encoding, model) in paragraph, (encoding, model, figure(encoding, model))
