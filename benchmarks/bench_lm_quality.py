@@ -443,7 +443,13 @@ BLOCK_START, BLOCK_END = "<!-- lm-quality:start -->", "<!-- lm-quality:end -->"
 DOC_LABELS = {
     "relpos[init=gpt2]": "relpos `TransformerLM` default (GPT-2 init, tied head)",
     "relpos[init=gpt2,head=untied]": "relpos, untied head (`tie_embedding=False`)",
+    "relpos[init=gpt2,emb=kaiming,head=untied]": "relpos, untied head, x-transformers' "
+    "embedding init only (He normal)",
+    "relpos[init=gpt2,linear=torch,head=untied]": "relpos, untied head, x-transformers' "
+    "linear init only (PyTorch's fan-in)",
     "relpos[init=fan-in,head=untied]": "relpos, x-transformers' init and an untied head",
+    "relpos[init=fan-in,head=untied,enc.partial_rotary_factor=0.5]": "relpos matched to the "
+    "peer's defaults (its init, an untied head, RoPE over 16 of 32 dims)",
     "x-transformers": "x-transformers at its defaults (untied head; RoPE over 16 of 32 dims)",
     "x-transformers-matched": "x-transformers matched (tied head scaled by dim^-1/2; "
     "RoPE over the whole head)",
@@ -458,32 +464,43 @@ def recorded_results(folder: Path = RECORDED) -> list[dict]:
 
 
 def render_block(results: list[dict]) -> str:
-    """The docs table of the recorded 1000-step cases: one row per (encoding, model) with the
-    mean ± 95% t-interval and every seed's value at each evaluated length, the final train
-    loss and the relative difference at the training length to the peer at its defaults."""
-    rows = []
+    """The docs tables of the recorded 1000-step cases, one per set of evaluated lengths (the
+    peer comparison's first): one row per (encoding, model) with the mean ± 95% t-interval and
+    every seed's value at each evaluated length, the final train loss, and either the relative
+    difference at the training length to the peer at its defaults (a table with the peer) or
+    the rise ``ppl(n) / ppl(L)`` at each longer length (a table without it)."""
+    tables: dict[tuple[str, ...], list[list[str]]] = {}
+    with_peer: dict[tuple[str, ...], bool] = {}
     for (encoding, *_, lengths), models in sorted(by_model(results).items()):
         peer = models.get("x-transformers")
         peer_mean = statistics.fmean(r["ppl"][lengths[0]] for r in peer) if peer else None
+        with_peer[lengths] = with_peer.get(lengths, False) or peer is not None
         order = sorted(models, key=lambda m: (DOC_ORDER + (m,)).index(m))
         for spec in order:
             runs = models[spec]
-            mean = statistics.fmean(r["ppl"][lengths[0]] for r in runs)
-            versus = "" if peer_mean is None else f"{100 * (mean / peer_mean - 1):+.1f}%"
-            rows.append(
+            means = [statistics.fmean(r["ppl"][n] for r in runs) for n in lengths]
+            versus = "" if peer_mean is None else f"{100 * (means[0] / peer_mean - 1):+.1f}%"
+            rises = [f"{m / means[0]:.2f}" for m in means[1:]]
+            tables.setdefault(lengths, []).append(
                 [
                     encoding,
                     DOC_LABELS.get(spec, f"`{spec}`"),
                     ", ".join(str(r["seed"]) for r in runs),
                     *seed_cells(runs, lengths),
                     f"{statistics.fmean(r['final_loss'] for r in runs):.3f}",
-                    versus,
+                    *([versus] if with_peer[lengths] else rises),
                 ]
             )
-    lengths = sorted({n for r in results for n in r["ppl"]}, key=int)
-    heads = ["encoding", "model", "seeds", *(f"ppl @ {n}" for n in lengths)]
-    heads += ["final train loss", f"@ {lengths[0]} vs the peer's defaults"]
-    return markdown_table(heads, rows)
+    rendered = []
+    for lengths in sorted(tables, key=lambda n: (not with_peer[n], [int(x) for x in n])):
+        heads = ["encoding", "model", "seeds", *(f"ppl @ {n}" for n in lengths)]
+        heads.append("final train loss")
+        if with_peer[lengths]:
+            heads.append(f"@ {lengths[0]} vs the peer's defaults")
+        else:
+            heads += [f"ppl @ {n} / ppl @ {lengths[0]}" for n in lengths[1:]]
+        rendered.append(markdown_table(heads, tables[lengths]))
+    return "\n\n".join(rendered)
 
 
 def replace_block(text: str, block: str) -> str:

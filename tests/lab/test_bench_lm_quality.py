@@ -220,6 +220,25 @@ def test_the_block_gives_mean_interval_seeds_and_the_gap_to_the_peer(bench):
     assert lines.index(relpos_row) < lines.index(peer_row)
 
 
+def test_runs_at_other_lengths_get_a_table_of_their_own_with_the_rise_beyond_l(bench):
+    """Cases evaluated at other lengths (FIRE and KERPLE at 4x and 16x) are not mixed into the
+    peer comparison: they get a second table, after it, with ppl(n) / ppl(L) per length."""
+    compared = [case("relpos", "alibi", 0, 6.0, 6.0), case("x-transformers", "alibi", 0, 5.0, 5.0)]
+    longer = []
+    for seed, (at_l, at_4l, at_16l) in enumerate([(5.0, 6.0, 10.0), (5.0, 7.0, 11.0)]):
+        result = case("relpos", "fire", seed, at_l, at_16l)
+        result["ppl"] = {"128": at_l, "512": at_4l, "2048": at_16l}
+        longer.append(result)
+    relpos_runs = [bench.normalise(r) for r in [compared[0], *longer]]
+    block = bench.render_block([*relpos_runs, compared[1]])
+    first, second = block.split("\n\n")
+    assert "vs the peer's defaults" in first and "fire" not in first
+    assert second.splitlines()[0].endswith("ppl @ 512 / ppl @ 128 | ppl @ 2048 / ppl @ 128 |")
+    fire_row = second.splitlines()[2]
+    assert "6.500 ± 6.353 (6.000 / 7.000)" in fire_row  # t(1 dof) = 12.706, sd 0.707
+    assert fire_row.endswith("| 1.30 | 2.10 |")  # 6.5 / 5 and 10.5 / 5
+
+
 def test_replace_block_needs_exactly_one_block(bench):
     with pytest.raises(ValueError, match="exactly one"):
         bench.replace_block("no block here", "x")
