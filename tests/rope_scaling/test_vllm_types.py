@@ -15,7 +15,8 @@ float32 frequencies must agree to float32 rounding and its rotations to float32 
 * ``phi3_long_rope_scaled_rope.py``: ``"longrope"`` (factors and magnitude fixed at init);
 * ``grok1_scaling_rope.py`` (an earlier vLLM; not in 0.34.0): Grok-1's four methods;
 * ``fope.py``: ``"default"`` with ``use_fope`` (FoPE, ``FourierRotaryEmbedding``), the
-  per-KV-head cos / sin cache read through vLLM's ``(T * Hkv, H / Hkv, D)`` view.
+  per-KV-head cos / sin cache read through vLLM's ``(T * Hkv, H / Hkv, D)`` view; 0.34.0 pads
+  the clipped pairs' sin with 1, vLLM's main branch (read in vllm-project/vllm) with 0.
 """
 
 from __future__ import annotations
@@ -402,11 +403,12 @@ def _vllm_fope_inv_freq(rotary_dim: int, base: float, max_position: int, num_inv
     return inv[inv > 2.0 * math.pi / max_position].double().numpy()
 
 
-def _vllm_fope(query, key, positions, cos_coef, sin_coef, inv_freq, sep_head: bool):
+def _vllm_fope(query, key, positions, cos_coef, sin_coef, inv_freq, sep_head, sin_pad):
     """``FourierRotaryEmbedding._compute_cos_sin_cache`` + ``forward_native`` in float64.
 
     ``query (T, Hq, D)``, ``key (T, Hkv, D)``, coefficients ``(Hkv, F, F)``: the cache row of
-    a position is ``(Hkv, D)`` (mixtures padded to ``D/2`` with cos 1 / sin 0, then doubled);
+    a position is ``(Hkv, D)`` (mixtures padded to ``D/2`` with cos 1 / sin ``sin_pad``, then
+    doubled);
     queries are viewed as ``(T * Hkv, Hq / Hkv, D)`` against the ``(T * Hkv, D)`` rows, keys
     as ``(T * Hkv, 1, D)``; ``x cos + rotate_neox(x) sin``."""
     t, hq, d = query.shape
@@ -420,7 +422,7 @@ def _vllm_fope(query, key, positions, cos_coef, sin_coef, inv_freq, sep_head: bo
         sin = np.sin(freqs) @ sin_coef[0]
     pad = [(0, 0)] * (cos.ndim - 1) + [(0, d // 2 - cos.shape[-1])]
     cos = np.pad(cos, pad, constant_values=1.0)
-    sin = np.pad(sin, pad, constant_values=0.0)
+    sin = np.pad(sin, pad, constant_values=sin_pad)
     cos, sin = np.concatenate((cos, cos), -1), np.concatenate((sin, sin), -1)
     if sep_head:
         cos, sin = cos.reshape(t * hkv, d), sin.reshape(t * hkv, d)
@@ -437,22 +439,25 @@ def _vllm_fope(query, key, positions, cos_coef, sin_coef, inv_freq, sep_head: bo
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "rotary_dim", "max_position", "num_inv_freq", "sep_head"),
+    ("heads", "kv_heads", "rotary_dim", "max_position", "num_inv_freq", "sep_head", "vllm"),
     [
-        (4, 2, 16, 64, None, True),  # 3 of 8 frequencies above 2 pi / 64
-        (4, 4, 16, 64, 5, True),  # num_inv_freq wins over the floor
-        (6, 2, 8, 32, None, True),  # partial rotary: pairs still split the whole head
-        (4, 2, 16, 10**6, None, False),  # nothing clipped; one set for every head
+        (4, 2, 16, 64, None, True, "0.34.0"),  # 3 of 8 frequencies above 2 pi / 64
+        (4, 4, 16, 64, 5, True, "0.34.0"),  # num_inv_freq wins over the floor
+        (6, 2, 8, 32, None, True, "0.34.0"),  # partial rotary: pairs split the whole head
+        (4, 2, 16, 10**6, None, True, "0.34.0"),  # nothing clipped: the pad plays no part
+        (6, 2, 8, 32, None, True, "main"),  # sin padded with 0
+        (4, 2, 16, 64, None, False, "main"),  # one set for every head (0.34.0 raises)
     ],
 )
 def test_fope_is_vllms_fourier_rotary_embedding(
-    heads, kv_heads, rotary_dim, max_position, num_inv_freq, sep_head
+    heads, kv_heads, rotary_dim, max_position, num_inv_freq, sep_head, vllm
 ) -> None:
     """``get_rope`` with ``rope_parameters = {"rope_type": "default", "use_fope": True,
-    "num_kv_heads": Hkv, "fope_sep_head": ..., "num_inv_freq": ...}`` and ``max_position`` is
-    ``fope`` with ``kv_heads``, ``separate_heads``, ``num_inv_freq``,
-    ``max_position_embeddings = max_position`` and ``partial_rotary_factor = rotary_dim / D``;
-    the checkpoint's ``cos_coef`` / ``sin_coef`` load as they are (``[:1]`` without
+    "num_key_value_heads": Hkv, "fope_sep_head": ..., "num_inv_freq": ...}`` and
+    ``max_position`` is ``fope`` with ``kv_heads``, ``separate_heads``, ``num_inv_freq``,
+    ``max_position_embeddings = max_position``, ``partial_rotary_factor = rotary_dim / D`` and
+    ``clipped_pairs="constant-phase"`` (0.34.0: sin padded with 1) or ``"identity"`` (main:
+    0); the checkpoint's ``cos_coef`` / ``sin_coef`` load as they are (``[:1]`` without
     ``fope_sep_head``)."""
     head_dim, base = 16, 1e4
     inv_freq = _vllm_fope_inv_freq(rotary_dim, base, max_position, num_inv_freq)
@@ -473,6 +478,7 @@ def test_fope_is_vllms_fourier_rotary_embedding(
         kv_heads=kv_heads,
         num_inv_freq=num_inv_freq,
         separate_heads=sep_head,
+        clipped_pairs="constant-phase" if vllm == "0.34.0" else "identity",
     ).double()
     np.testing.assert_array_equal(enc.inv_freq.double().numpy(), inv_freq)
     with torch.no_grad():
@@ -488,6 +494,7 @@ def test_fope_is_vllms_fourier_rotary_embedding(
         sin_coef.numpy(),
         inv_freq,
         sep_head,
+        sin_pad=1.0 if vllm == "0.34.0" else 0.0,
     )
     np.testing.assert_allclose(q_out[0].transpose(0, 1).numpy(), q_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(k_out[0].transpose(0, 1).numpy(), k_ref, rtol=1e-12, atol=1e-12)

@@ -3,9 +3,10 @@
 
 The reference here is a float64 restatement of the formula, written from it (not from relpos):
 per coefficient set ``s`` and position ``p``, ``C_d = sum_j cos(p w_j) cos_coef[s, j, d]``,
-``S_d = sum_j sin(p w_j) sin_coef[s, j, d]`` for the ``F`` kept frequencies, ``C = 1, S = 0``
-on the clipped pairs up to ``D/2``, and pair ``(x_d, x_{d + D/2})`` -> ``(a C - b S, b C +
-a S)``. vLLM's own cache and GQA view are restated in tests/rope_scaling/test_vllm_types.py.
+``S_d = sum_j sin(p w_j) sin_coef[s, j, d]`` for the ``F`` kept frequencies, ``C = 1`` and
+``S = 1`` (official code, vLLM 0.34.0) or ``S = 0`` (vLLM's main branch) on the clipped pairs
+up to ``D/2``, and pair ``(x_d, x_{d + D/2})`` -> ``(a C - b S, b C + a S)``. vLLM's own
+cache and GQA view are restated in tests/rope_scaling/test_vllm_types.py.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import relpos
 from .formulas import randn, rope_fp64
 
 
-def fope_fp64(x, pos, inv_freq, cos_coef, sin_coef, set_of_head):
+def fope_fp64(x, pos, inv_freq, cos_coef, sin_coef, set_of_head, clipped_sin=1.0):
     """The formula in float64: ``x (B, H, L, D)``, ``pos (L,)``, ``inv_freq (F,)``,
-    coefficients ``(S, F, F)``, ``set_of_head[h]`` the set head ``h`` uses."""
+    coefficients ``(S, F, F)``, ``set_of_head[h]`` the set head ``h`` uses, ``clipped_sin``
+    the sin of the clipped pairs (their cos is 1)."""
     x = x.double()
     d = x.shape[-1]
     ang = pos.double()[:, None] * inv_freq.double()[None]  # (L, F)
@@ -32,7 +34,7 @@ def fope_fp64(x, pos, inv_freq, cos_coef, sin_coef, set_of_head):
         si = ang.sin() @ sin_coef[s].double()
         pad = d // 2 - c.shape[-1]
         c = torch.cat((c, torch.ones(c.shape[0], pad, dtype=c.dtype)), -1)
-        si = torch.cat((si, torch.zeros(si.shape[0], pad, dtype=si.dtype)), -1)
+        si = torch.cat((si, torch.full((si.shape[0], pad), clipped_sin, dtype=si.dtype)), -1)
         a, b = x[:, h, :, : d // 2], x[:, h, :, d // 2 :]
         out[:, h] = torch.cat((a * c - b * si, b * c + a * si), -1)
     return out
@@ -64,16 +66,30 @@ def test_pinned_values_of_a_tiny_case() -> None:
     )
 
 
-def test_clipped_frequencies_leave_their_pairs_unrotated() -> None:
-    """2 pi / 10 = 0.63: of (1, 0.1) only 1 is kept; the pair (x_1, x_3) passes through."""
-    enc = relpos.create("fope", num_heads=1, head_dim=4, base=100.0, max_position_embeddings=10)
-    assert enc.inv_freq.tolist() == [1.0]
-    assert enc.cos_coef.shape == enc.sin_coef.shape == (1, 1, 1)
-    _random_coefficients(enc)
+def test_clipped_pairs_take_a_constant_phase_or_pass_through() -> None:
+    """2 pi / 10 = 0.63: of (1, 0.1) only 1 is kept. The clipped pair (a, b) = (x_1, x_3)
+    becomes (a - b, b + a) at every position (cos = sin = 1, the default), or passes through
+    with ``clipped_pairs="identity"``."""
     q = randn(1, 1, 6, 4)
-    out = enc.rotate(q, torch.arange(6)[None], "q").detach()
-    assert torch.equal(out[..., [1, 3]], q[..., [1, 3]])
-    assert not torch.allclose(out[..., [0, 2]], q[..., [0, 2]])
+    pos = torch.arange(6)[None]
+    for clipped, expected in (
+        ("constant-phase", torch.stack((q[..., 1] - q[..., 3], q[..., 3] + q[..., 1]), -1)),
+        ("identity", q[..., [1, 3]]),
+    ):
+        enc = relpos.create(
+            "fope",
+            num_heads=1,
+            head_dim=4,
+            base=100.0,
+            max_position_embeddings=10,
+            clipped_pairs=clipped,
+        )
+        assert enc.inv_freq.tolist() == [1.0]
+        assert enc.cos_coef.shape == enc.sin_coef.shape == (1, 1, 1)
+        _random_coefficients(enc)
+        out = enc.rotate(q, pos, "q").detach()
+        assert torch.equal(out[..., [1, 3]], expected), clipped
+        assert not torch.allclose(out[..., [0, 2]], q[..., [0, 2]])
 
 
 def test_the_floor_is_vllms_two_pi_over_the_trained_length() -> None:
@@ -97,6 +113,7 @@ def test_the_floor_is_vllms_two_pi_over_the_trained_length() -> None:
         ({"num_inv_freq": 5, "kv_heads": 2}, 2),
         ({"partial_rotary_factor": 0.5, "kv_heads": 1}, 1),
         ({"separate_heads": False, "kv_heads": 2, "base": 500.0}, 2),
+        ({"max_position_embeddings": 64, "kv_heads": 2, "clipped_pairs": "identity"}, 2),
     ],
 )
 def test_rotate_qk_is_the_formula(options: dict, kv: int) -> None:
@@ -111,19 +128,12 @@ def test_rotate_qk_is_the_formula(options: dict, kv: int) -> None:
     group = heads // kv
     q_sets = [h // group if sets > 1 else 0 for h in range(heads)]
     k_sets = [h if sets > 1 else 0 for h in range(kv)]
-    inv_freq = enc.inv_freq
-    torch.testing.assert_close(
-        q_out,
-        fope_fp64(q, pos, inv_freq, enc.cos_coef, enc.sin_coef, q_sets),
-        rtol=1e-12,
-        atol=1e-12,
-    )
-    torch.testing.assert_close(
-        k_out,
-        fope_fp64(k, pos, inv_freq, enc.cos_coef, enc.sin_coef, k_sets),
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    coefficients = (enc.inv_freq, enc.cos_coef.detach(), enc.sin_coef.detach())
+    clipped_sin = 0.0 if options.get("clipped_pairs") == "identity" else 1.0
+    q_ref = fope_fp64(q, pos, *coefficients, q_sets, clipped_sin)
+    k_ref = fope_fp64(k, pos, *coefficients, k_sets, clipped_sin)
+    torch.testing.assert_close(q_out, q_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(k_out, k_ref, rtol=1e-12, atol=1e-12)
 
 
 def test_identity_coefficients_without_clipping_are_rope() -> None:
@@ -289,6 +299,7 @@ def test_state_dict_holds_the_coefficients_under_vllms_names() -> None:
         ({"scaling": {"rope_type": "linear", "factor": 2.0}}, ValueError, "scaling"),
         ({"init_factor": -0.1}, ValueError, "init_factor"),
         ({"separate_heads": "yes"}, TypeError, "separate_heads"),
+        ({"clipped_pairs": "zero"}, ValueError, "clipped_pairs"),
     ],
 )
 def test_bad_options_are_refused_by_name(options: dict, error: type, names: str) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from ..options import Bool, Float, Int, Refused
+from ..options import Bool, Choice, Float, Int, Refused
 from ..registry import register
 from .headwise import group_mean
 from .rope import RoPE, rotate_pairs, same_positions
@@ -34,6 +34,10 @@ FOPE_NUM_INV_FREQ = Int(
     doc="keep the first N frequencies (vLLM's num_inv_freq); None: clip at the trained length",
 )
 FOPE_SEPARATE_HEADS = Bool(doc="one coefficient set per key head (vLLM's fope_sep_head)")
+FOPE_CLIPPED_PAIRS = Choice(
+    ("constant-phase", "identity"),
+    doc="clipped pairs: cos = sin = 1 (official code, vLLM 0.34.0) or cos = 1, sin = 0",
+)
 FOPE_INIT_FACTOR = Float(
     minimum=0.0, doc="gain of the Xavier-normal noise added to the identity coefficients"
 )
@@ -44,8 +48,8 @@ def kept_frequencies(
 ) -> Tensor:
     """The frequencies FoPE mixes, as vLLM's ``_compute_inv_freq`` selects them: the first
     ``num_inv_freq`` when given; else those above the floor ``2 pi / max_position_embeddings``
-    (a frequency whose period exceeds the trained length is clipped to zero: its pair does
-    not rotate); else all. ``ValueError`` naming the option when none is kept or
+    (a frequency whose period exceeds the trained length is clipped to zero: its pair gets a
+    position-independent phase); else all. ``ValueError`` naming the option when none is kept or
     ``num_inv_freq`` exceeds the count."""
     count = inv_freq.numel()
     if num_inv_freq is not None:
@@ -84,12 +88,17 @@ class FoPE(RoPE):
         C_s(p)_d = sum_j cos(p w_j) cos_coef[s, j, d]
         S_s(p)_d = sum_j sin(p w_j) sin_coef[s, j, d]        d = 0 .. F-1
 
-    and ``C_d = 1, S_d = 0`` for ``d = F .. D/2 - 1`` (the clipped pairs keep the zero
-    frequency). Pair ``(a, b) = (x_d, x_{d + D/2})`` of every head using set ``s`` becomes
+    and, for the clipped pairs ``d = F .. D/2 - 1`` (frequency zero), ``C_d = S_d = 1`` with
+    ``clipped_pairs="constant-phase"`` (the default: the official code and vLLM 0.34.0 pad
+    both with 1; the paper's authors describe it as zero frequency at a 45-degree phase, scaled
+    by sqrt 2, so every channel carries signal) or ``C_d = 1, S_d = 0`` with
+    ``"identity"`` (the pairs pass through; vLLM's main branch pads sin with 0 since a later
+    fix). Pair ``(a, b) = (x_d, x_{d + D/2})`` of every head using set ``s`` becomes
     ``(a C_d - b S_d, b C_d + a S_d)``; queries and keys alike. The pairs always split the whole
     head in half (vLLM pads cos / sin to ``head_size / 2``), also when ``r < D``. With
-    ``cos_coef = sin_coef = I`` and no clipping this is RoPE; otherwise ``C^2 + S^2 != 1`` and
-    ``q . k`` depends on both positions, not on ``n - m`` alone (``relative = False``).
+    ``cos_coef = sin_coef = I`` and every pair kept (``F = D/2``) this is RoPE; otherwise
+    ``C^2 + S^2 != 1`` and ``q . k`` depends on both positions, not on ``n - m`` alone
+    (``relative = False``).
 
     Grouped-query attention: ``kv_heads`` sets (``H / kv_heads`` query heads per set, the
     contiguous groups of ``relpos.attention``): query heads ``g G .. g G + G - 1`` and key
@@ -100,18 +109,20 @@ class FoPE(RoPE):
     them to the head count of the one tensor.
 
     Learned: ``cos_coef``, ``sin_coef (S, F, F)`` with ``S = kv_heads`` (``1`` with
-    ``separate_heads=False``: every head shares set 0, vLLM's ``fope_sep_head=False``).
-    Initialised as the official code's ``eye_xavier_norm``: ``I + N(0, (init_factor /
-    sqrt(F))^2)`` (an ``F x F`` Xavier-normal draw with gain ``init_factor``; vLLM's
-    ``fope_init_factor`` default is 0.1). A vLLM / HF checkpoint's ``rotary_emb.cos_coef`` and
-    ``rotary_emb.sin_coef`` (``(num_key_value_heads, F, F)``) load into them as they are
-    (``[:1]`` of them with ``separate_heads=False``).
+    ``separate_heads=False``: every head shares set 0, as vLLM's main branch reads
+    ``fope_sep_head=False``; vLLM 0.34.0 raises on it). Initialised as the official code's
+    ``eye_xavier_norm``: ``I + N(0, (init_factor / sqrt(F))^2)`` per set (an ``F x F``
+    Xavier-normal draw with gain ``init_factor``; vLLM's ``fope_init_factor`` default is 0.1).
+    A vLLM / HF checkpoint's ``rotary_emb.cos_coef`` and ``rotary_emb.sin_coef``
+    (``(num_key_value_heads, F, F)``) load into them as they are (``[:1]`` of them with
+    ``separate_heads=False``).
 
     Options: ``kv_heads`` (default ``num_heads``; must divide it), ``num_inv_freq``,
-    ``separate_heads`` (True), ``init_factor`` (0.1); ``base``, ``partial_rotary_factor`` and
-    ``max_position_embeddings`` (the clip floor; None: no clip) as for ``rope``. ``layout`` is
-    ``half`` (vLLM applies ``rotate_neox`` whatever ``is_neox_style`` says) and ``scaling`` is
-    refused (vLLM builds FoPE for ``rope_type "default"`` only).
+    ``separate_heads`` (True), ``clipped_pairs`` (``"constant-phase"``), ``init_factor``
+    (0.1); ``base``, ``partial_rotary_factor`` and ``max_position_embeddings`` (the clip
+    floor; None: no clip) as for ``rope``. ``layout`` is ``half`` (vLLM applies
+    ``rotate_neox`` whatever ``is_neox_style`` says) and ``scaling`` is refused (vLLM builds
+    FoPE for ``rope_type "default"`` only).
 
     Precision: angles are float64 products ``p w_j``; the mixtures are formed in float32
     (float64 for float64 activations or coefficients) and the rotation runs in the activation
@@ -142,6 +153,7 @@ class FoPE(RoPE):
         kv_heads: Annotated[int | None, FOPE_KV_HEADS] = None,
         num_inv_freq: Annotated[int | None, FOPE_NUM_INV_FREQ] = None,
         separate_heads: Annotated[bool, FOPE_SEPARATE_HEADS] = True,
+        clipped_pairs: Annotated[str, FOPE_CLIPPED_PAIRS] = "constant-phase",
         init_factor: Annotated[float, FOPE_INIT_FACTOR] = 0.1,
         **rope_options,
     ) -> None:
@@ -157,6 +169,7 @@ class FoPE(RoPE):
         self.kv_heads = kv_heads
         self.num_inv_freq = num_inv_freq
         self.separate_heads = separate_heads
+        self.clipped_pairs = clipped_pairs
         self.init_factor = init_factor
         self.inv_freq = kept_frequencies(self.inv_freq, num_inv_freq, self.max_position_embeddings)
         count = self.inv_freq.numel()
@@ -198,7 +211,8 @@ class FoPE(RoPE):
         self, pos: Tensor, cos_coef: Tensor, sin_coef: Tensor, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         """``C, S`` of shape ``(B|1, S, L, D/2)`` in ``dtype`` for positions ``(B|1, L)`` and
-        coefficient sets ``(S, F, F)``: the mixtures, padded with ``C = 1, S = 0``."""
+        coefficient sets ``(S, F, F)``: the mixtures, padded with ``C = 1`` and ``S = 1``
+        (``clipped_pairs="constant-phase"``) or ``S = 0`` (``"identity"``)."""
         angles = pos.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
         basis_cos = angles.cos().to(dtype)[:, None]  # (B|1, 1, L, F)
         basis_sin = angles.sin().to(dtype)[:, None]
@@ -207,7 +221,8 @@ class FoPE(RoPE):
         pad = self.head_dim // 2 - cos.shape[-1]
         if pad:
             cos = torch.cat((cos, cos.new_ones(*cos.shape[:-1], pad)), dim=-1)
-            sin = torch.cat((sin, sin.new_zeros(*sin.shape[:-1], pad)), dim=-1)
+            clipped_sin = 1.0 if self.clipped_pairs == "constant-phase" else 0.0
+            sin = torch.cat((sin, sin.new_full((*sin.shape[:-1], pad), clipped_sin)), dim=-1)
         return cos, sin
 
     def _mix_dtype(self, *xs: Tensor) -> torch.dtype:
@@ -244,5 +259,6 @@ class FoPE(RoPE):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, kv_heads={self.kv_heads}, "
-            f"frequencies={self.inv_freq.numel()}, separate_heads={self.separate_heads}"
+            f"frequencies={self.inv_freq.numel()}, separate_heads={self.separate_heads}, "
+            f"clipped_pairs={self.clipped_pairs!r}"
         )
