@@ -13,7 +13,10 @@ float32 frequencies must agree to float32 rounding and its rotations to float32 
   ``telechat3-yarn`` as ``transformers_utils/config.py`` rewrites it;
 * ``mrope.py``: M-RoPE with GPT-J pairs and partial rotary, and M-RoPE with YaRN;
 * ``phi3_long_rope_scaled_rope.py``: ``"longrope"`` (factors and magnitude fixed at init);
-* ``grok1_scaling_rope.py`` (an earlier vLLM; not in 0.34.0): Grok-1's four methods.
+* ``grok1_scaling_rope.py`` (an earlier vLLM; not in 0.34.0): Grok-1's four methods;
+* ``fope.py``: ``"default"`` with ``use_fope`` (FoPE, ``FourierRotaryEmbedding``), the
+  per-KV-head cos / sin cache read through vLLM's ``(T * Hkv, H / Hkv, D)`` view; 0.34.0 pads
+  the clipped pairs' sin with 1, vLLM's main branch (read in vllm-project/vllm) with 0.
 """
 
 from __future__ import annotations
@@ -386,3 +389,112 @@ def test_grok1_yarn_linear_is_yarn_without_magnitude() -> None:
     ours, af = rope_frequencies(dim, base, scaling)
     _close(ours, _vllm_yarn(dim, base, s, original), YARN_RTOL)
     assert af == 1.0
+
+
+# ------------------------------------------------------------------------------ fope
+
+
+def _vllm_fope_inv_freq(rotary_dim: int, base: float, max_position: int, num_inv_freq):
+    """``FourierRotaryEmbedding._compute_inv_freq``: RoPE's float32 frequencies, then the
+    first ``num_inv_freq`` or those above ``2 pi / max_position``."""
+    inv = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+    if num_inv_freq is not None:
+        return inv[:num_inv_freq].double().numpy()
+    return inv[inv > 2.0 * math.pi / max_position].double().numpy()
+
+
+def _vllm_fope(query, key, positions, cos_coef, sin_coef, inv_freq, sep_head, sin_pad):
+    """``FourierRotaryEmbedding._compute_cos_sin_cache`` + ``forward_native`` in float64.
+
+    ``query (T, Hq, D)``, ``key (T, Hkv, D)``, coefficients ``(Hkv, F, F)``: the cache row of
+    a position is ``(Hkv, D)`` (mixtures padded to ``D/2`` with cos 1 / sin ``sin_pad``, then
+    doubled);
+    queries are viewed as ``(T * Hkv, Hq / Hkv, D)`` against the ``(T * Hkv, D)`` rows, keys
+    as ``(T * Hkv, 1, D)``; ``x cos + rotate_neox(x) sin``."""
+    t, hq, d = query.shape
+    hkv = key.shape[1]
+    freqs = positions[:, None] * inv_freq[None]
+    if sep_head:
+        cos = np.einsum("tD,hDd->thd", np.cos(freqs), cos_coef)
+        sin = np.einsum("tD,hDd->thd", np.sin(freqs), sin_coef)
+    else:
+        cos = np.cos(freqs) @ cos_coef[0]
+        sin = np.sin(freqs) @ sin_coef[0]
+    pad = [(0, 0)] * (cos.ndim - 1) + [(0, d // 2 - cos.shape[-1])]
+    cos = np.pad(cos, pad, constant_values=1.0)
+    sin = np.pad(sin, pad, constant_values=sin_pad)
+    cos, sin = np.concatenate((cos, cos), -1), np.concatenate((sin, sin), -1)
+    if sep_head:
+        cos, sin = cos.reshape(t * hkv, d), sin.reshape(t * hkv, d)
+        query = query.reshape(t * hkv, hq // hkv, d)
+        key = key.reshape(t * hkv, 1, d)
+    cos, sin = cos[:, None], sin[:, None]
+
+    def rotate_neox(x):
+        return np.concatenate((-x[..., d // 2 :], x[..., : d // 2]), -1)
+
+    q_out = query * cos + rotate_neox(query) * sin
+    k_out = key * cos + rotate_neox(key) * sin
+    return q_out.reshape(t, hq, d), k_out.reshape(t, hkv, d)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "rotary_dim", "max_position", "num_inv_freq", "sep_head", "vllm"),
+    [
+        (4, 2, 16, 64, None, True, "0.34.0"),  # 3 of 8 frequencies above 2 pi / 64
+        (4, 4, 16, 64, 5, True, "0.34.0"),  # num_inv_freq wins over the floor
+        (6, 2, 8, 32, None, True, "0.34.0"),  # partial rotary: pairs split the whole head
+        (4, 2, 16, 10**6, None, True, "0.34.0"),  # nothing clipped: the pad plays no part
+        (6, 2, 8, 32, None, True, "main"),  # sin padded with 0
+        (4, 2, 16, 64, None, False, "main"),  # one set for every head (0.34.0 raises)
+    ],
+)
+def test_fope_is_vllms_fourier_rotary_embedding(
+    heads, kv_heads, rotary_dim, max_position, num_inv_freq, sep_head, vllm
+) -> None:
+    """``get_rope`` with ``rope_parameters = {"rope_type": "default", "use_fope": True,
+    "num_key_value_heads": Hkv, "fope_sep_head": ..., "num_inv_freq": ...}`` and
+    ``max_position`` is ``fope`` with ``kv_heads``, ``separate_heads``, ``num_inv_freq``,
+    ``max_position_embeddings = max_position``, ``partial_rotary_factor = rotary_dim / D`` and
+    ``clipped_pairs="constant-phase"`` (0.34.0: sin padded with 1) or ``"identity"`` (main:
+    0); the checkpoint's ``cos_coef`` / ``sin_coef`` load as they are (``[:1]`` without
+    ``fope_sep_head``)."""
+    head_dim, base = 16, 1e4
+    inv_freq = _vllm_fope_inv_freq(rotary_dim, base, max_position, num_inv_freq)
+    count = inv_freq.size
+    g = torch.Generator().manual_seed(7)
+    cos_coef, sin_coef = (
+        torch.randn(kv_heads, count, count, generator=g, dtype=torch.float64) for _ in "cs"
+    )
+    q = torch.randn(1, heads, POSITIONS.shape[1], head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(1, kv_heads, POSITIONS.shape[1], head_dim, generator=g, dtype=torch.float64)
+    enc = relpos.create(
+        "fope",
+        num_heads=heads,
+        head_dim=head_dim,
+        base=base,
+        partial_rotary_factor=rotary_dim / head_dim,
+        max_position_embeddings=max_position,
+        kv_heads=kv_heads,
+        num_inv_freq=num_inv_freq,
+        separate_heads=sep_head,
+        clipped_pairs="constant-phase" if vllm == "0.34.0" else "identity",
+    ).double()
+    np.testing.assert_array_equal(enc.inv_freq.double().numpy(), inv_freq)
+    with torch.no_grad():
+        enc.cos_coef.copy_(cos_coef if sep_head else cos_coef[:1])
+        enc.sin_coef.copy_(sin_coef if sep_head else sin_coef[:1])
+    with torch.no_grad():
+        q_out, k_out = enc.rotate_qk(q, k, POSITIONS, POSITIONS)
+    q_ref, k_ref = _vllm_fope(
+        q[0].transpose(0, 1).numpy(),
+        k[0].transpose(0, 1).numpy(),
+        POSITIONS[0].double().numpy(),
+        cos_coef.numpy(),
+        sin_coef.numpy(),
+        inv_freq,
+        sep_head,
+        sin_pad=1.0 if vllm == "0.34.0" else 0.0,
+    )
+    np.testing.assert_allclose(q_out[0].transpose(0, 1).numpy(), q_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k_out[0].transpose(0, 1).numpy(), k_ref, rtol=1e-12, atol=1e-12)

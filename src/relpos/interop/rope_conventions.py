@@ -307,11 +307,15 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        '`"default"` with `use_fope` (FoPE, `fope.py`)',
-        "-",
-        "not supported: cos and sin are learned per-KV-head mixtures of every "
-        "frequency's cos and sin (checkpoint weights), not a rotation by a frequency set",
-        supported=False,
+        '`"default"` with `use_fope` (FoPE, `fope.py`; `num_key_value_heads`, '
+        "`fope_sep_head`, `num_inv_freq`, `fope_init_factor`)",
+        "`fope`, `kv_heads=num_key_value_heads`, `num_inv_freq`, "
+        "`init_factor=fope_init_factor`, `max_position_embeddings=max_position`, "
+        '`clipped_pairs="constant-phase"` (sin of the clipped pairs padded with 1; vLLM\'s '
+        'later main pads 0: `"identity"`); `fope_sep_head=False` raises in 0.34.0 (main: '
+        "`separate_heads=False`); the checkpoint's `cos_coef` / `sin_coef` load as they are",
+        _VLLM + " (`FourierRotaryEmbedding`'s cache and GQA view) and "
+        "tests/encodings/rotary/test_fope.py (the formula, pinned values)",
     ),
     # ----------------------------------------------------------------- llama.cpp
     Convention("llama.cpp", "`LLAMA_ROPE_TYPE_NORM` (0)", '`rope`, `layout="interleaved"`', _GGML),
