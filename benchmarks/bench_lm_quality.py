@@ -450,7 +450,7 @@ DOC_LABELS = {
     "relpos[init=fan-in,head=untied]": "relpos, x-transformers' init and an untied head",
     "relpos[init=fan-in,head=untied,enc.partial_rotary_factor=0.5]": "relpos matched to the "
     "peer's defaults (its init, an untied head, RoPE over 16 of 32 dims)",
-    "x-transformers": "x-transformers at its defaults (untied head; RoPE over 16 of 32 dims)",
+    "x-transformers": "x-transformers at its defaults (untied head; its RoPE over 16 of 32 dims)",
     "x-transformers-matched": "x-transformers matched (tied head scaled by dim^-1/2; "
     "RoPE over the whole head)",
 }
