@@ -85,6 +85,30 @@ def test_crossovers_lie_at_the_geometric_mean_of_the_measured_sizes():
     assert segs[2] == Segment(None, ("chunked",))
 
 
+def test_a_call_reads_the_ranking_of_the_nearest_measured_length_on_a_log_scale():
+    # four measured lengths, neighbours ranked differently: every measured length reads its
+    # own measurement, and a length between two reads the nearer one in log L (the boundary
+    # sqrt(L1 * L2) holds for the size 8 * L^2 too)
+    lengths = (64, 128, 256, 512)
+    rankings = (("sdpa", "chunked"), ("chunked", "sdpa"), ("sdpa", "chunked"), ("chunked",))
+    pts = [
+        Point(KEY, 8 * n * n, "a", {b: 1.0 + i for i, b in enumerate(r)})
+        for n, r in zip(lengths, rankings, strict=True)
+    ]
+    t = derive_table(pts)
+    cands = ["sdpa", "chunked"]
+    for n, r in zip(lengths, rankings, strict=True):
+        assert select_backend(facts(cands, elements=8 * n * n), t) == r[0]
+    # sqrt(64 * 128) = 90.5: 90 tokens are nearer 64, 91 nearer 128
+    assert select_backend(facts(cands, elements=8 * 90 * 90), t) == "sdpa"
+    assert select_backend(facts(cands, elements=8 * 91 * 91), t) == "chunked"
+    # sqrt(128 * 256) = 181.02
+    assert select_backend(facts(cands, elements=8 * 181 * 181), t) == "chunked"
+    assert select_backend(facts(cands, elements=8 * 182 * 182), t) == "sdpa"
+    # beyond the longest measured length the last ranking holds
+    assert select_backend(facts(cands, elements=8 * 8192 * 8192), t) == "chunked"
+
+
 def test_representatives_are_ranked_by_their_worst_ratio():
     pts = [
         Point(KEY, 100, "fast-dense", {"sdpa": 1.0, "chunked": 1.2}),

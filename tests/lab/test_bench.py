@@ -149,3 +149,35 @@ def test_calibrate_writes_a_table_auto_reads(capsys, tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         policy.reload()
+
+
+def test_calibration_runs_merge_with_the_latest_row_of_each_call():
+    from relpos.attention import policy
+    from relpos_lab.auto_bench import calibration_points, merged_rows
+
+    key = "cpu/float32/toeplitz/causal/train"
+
+    def row(encoding, length, times):
+        return {
+            "encoding": encoding,
+            "length": length,
+            "causal": True,
+            "mode": "train",
+            "dtype": "float32",
+            "key": key,
+            "elements": 8 * length * length,
+            "times": times,
+        }
+
+    first = [row("alibi", 64, {"sdpa": 1.0, "chunked": 2.0}), row("alibi", 256, {"sdpa": 3.0})]
+    again = [row("alibi", 256, {"sdpa": 3.0, "chunked": 1.0})]  # re-measured: replaces
+    added = [
+        row("alibi", 128, {"sdpa": 2.0, "chunked": 1.0}),
+        row("t5", 64, {"sdpa": 9.0, "chunked": 1.0}),
+    ]
+    rows = merged_rows(first, again, added)
+    assert len(rows) == 4
+    assert next(r for r in rows if r["length"] == 256)["times"] == again[0]["times"]
+    segs = policy.derive_table(calibration_points(rows)).entries[key]
+    # L = 64: t5's 9x rules sdpa out (worst ratio); 128 and 256 measured chunked first
+    assert segs == (policy.Segment(None, ("chunked", "sdpa")),)

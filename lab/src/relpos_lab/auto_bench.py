@@ -119,13 +119,16 @@ FAMILY_CASES = tuple(
 )
 QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
 #: representatives of every kind of call the policy distinguishes (``policy.KINDS``):
-#: plain (rope), toeplitz (alibi with its fold, kerple-log, FIRE below its threshold),
-#: tile (FIRE above it, from the first length on with a threshold of 1; transformer-xl's
-#: table reads), band (deberta), probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
+#: plain (rope), toeplitz (alibi with its fold, kerple-log, FIRE below its threshold, T5's
+#: learned bucket table, whose backward through the bucket gather moves the crossover to the
+#: Toeplitz tiles to shorter lengths), tile (FIRE above it, from the first length on with a
+#: threshold of 1; transformer-xl's table reads), band (deberta), probabilities (shaw),
+#: piecewise-sdpa (dca), row-suffix (cope)
 CALIBRATION_CASES = (
     EncodingCase("rope"),
     EncodingCase("alibi"),
     EncodingCase("kerple-log"),
+    EncodingCase("t5"),
     EncodingCase("fire"),
     EncodingCase("fire", (("init_L", 1.0),)),
     EncodingCase("transformer-xl"),
@@ -546,6 +549,19 @@ def calibration_points(rows: list[dict[str, Any]]):
         for r in rows
         if "key" in r and r.get("times")
     ]
+
+
+def merged_rows(*runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of several ``--calibrate`` runs (each its ``rows.jsonl``, oldest first) as
+    one grid: a call measured again (same ``row_key``) keeps only its latest row, so a run
+    that adds lengths or encodings extends the earlier grid and one that repeats a call
+    replaces it. ``derive_table`` over the result ranks every key from all of them."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for rows in runs:
+        for row in rows:
+            out.pop(row_key(row), None)
+            out[row_key(row)] = row
+    return list(out.values())
 
 
 def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
