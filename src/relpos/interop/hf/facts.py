@@ -102,7 +102,8 @@ class ModelFacts:
     None when it has none). From the probe: ``layers``, ``attention_layers`` (the layers that
     call attention), ``position_axes`` (the axes of the position ids the rotary modules
     receive: 3 for M-RoPE) and ``axes_refusal`` (why multi-axis positions that differ
-    between axes cannot be run exactly, None when the layers' ``axis_of_pair`` state them)."""
+    between axes cannot be run exactly, None when the layers' ``axis_of_pair`` state them).
+    ``config``: the decoder's config (a vision-language model's text config)."""
 
     model_type: str
     num_heads: int
@@ -119,6 +120,7 @@ class ModelFacts:
     attention_layers: tuple[int, ...] | None = None
     position_axes: int = 1
     axes_refusal: str | None = None
+    config: Any = field(default=None, repr=False, compare=False)
 
     def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
         """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the

@@ -163,6 +163,19 @@ def _decoder(model: nn.Module) -> nn.Module:
     return decoder
 
 
+def decoder_config(config: Any) -> Any:
+    """The config of the decoder: a composite (vision-language) config's text config
+    (``get_text_config(decoder=True)``: Qwen2-VL's ``text_config``), else ``config``."""
+    get = getattr(config, "get_text_config", None)
+    if not callable(get):
+        return config
+    try:
+        text = get(decoder=True)
+    except TypeError:
+        text = get()
+    return config if text is None else text
+
+
 def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     """The ``ModelFacts`` of a transformers causal LM (or its decoder); ``ValueError`` naming
     what is missing or refused (see the module docstring); ``TypeError`` for a non-model.
@@ -187,6 +200,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         )
     decoder = _decoder(model)
     rotary = tuple(rotary_modules(decoder))
+    config = decoder_config(config)
     heads = int(_need(config, "num_attention_heads", model_type))
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
     head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
@@ -205,6 +219,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         decoder=decoder,
         rotary=rotary[0] if rotary else None,
         rotary_modules=rotary,
+        config=config,
     )
     if probe:
         facts = probe_model(model, facts)

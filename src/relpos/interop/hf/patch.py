@@ -281,6 +281,10 @@ class PatchHandle:
         # cached tokens at the start of this forward (None: not known) and of every token
         # of this forward's cache (None: not known)
         self._axis_log: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # a composite (vision-language) model: the decoder's attention modules are patched,
+        # its other towers keep their attention (None: every module is the decoder's)
+        composite = facts.config is not None and facts.config is not model.config
+        self._decoder_modules = {id(m) for m in facts.decoder.modules()} if composite else None
         self._past_axis_positions: Tensor | None = None
         self._axis_positions: Tensor | None = None
 
@@ -509,6 +513,40 @@ class PatchHandle:
             position_ids = position_ids[0]
         return position_ids
 
+    def owns(self, module: nn.Module) -> bool:
+        """Whether ``module`` is an attention module of the decoder the patch runs (a
+        vision-language model's vision tower is not)."""
+        return self._decoder_modules is None or id(module) in self._decoder_modules
+
+    def outside(
+        self,
+        module: nn.Module,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[Tensor, Any]:
+        """The attention of a module outside the decoder (a vision tower), computed by the
+        implementation the model ran before the patch."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        previous = self.previous if isinstance(self.previous, str) else "sdpa"
+        if previous == "eager" or previous not in ALL_ATTENTION_FUNCTIONS:
+            return _model_eager_attention(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                softcap=kwargs.pop("softcap", None),
+                s_aux=kwargs.pop("s_aux", None),
+                **kwargs,
+            )
+        return ALL_ATTENTION_FUNCTIONS[previous](
+            module, query, key, value, attention_mask, **kwargs
+        )
+
     def attend(
         self,
         module: nn.Module,
@@ -674,6 +712,8 @@ def _attention_function(ref: weakref.ReferenceType) -> Any:
                 "relpos.interop.hf: this attention implementation belongs to a patch that was "
                 "undone; patch the model again"
             )
+        if not handle.owns(module):  # a vision tower's attention: as before the patch
+            return handle.outside(module, query, key, value, attention_mask, **kwargs)
         return handle.attend(module, query, key, value, attention_mask, **kwargs)
 
     return relpos_attention

@@ -271,6 +271,11 @@ def _describe(pairs: list[tuple[int, int]]) -> str:
     return f"{len(pairs)} pairs {shown}{', ...' if len(pairs) > 4 else ''}"
 
 
+def _config(model: nn.Module, facts: ModelFacts) -> Any:
+    """The decoder's config (a vision-language model's text config)."""
+    return model.config if facts.config is None else facts.config
+
+
 def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | None, ...]:
     """The ``LayerRotary`` of each attention layer (None: the layer applies no RoPE); see
     the module docstring. ``ValueError`` naming the model, the layer and what was found
@@ -301,12 +306,12 @@ def _probe(
     device = next(iter(model.parameters())).device
     # the last position below the trained length: transformers' dynamic NTK goes back to its
     # base frequencies only for calls shorter than that length
-    last = int(getattr(model.config, "max_position_embeddings", 64) or 64) - 2
+    last = int(getattr(_config(model, facts), "max_position_embeddings", 64) or 64) - 2
     # near positions within the trained length: length-dependent scalings (dynamic NTK,
     # LongRoPE) then use their base frequencies, whatever the rotary module saw before
     near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
     tokens = facts.head_dim + 8
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    vocab = int(getattr(_config(model, facts), "vocab_size", 2) or 2)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (len(near) + 1, tokens), generator=gen).to(device)
     pos = torch.tensor([*near, _far_position(facts)], device=device)[:, None]
@@ -370,7 +375,7 @@ def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
         )
     rotary = list(facts.rotary_modules)
     device = next(iter(model.parameters())).device
-    last = int(getattr(model.config, "max_position_embeddings", 64) or 64) - 2
+    last = int(getattr(_config(model, facts), "max_position_embeddings", 64) or 64) - 2
     near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
     tokens = facts.head_dim + 8
     far = torch.zeros(3, 3, tokens, dtype=torch.long)
@@ -383,7 +388,7 @@ def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
     image = torch.stack([torch.full_like(grid, near[-1] // 2), grid // side, grid % side])
     close = torch.cat([close, image[:, None].clamp(max=last)], dim=1).to(device)
     far = far.to(device)
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    vocab = int(getattr(_config(model, facts), "vocab_size", 2) or 2)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, vocab, (close.shape[1] + 3, tokens), generator=gen).to(device)
     was_training = model.training
@@ -471,7 +476,7 @@ def no_rotary_reason(model: nn.Module, facts: ModelFacts) -> str:
     decoder = facts.decoder
     why = ""
     if hasattr(decoder, "rotary_emb") and decoder.rotary_emb is None:
-        kind = getattr(model.config, "position_embedding_type", "absent")
+        kind = getattr(_config(model, facts), "position_embedding_type", "absent")
         why = (
             f"; its rotary_emb is None (config position_embedding_type={kind!r})"
             if kind != "absent"
