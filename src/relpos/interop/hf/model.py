@@ -12,8 +12,11 @@ missing), the facts every part of the integration needs:
   nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``
   (an entry None, or a type the dict does not name, is a layer type without RoPE: Beam's and
   Ergo's full-attention layers, LFM-3's convolution layers);
-* the decoder (``model.get_decoder()``) and its ``rotary_emb`` module(s), which compute the
-  rotation every layer applies;
+* the decoder and its rotary module(s), which compute the rotation every layer applies,
+  found by what they are (``probe.rotary_modules``: modules that hold inverse frequencies,
+  ``*RotaryEmbedding`` classes), not by their attribute name (LFM2-MoE's ``pos_emb``;
+  ModernBERT's decoder, whose ``get_decoder()`` is its LM head); a vision-language model's
+  text decoder and its text config (``decoder_config``);
 * with ``probe=True``, how each attention layer actually rotates q and k (``probe.py``: pair
   layout, rotated channels and their place, sense of rotation, frequencies and attention
   scaling, layers without RoPE), read by running the model's own code on a known input, not
@@ -28,9 +31,10 @@ that per-position factor.
 
 It refuses, by name and with the reason, models it cannot run exactly: a model that does not
 dispatch attention through transformers' attention interface (``_supports_attention_backend``
-false: the registered function would never be called), a model without a decoder-level
-``rotary_emb``, and encoder-decoder models (attention-logit softcapping and sinks reach
-``relpos.attention`` through the attention call: ``patch``). Read against transformers 5.24.
+false: the registered function would never be called) and encoder-decoder models
+(attention-logit softcapping and sinks reach ``relpos.attention`` through the attention
+call: ``patch``). A decoder without a rotary module runs ``baseline`` only (the probe's
+refusal names why). Read against transformers 5.25.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   longrope, ... as ``relpos.rope_scaling`` computes them), the piecewise schedules
   ``"self-extend"``, ``"dca"``, ``"lm-infinite"``, other rotary variants, and biases
   (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
-  model's RoPE is switched off (a forward hook on its ``rotary_emb`` module(s) makes the
+  model's RoPE is switched off (a forward hook on its rotary module(s), found by what they
+  are: ``probe.rotary_modules``, makes the
   rotation exactly the identity: ``(cos, sin) = (1, 0)``, or the complex ``1``, so the
   model's apply function returns q and k unchanged and the cache stores raw keys) and relpos
   applies the encoding with float64 angle products.
@@ -54,9 +55,21 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   encoding for every method. One encoding per distinct layer RoPE is shared by its layers;
   learnable ones train through ``handle.parameters()``.
 
+  Multi-axis RoPE (M-RoPE; vision-language text decoders: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+  GLM-4V, Ernie 4.5 VL), whose rotary module takes position ids ``(3, B, L)`` (time,
+  height, width): the probe also reads the axis each pair follows
+  (``probe.probe_position_axes``), and ``"rope"`` runs relpos's ``m-rope`` with that
+  ``axis_of_pair`` on the positions the rotary module receives. The keys' positions cannot
+  follow from the queries' (a decoded text token's keys include an image's grid), so the
+  patch keeps, per KV cache, the positions of the tokens it holds (logged after each
+  forward; a cache the patch did not fill, or one cropped since, is refused). 1-D
+  encodings (the schedules, biases) run on text positions (equal on every axis) and refuse
+  ids that differ between axes. A composite model's other towers (the vision encoder) keep
+  the attention implementation they had.
+
 Positions: transformers passes the query positions ``position_ids (B, Lq)`` only (where the
 model does not pass them to attention, Persimmon, the positions its rotary module received
-in the same forward are used; 3-D M-RoPE ids must agree on every axis, i.e. text). Keys are
+in the same forward are used; 3-D M-RoPE ids: see above). Keys are
 contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
 ``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
 are clamped to 0 and masked. A row whose query positions do not follow from that (packed
@@ -66,11 +79,12 @@ Because the attention sees every key's position in each call, length-dependent s
 cache (transformers keeps keys rotated with the frequencies of the step that cached them).
 
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
-attention interface or have no ``rotary_emb`` (``model.inspect_model``), an additive
+attention interface (``model.inspect_model``) or have no rotary module, an additive
 ``position_bias``, attention dropout while training,
 packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
-slots are not the latest tokens in order; non-baseline methods), encodings that add to the
-token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
+slots are not the latest tokens in order; non-baseline methods; the cache layers of layers
+that never call attention, e.g. LFM2's convolutions, are not checked), encodings that add to
+the token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
 (e.g. partial rotary for an encoding without it), and a model that is already patched.
 
 Sliding windows (Mistral, Qwen2, Gemma-3 local layers) are honoured exactly: transformers'
@@ -611,7 +625,7 @@ class PatchHandle:
         if self.method != BASELINE:
             if self._rotary_calls == 0:
                 raise ValueError(
-                    f"{what}: the model's RoPE did not come from its rotary_emb module, so it "
+                    f"{what}: the model's RoPE did not come from its rotary module, so it "
                     "cannot be replaced"
                 )
             name = self._layer_key(getattr(module, "layer_idx", None))

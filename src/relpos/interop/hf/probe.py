@@ -5,9 +5,9 @@ layer) runs the model twice on a known input under a temporary attention functio
 records the ``q`` and ``k`` each layer hands to attention (and returns zeros, so every
 layer's input is the same in both runs):
 
-* once with the model's RoPE switched off (its ``rotary_emb`` returns the identity
-  rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``, ``k_raw``, what
-  ``relpos.interop.hf.patch`` receives;
+* once with the model's RoPE switched off (its rotary modules, ``rotary_modules``, return
+  the identity rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``,
+  ``k_raw``, what ``relpos.interop.hf.patch`` receives;
 * once as it is: ``q_rot``, ``k_rot``, what the model attends with.
 
 Every row of the batch sits at one position ``p`` (``0, 1, 5, 37`` and the model's last
