@@ -209,6 +209,21 @@ def test_one_dimensional_encodings_refuse_image_positions_by_name(method):
             model(input_ids=ids, position_ids=pos)
 
 
+def test_a_cache_the_model_creates_itself_keeps_the_positions_too():
+    """``use_cache=True`` without a cache: the forward creates one, and its tokens'
+    positions are kept for the next call."""
+    model = vl_model("qwen3_vl")
+    ids, pos = tokens(1, 22), image_positions(1, 22)
+    with torch.no_grad():
+        ref = model(input_ids=ids, position_ids=pos).logits[:, -1]
+        with patch(model, "rope", backend="eager"):
+            out = model(input_ids=ids[:, :-1], position_ids=pos[..., :-1], use_cache=True)
+            cache = out.get("cache", out.get("past_key_values"))
+            assert cache is not None
+            step = model(input_ids=ids[:, -1:], position_ids=pos[..., -1:], cache=cache)
+    assert relative(step.logits[:, -1], ref) <= RTOL
+
+
 def test_a_cache_the_patch_did_not_fill_is_refused_for_multi_axis_positions():
     """The keys' positions come from the forwards that filled the cache; a cache filled
     elsewhere (here: before the patch) has positions the patch cannot know."""

@@ -438,9 +438,15 @@ class PatchHandle:
     def _log_axes(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any):
         """After a forward of a multi-axis model: the positions of every token its cache
         now holds (for the keys of the next call)."""
-        cache = getattr(output, "past_key_values", None)
-        if cache is None:
-            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        cache = None
+        for source in (output, kwargs):  # the output's cache first: one the forward created
+            for name in ("cache", "past_key_values"):
+                if cache is None:
+                    cache = (
+                        source.get(name)
+                        if isinstance(source, dict)
+                        else getattr(source, name, None)
+                    )
         if cache is None:
             return
         try:
