@@ -32,6 +32,9 @@ class LayerRotary:
         num_heads: the query heads of the layer.
         permutation: channel order that turns the model's pairs into relpos's ``layout``
             (``q[..., permutation]``), None when the model's order already is relpos's.
+        axis_of_pair: for a model whose RoPE takes multi-axis positions (M-RoPE), the axis
+            (0 = time, 1 = height, 2 = width) each of relpos's pairs follows (relpos's
+            ``m-rope`` option of that name); None for 1-D RoPE.
     """
 
     layer_type: str
@@ -40,6 +43,7 @@ class LayerRotary:
     head_dim: int
     permutation: tuple[int, ...] | None = field(default=None)
     num_heads: int = 1
+    axis_of_pair: tuple[int, ...] | None = None
 
     @property
     def partial_rotary_factor(self) -> float:
@@ -53,6 +57,7 @@ class LayerRotary:
             self.head_dim,
             self.permutation,
             self.num_heads,
+            self.axis_of_pair,
         )
 
 
@@ -92,7 +97,13 @@ class ModelFacts:
 
     ``rope`` maps a layer type to its RoPE; ``per_layer_type`` says that the config keys its
     ``rope_parameters`` by ``layer_types`` (a type absent from ``rope`` has no RoPE),
-    otherwise ``rope`` holds the one RoPE of every layer under ``FULL``."""
+    otherwise ``rope`` holds the one RoPE of every layer under ``FULL``. ``rotary_modules``:
+    the decoder's modules that compute RoPE (``probe.rotary_modules``; ``rotary``: the first,
+    None when it has none). From the probe: ``layers``, ``attention_layers`` (the layers that
+    call attention), ``position_axes`` (the axes of the position ids the rotary modules
+    receive: 3 for M-RoPE) and ``axes_refusal`` (why multi-axis positions that differ
+    between axes cannot be run exactly, None when the layers' ``axis_of_pair`` state them).
+    ``config``: the decoder's config (a vision-language model's text config)."""
 
     model_type: str
     num_heads: int
@@ -102,10 +113,14 @@ class ModelFacts:
     rope: dict[str, RopeFacts]
     layer_types: tuple[str, ...]
     decoder: nn.Module = field(repr=False, compare=False)
-    rotary: nn.Module = field(repr=False, compare=False)
+    rotary: nn.Module | None = field(repr=False, compare=False)
     rotary_modules: tuple[nn.Module, ...] = field(default=(), repr=False, compare=False)
     layers: tuple[LayerRotary | None, ...] | None = None
     per_layer_type: bool = False
+    attention_layers: tuple[int, ...] | None = None
+    position_axes: int = 1
+    axes_refusal: str | None = None
+    config: Any = field(default=None, repr=False, compare=False)
 
     def layer_rotary(self, layer_idx: int | None) -> LayerRotary | None:
         """How attention layer ``layer_idx`` rotates q and k (None: no RoPE); needs the

@@ -12,8 +12,11 @@ missing), the facts every part of the integration needs:
   nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``
   (an entry None, or a type the dict does not name, is a layer type without RoPE: Beam's and
   Ergo's full-attention layers, LFM-3's convolution layers);
-* the decoder (``model.get_decoder()``) and its ``rotary_emb`` module(s), which compute the
-  rotation every layer applies;
+* the decoder and its rotary module(s), which compute the rotation every layer applies,
+  found by what they are (``probe.rotary_modules``: modules that hold inverse frequencies,
+  ``*RotaryEmbedding`` classes), not by their attribute name (LFM2-MoE's ``pos_emb``;
+  ModernBERT's decoder, whose ``get_decoder()`` is its LM head); a vision-language model's
+  text decoder and its text config (``decoder_config``);
 * with ``probe=True``, how each attention layer actually rotates q and k (``probe.py``: pair
   layout, rotated channels and their place, sense of rotation, frequencies and attention
   scaling, layers without RoPE), read by running the model's own code on a known input, not
@@ -28,21 +31,21 @@ that per-position factor.
 
 It refuses, by name and with the reason, models it cannot run exactly: a model that does not
 dispatch attention through transformers' attention interface (``_supports_attention_backend``
-false: the registered function would never be called), a model without a decoder-level
-``rotary_emb``, and encoder-decoder models (attention-logit softcapping and sinks reach
-``relpos.attention`` through the attention call: ``patch``). Read against transformers 5.24.
+false: the registered function would never be called) and encoder-decoder models
+(attention-logit softcapping and sinks reach ``relpos.attention`` through the attention
+call: ``patch``). A decoder without a rotary module runs ``baseline`` only (the probe's
+refusal names why). Read against transformers 5.25.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
 from .facts import FULL, ModelFacts, RopeFacts
-from .probe import probe_rotary, rotary_modules
+from .probe import is_rotary_module, probe_model, rotary_modules
 
 __all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
 
@@ -126,16 +129,55 @@ def _rope_per_type(config: Any) -> tuple[dict[str, RopeFacts], bool]:
     return {FULL: rope_facts(params, config)}, False
 
 
+def _has_rotary_child(module: nn.Module) -> bool:
+    return any(is_rotary_module(name, child) for name, child in module.named_children())
+
+
 def _decoder(model: nn.Module) -> nn.Module:
-    """``model.get_decoder()``, or where that has no ``rotary_emb`` (Llama-4's causal LM
-    returns itself) the shallowest submodule that has one."""
+    """The module that runs the decoder layers and computes their RoPE, found by the rotary
+    modules it holds (``probe.is_rotary_module``), not by an attribute name:
+
+    * ``model.get_decoder()`` when it holds a rotary module (a VL model's language model),
+      narrowed to its shallowest submodule that has a rotary module as a child and holds all
+      of them (Llama-4's causal LM returns itself; its ``model`` computes the RoPE);
+    * otherwise (ModernBERT's decoder returns its LM head) the shallowest module of ``model``
+      that has a rotary module as a child, the one with the most attention layers
+      (``layer_idx``) among equally shallow ones;
+    * without any rotary module, ``model.get_decoder()`` (or ``model``)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-    if isinstance(getattr(decoder, "rotary_emb", None), nn.Module):
+    if not isinstance(decoder, nn.Module):
+        decoder = model
+    rotary = rotary_modules(decoder)
+    if rotary:
+        for _, module in decoder.named_modules():
+            if _has_rotary_child(module):
+                inside = {id(m) for m in module.modules()}
+                if all(id(r) in inside for r in rotary):
+                    return module
         return decoder
-    for _, module in decoder.named_modules():
-        if isinstance(getattr(module, "rotary_emb", None), nn.Module):
-            return module
+    best: tuple[tuple[int, int], nn.Module] | None = None
+    for name, module in model.named_modules():
+        if _has_rotary_child(module):
+            layers = sum(1 for m in module.modules() if hasattr(m, "layer_idx"))
+            rank = (name.count(".") + bool(name), -layers)
+            if best is None or rank < best[0]:
+                best = (rank, module)
+    if best is not None:
+        return best[1]
     return decoder
+
+
+def decoder_config(config: Any) -> Any:
+    """The config of the decoder: a composite (vision-language) config's text config
+    (``get_text_config(decoder=True)``: Qwen2-VL's ``text_config``), else ``config``."""
+    get = getattr(config, "get_text_config", None)
+    if not callable(get):
+        return config
+    try:
+        text = get(decoder=True)
+    except TypeError:
+        text = get()
+    return config if text is None else text
 
 
 def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
@@ -161,22 +203,8 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
             "registered attention function would never run"
         )
     decoder = _decoder(model)
-    rotary = getattr(decoder, "rotary_emb", None)
-    if not isinstance(rotary, nn.Module):
-        elsewhere = sorted(
-            name
-            for name, m in decoder.named_modules()
-            if type(m).__name__.endswith("RotaryEmbedding")
-        )
-        found = (
-            f"; its RoPE module sits at {', '.join(elsewhere)}, which the patch does not hook"
-            if elsewhere
-            else ""
-        )
-        raise ValueError(
-            f"relpos.interop.hf: the {model_type} decoder has no rotary_emb module{found}; the "
-            "patch needs models whose RoPE is computed once per forward by decoder.rotary_emb"
-        )
+    rotary = tuple(rotary_modules(decoder))
+    config = decoder_config(config)
     heads = int(_need(config, "num_attention_heads", model_type))
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
     head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
@@ -193,9 +221,10 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         layer_types=layer_types,
         per_layer_type=per_layer_type,
         decoder=decoder,
-        rotary=rotary,
-        rotary_modules=tuple(rotary_modules(decoder)),
+        rotary=rotary[0] if rotary else None,
+        rotary_modules=rotary,
+        config=config,
     )
     if probe:
-        facts = replace(facts, layers=probe_rotary(model, facts))
+        facts = probe_model(model, facts)
     return facts

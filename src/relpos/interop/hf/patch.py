@@ -37,7 +37,8 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   longrope, ... as ``relpos.rope_scaling`` computes them), the piecewise schedules
   ``"self-extend"``, ``"dca"``, ``"lm-infinite"``, other rotary variants, and biases
   (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
-  model's RoPE is switched off (a forward hook on its ``rotary_emb`` module(s) makes the
+  model's RoPE is switched off (a forward hook on its rotary module(s), found by what they
+  are: ``probe.rotary_modules``, makes the
   rotation exactly the identity: ``(cos, sin) = (1, 0)``, or the complex ``1``, so the
   model's apply function returns q and k unchanged and the cache stores raw keys) and relpos
   applies the encoding with float64 angle products.
@@ -54,9 +55,21 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   encoding for every method. One encoding per distinct layer RoPE is shared by its layers;
   learnable ones train through ``handle.parameters()``.
 
+  Multi-axis RoPE (M-RoPE; vision-language text decoders: Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+  GLM-4V, Ernie 4.5 VL), whose rotary module takes position ids ``(3, B, L)`` (time,
+  height, width): the probe also reads the axis each pair follows
+  (``probe.probe_position_axes``), and ``"rope"`` runs relpos's ``m-rope`` with that
+  ``axis_of_pair`` on the positions the rotary module receives. The keys' positions cannot
+  follow from the queries' (a decoded text token's keys include an image's grid), so the
+  patch keeps, per KV cache, the positions of the tokens it holds (logged after each
+  forward; a cache the patch did not fill, or one cropped since, is refused). 1-D
+  encodings (the schedules, biases) run on text positions (equal on every axis) and refuse
+  ids that differ between axes. A composite model's other towers (the vision encoder) keep
+  the attention implementation they had.
+
 Positions: transformers passes the query positions ``position_ids (B, Lq)`` only (where the
 model does not pass them to attention, Persimmon, the positions its rotary module received
-in the same forward are used; 3-D M-RoPE ids must agree on every axis, i.e. text). Keys are
+in the same forward are used; 3-D M-RoPE ids: see above). Keys are
 contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
 ``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
 are clamped to 0 and masked. A row whose query positions do not follow from that (packed
@@ -66,11 +79,12 @@ Because the attention sees every key's position in each call, length-dependent s
 cache (transformers keeps keys rotated with the frequencies of the step that cached them).
 
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
-attention interface or have no ``rotary_emb`` (``model.inspect_model``), an additive
+attention interface (``model.inspect_model``) or have no rotary module, an additive
 ``position_bias``, attention dropout while training,
 packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
-slots are not the latest tokens in order; non-baseline methods), encodings that add to the
-token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
+slots are not the latest tokens in order; non-baseline methods; the cache layers of layers
+that never call attention, e.g. LFM2's convolutions, are not checked), encodings that add to
+the token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
 (e.g. partial rotary for an encoding without it), and a model that is already patched.
 
 Sliding windows (Mistral, Qwen2, Gemma-3 local layers) are honoured exactly: transformers'
@@ -175,6 +189,10 @@ class _PositionMemo:
 def _encoding_for(
     method: str, facts: ModelFacts, spec: LayerRotary, options: dict[str, Any]
 ) -> Encoding:
+    extra: dict[str, Any] = {}
+    if method == "rope" and spec.axis_of_pair is not None:
+        # M-RoPE: relpos's m-rope with the probed axis of every pair (positions (B, L, 3))
+        method, extra = "m-rope", {"axis_of_pair": spec.axis_of_pair}
     cls = encoding_class(method)
     if cls.adds_to_input:
         raise ValueError(
@@ -187,7 +205,7 @@ def _encoding_for(
             f"method {method!r} reads per-call inputs ({names}), which a transformers model "
             "does not pass"
         )
-    if cls.dims != 1:
+    if cls.dims != 1 and not extra:
         raise ValueError(
             f"method {method!r} takes {cls.dims}-D positions; transformers decoders give 1-D "
             "position_ids"
@@ -213,6 +231,7 @@ def _encoding_for(
                 )
             continue
         full[key] = value
+    full.update(extra)
     full.update(options)
     return create(method, num_heads=spec.num_heads, head_dim=spec.head_dim, **full)
 
@@ -272,6 +291,16 @@ class PatchHandle:
         self._hooks: list[Any] = []
         self._rotary_calls = 0
         self._positions = _PositionMemo()
+        # multi-axis (M-RoPE) positions: those of the tokens each KV cache holds, of the
+        # cached tokens at the start of this forward (None: not known) and of every token
+        # of this forward's cache (None: not known)
+        self._axis_log: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # a composite (vision-language) model: the decoder's attention modules are patched,
+        # its other towers keep their attention (None: every module is the decoder's)
+        composite = facts.config is not None and facts.config is not model.config
+        self._decoder_modules = {id(m) for m in facts.decoder.modules()} if composite else None
+        self._past_axis_positions: Tensor | None = None
+        self._axis_positions: Tensor | None = None
 
     # -------------------------------------------------------------- lifecycle
     def _install(self) -> None:
@@ -287,11 +316,15 @@ class PatchHandle:
         if self.method != BASELINE:
             self._hooks = [
                 module.register_forward_hook(self._identity_rotation, with_kwargs=True)
-                for module in self.facts.rotary_modules or (self.facts.rotary,)
+                for module in self.facts.rotary_modules
             ]
             self._hooks.append(
                 self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True)
             )
+            if self.facts.position_axes > 1:
+                self._hooks.append(
+                    self.facts.decoder.register_forward_hook(self._log_axes, with_kwargs=True)
+                )
         try:
             self.model.set_attn_implementation(self.name)
             if self.model.config._attn_implementation != self.name:
@@ -365,49 +398,174 @@ class PatchHandle:
 
     # -------------------------------------------------------------- the hooks
     def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        """Refuse caches whose keys are not the latest ``Lk`` tokens in order (static and
-        indexed caches keep fixed slots, so key positions would not follow from the queries')."""
+        """Refuse caches whose attention layers' keys are not the latest ``Lk`` tokens in
+        order (static and indexed caches keep fixed slots, so key positions would not follow
+        from the queries'); the cache layers of layers that never call attention (LFM2's
+        short convolutions: ``LinearAttentionLayer``) hold no keys and are not checked. For
+        a multi-axis model: the positions of the tokens the cache already holds."""
         from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
 
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        for layer in getattr(cache, "layers", None) or ():
+        layers = list(getattr(cache, "layers", None) or ())
+        attention = self.facts.attention_layers
+        if attention is not None and len(layers) == self.facts.num_layers:
+            layers = [layers[i] for i in attention]
+        for layer in layers:
             if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
                 raise ValueError(
                     f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
                     f"({type(layer).__name__}) is not supported; its key slots are not the "
                     "latest tokens in order. Use the default DynamicCache, or method='baseline'"
                 )
+        self._rotary_positions = None
+        if self.facts.position_axes > 1:
+            self._axis_positions = None
+            self._past_axis_positions = self._cached_axis_positions(cache, layers)
+
+    def _cached_axis_positions(self, cache: Any, layers: list[Any]) -> Tensor | None:
+        """The multi-axis positions ``(A, B, n)`` of the ``n`` tokens ``cache`` holds (an
+        empty tensor for an empty cache); None when they are not known (a cache filled
+        outside this patch, or cropped since)."""
+        seen = max((int(layer.get_seq_length()) for layer in layers), default=0)
+        if cache is None or seen == 0:
+            return torch.zeros(self.facts.position_axes, 1, 0, dtype=torch.long)
+        try:
+            logged = self._axis_log.get(cache)
+        except TypeError:  # an unhashable cache object
+            return None
+        return logged if logged is not None and logged.shape[-1] == seen else None
+
+    def _log_axes(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any):
+        """After a forward of a multi-axis model: the positions of every token its cache
+        now holds (for the keys of the next call)."""
+        cache = None
+        for source in (output, kwargs):  # the output's cache first: one the forward created
+            for name in ("cache", "past_key_values"):
+                if cache is None:
+                    cache = (
+                        source.get(name)
+                        if isinstance(source, dict)
+                        else getattr(source, name, None)
+                    )
+        if cache is None:
+            return
+        try:
+            if self._axis_positions is None:
+                self._axis_log.pop(cache, None)
+            else:
+                self._axis_log[cache] = self._axis_positions
+        except TypeError:  # an unhashable cache object: its positions cannot be kept
+            pass
 
     def _identity_rotation(
         self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
     ) -> Any:
         """The rotary module's rotation replaced by the identity (``probe.identity_rotation``:
         the model's apply function then returns q and k unchanged; relpos rotates instead);
-        the positions it was asked for are kept for attention calls without position_ids."""
+        the positions it was asked for are kept for attention calls without position_ids,
+        and, in a multi-axis model, for the keys of later calls."""
         out = identity_rotation(output, type(module).__name__)
         position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
         if torch.is_tensor(position_ids):
             self._rotary_positions = position_ids
+            if self.facts.position_axes > 1:
+                self._axis_positions = self._joined_axis_positions(position_ids)
         self._rotary_calls += 1
         return out
 
+    def _joined_axis_positions(self, position_ids: Tensor) -> Tensor | None:
+        """The cached tokens' multi-axis positions followed by this forward's ``(A, B, L)``
+        (1-D ids: the same on every axis); None when the cached ones are not known."""
+        axes = self.facts.position_axes
+        current = position_ids.to(torch.int64)
+        if current.dim() == 2:
+            current = current[None].expand(axes, -1, -1)
+        past = self._past_axis_positions
+        if past is None or current.dim() != 3 or current.shape[0] != axes:
+            return None
+        if past.shape[-1] == 0:
+            return current
+        batch = max(past.shape[1], current.shape[1])
+        if {past.shape[1], current.shape[1]} - {1, batch}:
+            return None
+        past, current = past.expand(-1, batch, -1), current.expand(-1, batch, -1)
+        return torch.cat([past.to(current.device), current], dim=-1)
+
+    def _axis_call_positions(self, batch: int, lq: int, lk: int) -> tuple[Tensor, Tensor]:
+        """``(q_pos (B, Lq, 3), k_pos (B, Lk, 3))`` of an attention call of relpos's m-rope:
+        the keys are the ``Lk`` latest tokens of the cache, the queries its last ``Lq``."""
+        positions = self._axis_positions
+        what = f"relpos.interop.hf method {self.method!r}"
+        if positions is None or positions.shape[-1] < lk:
+            raise ValueError(
+                f"{what}: the multi-axis (M-RoPE) positions of the cached keys are not known "
+                "(a cache filled outside this patch, or cropped or reordered since); pass the "
+                "cache this patch filled, or use method='baseline'"
+            )
+        keys = positions[..., positions.shape[-1] - lk :].permute(1, 2, 0)
+        keys = keys.expand(batch, -1, -1)
+        return keys[:, lk - lq :], keys
+
     def _position_ids(self, kwargs: dict[str, Any]) -> Tensor:
         """The query positions of an attention call: its ``position_ids``, else those the
-        rotary module received in this forward; 3-D (M-RoPE) ids must agree on every axis."""
+        rotary module received in this forward. Multi-axis (M-RoPE) ids must agree on every
+        axis (text), also where the model hands attention 1-D text positions while its rotary
+        module turns by the multi-axis ones (Qwen2-VL's 4-row ids)."""
         position_ids = kwargs.get("position_ids")
-        if position_ids is None:
-            position_ids = self._rotary_positions
+        rotary = self._rotary_positions
         what = f"relpos.interop.hf method {self.method!r}"
+        for ids in (rotary, position_ids):
+            if torch.is_tensor(ids) and ids.dim() == 3 and not bool((ids == ids[:1]).all()):
+                why = (
+                    f" ({self.facts.axes_refusal})"
+                    if self.method == "rope" and self.facts.axes_refusal
+                    else ": relpos's m-rope runs them for method 'rope' only"
+                )
+                raise ValueError(
+                    f"{what}: multi-axis (M-RoPE) position_ids that differ between axes "
+                    f"(image or video tokens) are not 1-D positions{why}"
+                )
+        if position_ids is None:
+            position_ids = rotary
         if position_ids is None:
             raise ValueError(f"{what}: the model passed no position_ids to attention")
         if position_ids.dim() == 3:
-            if not bool((position_ids == position_ids[:1]).all()):
-                raise ValueError(
-                    f"{what}: multi-axis (M-RoPE) position_ids that differ between axes "
-                    "(image or video tokens) are not 1-D positions"
-                )
             position_ids = position_ids[0]
         return position_ids
+
+    def owns(self, module: nn.Module) -> bool:
+        """Whether ``module`` is an attention module of the decoder the patch runs (a
+        vision-language model's vision tower is not)."""
+        return self._decoder_modules is None or id(module) in self._decoder_modules
+
+    def outside(
+        self,
+        module: nn.Module,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[Tensor, Any]:
+        """The attention of a module outside the decoder (a vision tower), computed by the
+        implementation the model ran before the patch."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        previous = self.previous if isinstance(self.previous, str) else "sdpa"
+        if previous == "eager" or previous not in ALL_ATTENTION_FUNCTIONS:
+            return _model_eager_attention(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                softcap=kwargs.pop("softcap", None),
+                s_aux=kwargs.pop("s_aux", None),
+                **kwargs,
+            )
+        return ALL_ATTENTION_FUNCTIONS[previous](
+            module, query, key, value, attention_mask, **kwargs
+        )
 
     def attend(
         self,
@@ -473,7 +631,7 @@ class PatchHandle:
         if self.method != BASELINE:
             if self._rotary_calls == 0:
                 raise ValueError(
-                    f"{what}: the model's RoPE did not come from its rotary_emb module, so it "
+                    f"{what}: the model's RoPE did not come from its rotary module, so it "
                     "cannot be replaced"
                 )
             name = self._layer_key(getattr(module, "layer_idx", None))
@@ -484,9 +642,12 @@ class PatchHandle:
                 if perm is not None:  # the model's pairs in relpos's layout (q and k alike)
                     perm = perm.to(query.device)
                     query, key = query[..., perm], key[..., perm]
-                q_pos, k_pos = self._positions.get(
-                    self._position_ids(kwargs), query.shape[0], lq, lk, mask, self.method
-                )
+                if encoding.dims > 1:  # M-RoPE: relpos's m-rope on the logged positions
+                    q_pos, k_pos = self._axis_call_positions(query.shape[0], lq, lk)
+                else:
+                    q_pos, k_pos = self._positions.get(
+                        self._position_ids(kwargs), query.shape[0], lq, lk, mask, self.method
+                    )
         out = attention(
             query,
             key,
@@ -571,6 +732,8 @@ def _attention_function(ref: weakref.ReferenceType) -> Any:
                 "relpos.interop.hf: this attention implementation belongs to a patch that was "
                 "undone; patch the model again"
             )
+        if not handle.owns(module):  # a vision tower's attention: as before the patch
+            return handle.outside(module, query, key, value, attention_mask, **kwargs)
         return handle.attend(module, query, key, value, attention_mask, **kwargs)
 
     return relpos_attention

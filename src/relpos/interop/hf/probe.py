@@ -5,9 +5,9 @@ layer) runs the model twice on a known input under a temporary attention functio
 records the ``q`` and ``k`` each layer hands to attention (and returns zeros, so every
 layer's input is the same in both runs):
 
-* once with the model's RoPE switched off (its ``rotary_emb`` returns the identity
-  rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``, ``k_raw``, what
-  ``relpos.interop.hf.patch`` receives;
+* once with the model's RoPE switched off (its rotary modules, ``rotary_modules``, return
+  the identity rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``,
+  ``k_raw``, what ``relpos.interop.hf.patch`` receives;
 * once as it is: ``q_rot``, ``k_rot``, what the model attends with.
 
 Every row of the batch sits at one position ``p`` (``0, 1, 5, 37`` and the model's last
@@ -36,9 +36,11 @@ state exactly raises ``ValueError`` naming the model, the layer and what was fou
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -46,19 +48,56 @@ from torch import Tensor, nn
 
 from .facts import LayerRotary, ModelFacts
 
-__all__ = ["LayerRotary", "probe_rotary", "identity_rotation", "rotary_modules", "PROBE_POSITIONS"]
+__all__ = [
+    "LayerRotary",
+    "probe_rotary",
+    "probe_model",
+    "probe_position_axes",
+    "identity_rotation",
+    "rotary_modules",
+    "is_rotary_module",
+    "holds_inverse_frequencies",
+    "PROBE_POSITIONS",
+]
 
 #: the positions the probe places its rows at (the model's last trained position is added)
 PROBE_POSITIONS = (0, 1, 5, 37)
 
 
+def holds_inverse_frequencies(module: nn.Module) -> bool:
+    """Whether ``module`` keeps RoPE's inverse frequencies itself: a tensor (buffer or plain
+    attribute) whose name ends in ``inv_freq`` (transformers' rotary modules: ``inv_freq``;
+    ModernBERT's decoder: ``{layer_type}_inv_freq``)."""
+    own = itertools.chain(module._buffers.items(), vars(module).items())
+    return any(name.endswith("inv_freq") and torch.is_tensor(value) for name, value in own)
+
+
+def is_rotary_module(name: str, module: nn.Module) -> bool:
+    """Whether the submodule ``name`` computes RoPE, judged by what it is, not where it sits:
+    it holds inverse frequencies (``holds_inverse_frequencies``), its class is a
+    ``*RotaryEmbedding``, or it is named ``rotary_emb``. transformers 5.25 also keeps them
+    under other names: LFM2-MoE's ``pos_emb``; ModernBERT's decoder, whose ``get_decoder()``
+    is its LM head."""
+    return (
+        name.rsplit(".", 1)[-1] == "rotary_emb"
+        or type(module).__name__.endswith("RotaryEmbedding")
+        or holds_inverse_frequencies(module)
+    )
+
+
 def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
-    """The modules that compute the decoder's RoPE: ``decoder.rotary_emb`` and any other
-    submodule named ``rotary_emb`` (per-layer rotary modules)."""
+    """The modules under ``decoder`` that compute its RoPE (``is_rotary_module``; the
+    outermost of nested ones): the decoder's own rotary module and per-layer ones (Moshi,
+    DeepSeek-V4's compressors). Whether each returns a rotation the patch can switch off is
+    checked when it runs (``identity_rotation``)."""
     found: list[nn.Module] = []
+    inside: list[str] = []
     for name, module in decoder.named_modules():
-        if name.rsplit(".", 1)[-1] == "rotary_emb" and module not in found:
+        if not name or any(name.startswith(prefix) for prefix in inside):
+            continue
+        if is_rotary_module(name, module) and all(module is not m for m in found):
             found.append(module)
+            inside.append(name + ".")
     return found
 
 
@@ -104,9 +143,24 @@ def _capture(model: nn.Module, records: list[tuple[Any, Tensor, Tensor]]) -> Ite
         AttentionMaskInterface._global_mapping.pop(name, None)
 
 
-def _run(model, ids, pos, rotary: list[nn.Module], identity: bool):
+def _received_positions(args: tuple, kwargs: dict[str, Any]) -> Tensor | None:
+    """The ``position_ids`` a rotary module was called with (``forward(x, position_ids)``)."""
+    position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+    return position_ids if torch.is_tensor(position_ids) else None
+
+
+def _run(model, ids, pos, rotary: list[nn.Module], identity: bool, seen: list | None = None):
+    """The ``(layer_idx, q, k)`` records of one forward; ``seen`` collects the position ids
+    the rotary modules received."""
     records: list[tuple[Any, Tensor, Tensor]] = []
     hooks = []
+    if seen is not None:
+        for module in rotary:
+            hooks.append(
+                module.register_forward_pre_hook(
+                    lambda m, a, kw: seen.append(_received_positions(a, kw)), with_kwargs=True
+                )
+            )
     if identity:
         for module in rotary:
             where = type(module).__name__
@@ -217,27 +271,47 @@ def _describe(pairs: list[tuple[int, int]]) -> str:
     return f"{len(pairs)} pairs {shown}{', ...' if len(pairs) > 4 else ''}"
 
 
+def _config(model: nn.Module, facts: ModelFacts) -> Any:
+    """The decoder's config (a vision-language model's text config)."""
+    return model.config if facts.config is None else facts.config
+
+
 def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | None, ...]:
     """The ``LayerRotary`` of each attention layer (None: the layer applies no RoPE); see
     the module docstring. ``ValueError`` naming the model, the layer and what was found
     when relpos's ``rope`` cannot reproduce a layer's rotation exactly."""
+    return _probe(model, facts)[0]
+
+
+def probe_model(model: nn.Module, facts: ModelFacts) -> ModelFacts:
+    """``facts`` with what the model's own code shows: each attention layer's rotation
+    (``probe_rotary``), which layers call attention, and, for a model whose rotary module
+    receives multi-axis position ids (M-RoPE: ``(3, B, L)``), the axis each rotated pair
+    follows (``probe_position_axes``)."""
+    layers, attention_layers, axes = _probe(model, facts)
+    facts = replace(facts, layers=layers, attention_layers=attention_layers, position_axes=axes)
+    return probe_position_axes(model, facts) if axes > 1 else facts
+
+
+def _probe(
+    model: nn.Module, facts: ModelFacts
+) -> tuple[tuple[LayerRotary | None, ...], tuple[int, ...], int]:
+    """The layers' rotations, the attention layers and the number of position axes the
+    rotary modules received (1: ``(B, L)`` ids)."""
     from ...encodings.registry import create
 
-    rotary = rotary_modules(facts.decoder)
+    rotary = list(facts.rotary_modules)
     if not rotary:
-        raise ValueError(
-            f"relpos.interop.hf: the {facts.model_type} decoder has no rotary_emb module; the "
-            "patch replaces the RoPE a rotary_emb module computes"
-        )
+        raise ValueError(no_rotary_reason(model, facts))
     device = next(iter(model.parameters())).device
     # the last position below the trained length: transformers' dynamic NTK goes back to its
     # base frequencies only for calls shorter than that length
-    last = int(getattr(model.config, "max_position_embeddings", 64) or 64) - 2
+    last = int(getattr(_config(model, facts), "max_position_embeddings", 64) or 64) - 2
     # near positions within the trained length: length-dependent scalings (dynamic NTK,
     # LongRoPE) then use their base frequencies, whatever the rotary module saw before
     near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
     tokens = facts.head_dim + 8
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    vocab = int(getattr(_config(model, facts), "vocab_size", 2) or 2)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (len(near) + 1, tokens), generator=gen).to(device)
     pos = torch.tensor([*near, _far_position(facts)], device=device)[:, None]
@@ -248,9 +322,10 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
     try:
         # the far row alone: length-dependent scalings (dynamic NTK) read the largest position
         # of a call, so it must not set the frequencies of the near rows
+        seen: list[Tensor | None] = []
         runs = {
             identity: [
-                _layer_of(_run(model, ids[rows], pos[rows], rotary, identity), facts)
+                _layer_of(_run(model, ids[rows], pos[rows], rotary, identity, seen=seen), facts)
                 for rows in (slice(0, len(near)), slice(len(near), None))
             ]
             for identity in (True, False)
@@ -271,7 +346,147 @@ def probe_rotary(model: nn.Module, facts: ModelFacts) -> tuple[LayerRotary | Non
             out.append(None)  # no attention in this layer (a recurrent / linear layer)
             continue
         out.append(_probe_layer(facts, layer, raw[layer], rot[layer], pos, create))
-    return tuple(out)
+    axes = max((int(p.shape[0]) for p in seen if p is not None and p.dim() == 3), default=1)
+    return tuple(out), tuple(sorted(raw)), axes
+
+
+def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
+    """The axis (0 = time, 1 = height, 2 = width: the rows of the model's ``(3, B, L)``
+    position ids) each rotated pair of each layer follows, read from the model's own code as
+    ``probe_rotary`` reads its rotation, into ``LayerRotary.axis_of_pair`` (relpos's
+    ``m-rope``, whose pair ``p`` turns by ``pos[axis_of_pair[p]] * theta_p``: Qwen2-VL's
+    sections, Qwen3-VL's interleaved cycle, Ernie 4.5 VL's alternation; M-RoPE is Wang et al.
+    2024, "Qwen2-VL", arXiv:2409.12191).
+
+    One row per axis sits at the far position on that axis and 0 on the others: the pairs
+    that turn in it follow that axis. Then relpos's ``m-rope`` with those axes and the
+    layer's probed options must reproduce the model's q and k at near positions that differ
+    between axes (constant rows and an image-like grid). Where it cannot (or the model
+    takes other than 3 axes), ``facts.axes_refusal`` says why, and the patch refuses position
+    ids that differ between axes; text positions (equal on every axis) stay exact."""
+    from ...encodings.registry import create
+
+    name = f"relpos.interop.hf: {facts.model_type}"
+    if facts.position_axes != 3:
+        return replace(
+            facts,
+            axes_refusal=f"{name}'s rotary module takes {facts.position_axes} position axes; "
+            "relpos's m-rope takes 3 (time, height, width)",
+        )
+    rotary = list(facts.rotary_modules)
+    device = next(iter(model.parameters())).device
+    last = int(getattr(_config(model, facts), "max_position_embeddings", 64) or 64) - 2
+    near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
+    tokens = facts.head_dim + 8
+    far = torch.zeros(3, 3, tokens, dtype=torch.long)
+    for axis in range(3):
+        far[axis, axis] = _far_position(facts)
+    grid = torch.arange(tokens)
+    rows = [[near[(i + shift) % len(near)] for i in range(3)] for shift in range(1, len(near) + 1)]
+    close = torch.tensor(rows)[:, :, None].expand(-1, -1, tokens).permute(1, 0, 2).clone()
+    side = max(2, int(math.isqrt(tokens)))  # an image-like grid: one time, rows, columns
+    image = torch.stack([torch.full_like(grid, near[-1] // 2), grid // side, grid % side])
+    close = torch.cat([close, image[:, None].clamp(max=last)], dim=1).to(device)
+    far = far.to(device)
+    vocab = int(getattr(_config(model, facts), "vocab_size", 2) or 2)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (close.shape[1] + 3, tokens), generator=gen).to(device)
+    was_training = model.training
+    model.eval()
+    saved = [_rotary_state(module) for module in rotary]
+    try:
+        runs = {
+            identity: [
+                _layer_of(_run(model, ids[:3], far, rotary, identity), facts),
+                _layer_of(_run(model, ids[3:], close, rotary, identity), facts),
+            ]
+            for identity in (True, False)
+        }
+    except (RuntimeError, ValueError) as err:
+        return replace(facts, axes_refusal=f"{name} does not run on (3, B, L) position ids ({err})")
+    finally:
+        model.train(was_training)
+        for module, state in zip(rotary, saved, strict=True):
+            _restore(module, state)
+    layers = list(facts.layers or ())
+    for layer, spec in enumerate(layers):
+        if spec is None:
+            continue
+        what = f"{name} layer {layer}"
+        (q_far, _), (q_far_rot, _) = runs[True][0][layer], runs[False][0][layer]
+        axes = _axes_of_pairs(spec, q_far, q_far_rot, what)
+        if isinstance(axes, str):
+            return replace(facts, axes_refusal=axes)
+        options = facts.rope[spec.layer_type].options()
+        options.update(layout=spec.layout, partial_rotary_factor=spec.partial_rotary_factor)
+        try:
+            enc = create(
+                "m-rope",
+                num_heads=spec.num_heads,
+                head_dim=spec.head_dim,
+                axis_of_pair=axes,
+                **options,
+            )
+        except (TypeError, ValueError) as err:
+            return replace(facts, axes_refusal=f"{what}: relpos's m-rope refuses ({err})")
+        (q_raw, k_raw), (q_rot, k_rot) = runs[True][1][layer], runs[False][1][layer]
+        tol = max(_tolerance(q_rot), _tolerance(k_rot))
+        pos = close.permute(1, 2, 0)  # (B, L, 3), relpos's m-rope positions
+        every = slice(0, pos.shape[0])
+        err = _rotation_error(enc.to(q_raw.device), spec, q_raw, q_rot, k_raw, k_rot, pos, every)
+        if not err <= tol:
+            return replace(
+                facts,
+                axes_refusal=f"{what}: relpos's m-rope with the probed pair axes "
+                f"{_describe_axes(axes)} differs from the model's multi-axis rotation by "
+                f"{err:.3g} (tolerance {tol:.3g})",
+            )
+        layers[layer] = replace(spec, axis_of_pair=tuple(axes))
+    return replace(facts, layers=tuple(layers))
+
+
+def _axes_of_pairs(spec: LayerRotary, raw: Tensor, rot: Tensor, what: str) -> list[int] | str:
+    """The axis of each of relpos's pairs (in ``spec``'s layout after its permutation): row
+    ``a`` of ``raw`` / ``rot`` is at the far position on axis ``a`` only. A refusal (str)
+    where a pair turns with no axis or with several."""
+    perm = list(spec.permutation) if spec.permutation is not None else list(range(raw.shape[-1]))
+    tol = _tolerance(rot)
+    moved = (rot[..., perm] - raw[..., perm]).abs().amax(dim=(1, 2)) > tol  # (3, D)
+    half = spec.rotary_dim // 2
+    axes: list[int] = []
+    for p in range(half):
+        a, b = (p, p + half) if spec.layout == "half" else (2 * p, 2 * p + 1)
+        turning = [axis for axis in range(3) if bool(moved[axis, a] or moved[axis, b])]
+        if len(turning) != 1:
+            return (
+                f"{what}: rotated pair {p} turns with position axes {turning}, not with one; "
+                "relpos's m-rope turns each pair by one axis"
+            )
+        axes.append(turning[0])
+    return axes
+
+
+def _describe_axes(axes: list[int]) -> str:
+    return "".join("THW"[a] for a in axes)
+
+
+def no_rotary_reason(model: nn.Module, facts: ModelFacts) -> str:
+    """The refusal of a model whose decoder has no rotary module (``rotary_modules``): its
+    layers get no RoPE the patch could replace."""
+    decoder = facts.decoder
+    why = ""
+    if hasattr(decoder, "rotary_emb") and decoder.rotary_emb is None:
+        kind = getattr(_config(model, facts), "position_embedding_type", "absent")
+        why = (
+            f"; its rotary_emb is None (config position_embedding_type={kind!r})"
+            if kind != "absent"
+            else "; its rotary_emb is None"
+        )
+    return (
+        f"relpos.interop.hf: the {facts.model_type} model computes no RoPE: its decoder "
+        f"({type(decoder).__name__}) has no rotary module (no submodule holds inverse "
+        f"frequencies, inv_freq, or is a *RotaryEmbedding){why}, so there is no RoPE to replace"
+    )
 
 
 def _far_position(facts: ModelFacts) -> int:
