@@ -264,6 +264,18 @@ def partial_rotary_factors(cfg) -> list[float]:
     return [float(f) for f in found if isinstance(f, (int, float)) and 0 < f < 1]
 
 
+def _set_partial_rotary_factor(cfg, factor: float) -> None:
+    """``factor`` as the config's ``partial_rotary_factor`` and in every ``rope_parameters``
+    dict that states one."""
+    if _has(cfg, "partial_rotary_factor"):
+        cfg.partial_rotary_factor = factor
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict):
+        for params in [v for v in rope.values() if isinstance(v, dict)] or [rope]:
+            if "partial_rotary_factor" in params:
+                params["partial_rotary_factor"] = factor
+
+
 def even_rotary_head_dim(head_dim: int, factors: list[float]) -> int:
     """The smallest head size from ``head_dim`` up (in steps of 16) whose rotary part
     ``int(head_dim * f)`` is even and at least 2 for every factor. A shrunk head of 16 with
@@ -296,7 +308,12 @@ def tiny_config(model_type: str):
     for sub_config in vars(cfg).values():  # nested configs (DBRX's FFN): the same sizes
         if hasattr(sub_config, "to_dict") and hasattr(sub_config, "hidden_size"):
             _shrink(sub_config, {}, SIZES)
-    if _has(cfg, "qk_rope_head_dim"):
+    if _has(cfg, "qk_rope_head_dim") and not _has(cfg, "qk_nope_head_dim"):
+        # the rotary part is derived, int(head_dim * partial_rotary_factor) (DeepSeek-V4:
+        # 64 of 512 channels): the factor that keeps the shrunk rotary part in the shrunk
+        # head, wherever the config states it (else 16 * 64/512 rotates 2 channels)
+        _set_partial_rotary_factor(cfg, cfg.qk_rope_head_dim / cfg.head_dim)
+    elif _has(cfg, "qk_rope_head_dim"):
         cfg.head_dim = cfg.qk_rope_head_dim  # multi-head latent attention: the rotary part
         if "qk_head_dim" in vars(cfg) and _has(cfg, "qk_nope_head_dim"):
             cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
