@@ -4,10 +4,14 @@
 tiny random config (its default config, shrunk: 4 heads of 16 channels, 2 key-value heads,
 vocabulary 128, one layer per distinct per-layer setting, sliding windows and attention chunks
 of 8; a composite config gives the text sub-config its class takes, MoE counts a default
-leaves None are set, latent-attention head sizes stay consistent, nested configs shrink too,
-and ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason, the few default
-configs that cannot build a model as they are) and checks it (``check_family``) on a
-left-padded batch with KV-cache decoding:
+leaves None are set, latent-attention head sizes stay consistent, a ``partial_rotary_factor``
+derived from the head (``qk_rope_head_dim / head_dim``) follows the shrunk sizes, sizes set per
+layer (``per_layer_config``) are cut alike, nested configs shrink too, and
+``DEFAULT_ARGUMENTS`` / ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason,
+the few default configs that cannot build a model as they are) and checks it
+(``check_family``) on a left-padded batch with KV-cache decoding (in the model's own cache
+class where it refuses others, MiniMax's); drafters of speculative decoding
+(``STANDALONE_REFUSALS``) are built and recorded as not runnable on their own:
 
 * ``baseline``: the patched model's logits equal the unpatched model's bit for bit;
 * ``rope`` (backend ``eager``): relpos recomputes the model's own RoPE from the probed facts;
