@@ -46,8 +46,10 @@ def test_the_gemma4_assistant_default_config_builds():
     assert cfg.text_config.hidden_size_per_layer_input == 0
 
 
-def _deepseek_v4(same_base: bool):
+def _deepseek_v4(same_base: bool, layer_types: list[str] | None = None):
     cfg = hf_families.tiny_config("deepseek_v4")
+    if layer_types is not None:
+        cfg.layer_types = layer_types
     if same_base:  # one base for both rope labels: what the config read cannot tell apart
         cfg.rope_parameters["compress"]["rope_theta"] = cfg.rope_parameters["main"]["rope_theta"]
         cfg.compress_rope_theta = cfg.rope_theta
@@ -61,10 +63,16 @@ def _deepseek_v4(same_base: bool):
 def test_the_probe_reads_deepseek_v4s_last_channel_pairs():
     """Interleaved pairs in the last 8 of 16 channels: read from the model as relpos's
     half layout over the permuted head (pairs (8, 9), (10, 11), ... first), the first 8
-    channels passing through."""
-    layer = inspect_model(_deepseek_v4(same_base=True), probe=True).layers[0]
-    assert (layer.layout, layer.rotary_dim) == ("half", 8)
-    assert layer.permutation == (8, 10, 12, 14, 9, 11, 13, 15, *range(8))
+    channels passing through. Heavily compressed layers only (one compressed key per 128
+    tokens: none in the probe's rows); a compressed-sparse layer (one per 4) appends
+    compressed keys, which the probe refuses by name."""
+    hca = ["heavily_compressed_attention"] * 4
+    layers = inspect_model(_deepseek_v4(same_base=True, layer_types=hca), probe=True).layers
+    for layer in layers:
+        assert (layer.layout, layer.rotary_dim) == ("half", 8)
+        assert layer.permutation == (8, 10, 12, 14, 9, 11, 13, 15, *range(8))
+    with pytest.raises(ValueError, match="layer 2: attends with .* not one per token"):
+        inspect_model(_deepseek_v4(same_base=True), probe=True)
 
 
 @pytest.mark.slow

@@ -297,6 +297,13 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
     head_dim = q_raw.shape[-1]
     if k_raw.shape[-1] != head_dim:
         raise ValueError(f"{what}: q has {head_dim} channels and k {k_raw.shape[-1]}")
+    tokens = pos.shape[-1]
+    if q_raw.shape[-2] != tokens or k_raw.shape[-2] != tokens:
+        raise ValueError(
+            f"{what}: attends with {k_raw.shape[-2]} keys for {tokens} tokens, keys that are "
+            "not one per token (the model appends keys of its own, e.g. DeepSeek-V4's "
+            "compressed keys), whose positions relpos cannot know"
+        )
     tol = max(_tolerance(q_rot), _tolerance(k_rot))
     moved = ((q_rot - q_raw).abs().amax(dim=(0, 1, 2)) > tol) | (
         (k_rot - k_raw).abs().amax(dim=(0, 1, 2)) > tol
