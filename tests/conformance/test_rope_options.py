@@ -206,6 +206,43 @@ def test_layout_is_honoured_or_refused_by_name(name):
         )
 
 
+@pytest.mark.parametrize("name", ROTARY)
+def test_rotary_channels_last_is_honoured_or_refused_by_name(name):
+    """``rotary_channels="last"`` with half the channels rotated: the first half passes
+    through, and the rotation is the ``"first"`` encoding's on the head with its halves
+    swapped (q, k and, for encodings that rotate them, values and outputs). Encodings that
+    do not declare the option (the sectioned m-D RoPEs) are not asked."""
+    if "rotary_channels" not in encoding_class(name).option_specs:
+        return
+    first = _honoured_or_refused(name, "partial_rotary_factor", partial_rotary_factor=0.5)
+    if first is None:
+        return
+    last = _honoured_or_refused(
+        name, "rotary_channels", rotary_channels="last", partial_rotary_factor=0.5
+    )
+    if last is None:
+        return
+    first.load_state_dict(last.state_dict())
+    q, k = _qk()
+    pos = torch.arange(L)[None]
+    swap = torch.cat((torch.arange(D // 2, D), torch.arange(D // 2)))
+    back = torch.argsort(swap)
+    qr, kr = last.rotate_qk(q, k, pos, pos)
+    q_first, k_first = first.rotate_qk(q[..., swap], k[..., swap], pos, pos)
+    torch.testing.assert_close(qr, q_first[..., back], rtol=0, atol=0)
+    torch.testing.assert_close(kr, k_first[..., back], rtol=0, atol=0)
+    assert torch.equal(qr[..., : D // 2], q[..., : D // 2])
+    assert torch.equal(kr[..., : D // 2], k[..., : D // 2])
+    if last.rotates_values:
+        for role in ("v", "o"):
+            torch.testing.assert_close(
+                last.rotate(q, pos, role),
+                first.rotate(q[..., swap], pos, role)[..., back],
+                rtol=0,
+                atol=0,
+            )
+
+
 def test_the_rotary_encodings_of_this_package_are_covered():
     """The test above is not vacuous: the RoPE variants are in it."""
     assert {"rope", "xpos", "hope", "p-rope", "lerope", "rove", "harope", "complexformer"} <= set(

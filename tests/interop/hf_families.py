@@ -4,10 +4,14 @@
 tiny random config (its default config, shrunk: 4 heads of 16 channels, 2 key-value heads,
 vocabulary 128, one layer per distinct per-layer setting, sliding windows and attention chunks
 of 8; a composite config gives the text sub-config its class takes, MoE counts a default
-leaves None are set, latent-attention head sizes stay consistent, nested configs shrink too,
-and ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason, the few default
-configs that cannot build a model as they are) and checks it (``check_family``) on a
-left-padded batch with KV-cache decoding:
+leaves None are set, latent-attention head sizes stay consistent, a ``partial_rotary_factor``
+derived from the head (``qk_rope_head_dim / head_dim``) follows the shrunk sizes, sizes set per
+layer (``per_layer_config``) are cut alike, nested configs shrink too, and
+``DEFAULT_ARGUMENTS`` / ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason,
+the few default configs that cannot build a model as they are) and checks it
+(``check_family``) on a left-padded batch with KV-cache decoding (in the model's own cache
+class where it refuses others, MiniMax's); drafters of speculative decoding
+(``STANDALONE_REFUSALS``) are built and recorded as not runnable on their own:
 
 * ``baseline``: the patched model's logits equal the unpatched model's bit for bit;
 * ``rope`` (backend ``eager``): relpos recomputes the model's own RoPE from the probed facts;
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import signal
 import sys
 import warnings
@@ -197,6 +202,40 @@ DEFAULT_OVERRIDES = {
     "qwen4_exp_text": _override_qwen4_exp,
     "gemma3n_text": _override_gemma3n_text,
 }
+#: Gemma-4's speculative-decoding assistant validates that its text config has no per-layer
+#: inputs, MoE block or double-wide MLP, which the default Gemma-4 text config has
+_GEMMA4_ASSISTANT_TEXT = dict(
+    hidden_size_per_layer_input=0,
+    vocab_size_per_layer_input=0,
+    enable_moe_block=False,
+    use_double_wide_mlp=False,
+)
+#: model type -> keyword arguments its default config cannot be built without (reason above)
+DEFAULT_ARGUMENTS = {"gemma4_assistant": dict(text_config=_GEMMA4_ASSISTANT_TEXT)}
+#: model type -> why its tiny model cannot run the walk's check on its own: drafters of
+#: speculative decoding attend only to the key-value states of a target model
+#: (``shared_kv_states``, every layer kv-shared), which a standalone tiny model has none of
+STANDALONE_REFUSALS = {
+    t: (
+        "a speculative-decoding assistant: its forward needs a target model's "
+        "shared_kv_states (every layer reads the target's keys), no decoding of its own"
+    )
+    for t in ("gemma4_assistant", "gemma4_unified_assistant")
+}
+
+
+def _own_cache(model):
+    """The KV cache the walk decodes with: the model's own cache class where it refuses
+    others (MiniMax's ``MiniMaxCache``), else a ``DynamicCache`` of its config."""
+    from transformers import DynamicCache
+
+    if model.config.model_type == "minimax":
+        from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+        return MiniMaxCache()
+    return DynamicCache(config=model.config)
+
+
 #: model type -> applied to the shrunk config (returns the config to use, or None: the same)
 SHRUNK_OVERRIDES = {
     "zamba2": _rederived,
@@ -212,7 +251,7 @@ def default_config(model_type: str):
     import transformers
     from transformers import CONFIG_MAPPING
 
-    cfg = CONFIG_MAPPING[model_type]()
+    cfg = CONFIG_MAPPING[model_type](**DEFAULT_ARGUMENTS.get(model_type, {}))
     cls = getattr(transformers, dict(families()).get(model_type, ""), None)
     wanted = getattr(cls, "config_class", None)
     if wanted is not None and not isinstance(cfg, wanted):
@@ -264,6 +303,82 @@ def partial_rotary_factors(cfg) -> list[float]:
     return [float(f) for f in found if isinstance(f, (int, float)) and 0 < f < 1]
 
 
+def _rotary_share(cfg) -> float | None:
+    """``qk_rope_head_dim / head_dim`` where the config has both (None otherwise): a
+    ``partial_rotary_factor`` equal to it is derived from the two sizes (DeepSeek-V4: 64 of
+    512, dots3: 64 of 256), and must follow them when they shrink."""
+    if _has(cfg, "qk_rope_head_dim") and _has(cfg, "head_dim"):
+        return cfg.qk_rope_head_dim / cfg.head_dim
+    return None
+
+
+def _rescale_derived_factors(cfg, share: float | None) -> None:
+    """Every ``partial_rotary_factor`` of the config (its own and those of its
+    ``rope_parameters``) that was the default's ``share`` set to the shrunk config's, so the
+    shrunk rotary part ``int(head_dim * p)`` stays ``qk_rope_head_dim`` (else 16 * 64/512
+    rotates 2 channels, or 1)."""
+    new = _rotary_share(cfg)
+    if share is None or new is None:
+        return
+    if _has(cfg, "partial_rotary_factor") and math.isclose(cfg.partial_rotary_factor, share):
+        cfg.partial_rotary_factor = new
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict):
+        for params in [v for v in rope.values() if isinstance(v, dict)] or [rope]:
+            factor = params.get("partial_rotary_factor")
+            if isinstance(factor, (int, float)) and math.isclose(factor, share):
+                params["partial_rotary_factor"] = new
+
+
+def _explicit_per_layer(cfg) -> dict[int, dict]:
+    """The per-layer overrides of a heterogeneous config (transformers' ``per_layer_config``),
+    every attribute of each overridden layer, by layer index."""
+    from transformers.integrations.heterogeneity.configuration_utils import (
+        _get_explicit_per_layer_overrides,
+    )
+
+    return {int(i): dict(v) for i, v in _get_explicit_per_layer_overrides(cfg).items()}
+
+
+def homogeneous(cfg):
+    """A heterogeneous config (sizes set per layer through ``per_layer_config``: dots3's
+    sliding-window layers have other head counts, latent ranks and head sizes) built again
+    from its global values with the per-layer overrides of the sizes the walker shrinks
+    dropped: shrinking gives every layer the same tiny sizes, so those overrides would only
+    repeat them. Other per-layer overrides stay. Where an overridden layer's head is its
+    nope and rope parts (``head_dim = qk_nope_head_dim + qk_rope_head_dim``, which dots3
+    validates for its sliding layers), the config is marked so that the shrunk head keeps
+    that relation (``_HEAD_IS_NOPE_PLUS_ROPE``)."""
+    sized = set(SIZES) | set(OPTIONAL_SIZES) | {"head_dim", "num_hidden_layers"}
+    layers = _explicit_per_layer(cfg)
+    split_head = any(
+        {"head_dim", "qk_nope_head_dim", "qk_rope_head_dim"} <= set(o)
+        and o["head_dim"] == o["qk_nope_head_dim"] + o["qk_rope_head_dim"]
+        for o in layers.values()
+    )
+    kept = {i: {k: v for k, v in o.items() if k not in sized} for i, o in layers.items()}
+    kept = {i: o for i, o in kept.items() if o}
+    values = cfg.to_dict()
+    values.pop("per_layer_config", None)
+    # the global sizes shrunk before the config is built again: its validation holds every
+    # layer, the formerly overridden ones included, to the relations of the tiny sizes
+    for key, value in {**SIZES, **OPTIONAL_SIZES}.items():
+        if value is not None and (key in SIZES or values.get(key) is not None):
+            values[key] = value
+    if split_head:
+        values["head_dim"] = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
+    if values.get("kv_lora_rank") is not None:
+        values["num_key_value_heads"] = values["num_attention_heads"]  # latent keys
+    rebuilt = type(cfg)(**values, per_layer_config=kept)
+    if split_head:
+        rebuilt.__dict__[_HEAD_IS_NOPE_PLUS_ROPE] = True
+    return rebuilt
+
+
+#: marks a config whose shrunk head must be its nope plus rope parts (``homogeneous``)
+_HEAD_IS_NOPE_PLUS_ROPE = "_walker_head_is_nope_plus_rope"
+
+
 def even_rotary_head_dim(head_dim: int, factors: list[float]) -> int:
     """The smallest head size from ``head_dim`` up (in steps of 16) whose rotary part
     ``int(head_dim * f)`` is even and at least 2 for every factor. A shrunk head of 16 with
@@ -280,13 +395,16 @@ def tiny_config(model_type: str):
     cfg = default_config(model_type)
     if model_type in DEFAULT_OVERRIDES:
         DEFAULT_OVERRIDES[model_type](cfg)
-    per_layer_sizes = [k for k in OPTIONAL_SIZES if _per_layer_guard(cfg, k)]
-    if per_layer_sizes:
-        raise NotImplementedError(
-            f"a heterogeneous config: {', '.join(per_layer_sizes)} set per layer (per-layer "
-            "overrides), which the walker's shrinking does not cut"
-        )
+    if any(_per_layer_guard(cfg, k) for k in OPTIONAL_SIZES):
+        cfg = homogeneous(cfg)  # sizes set per layer: cut them all alike
     depth = getattr(cfg, "num_hidden_layers", None)
+    share = _rotary_share(cfg)
+    split_head = cfg.__dict__.get(_HEAD_IS_NOPE_PLUS_ROPE, False) or (
+        _has(cfg, "qk_nope_head_dim")
+        and _has(cfg, "qk_rope_head_dim")
+        and _has(cfg, "head_dim")
+        and cfg.head_dim == cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    )
     _shrink(cfg, SIZES, OPTIONAL_SIZES)
     if any(_has(cfg, key) for key in MOE_MARKERS):
         _shrink(cfg, {}, {k: v for k, v in MOE_COUNTS.items() if k in vars(cfg)})
@@ -296,10 +414,16 @@ def tiny_config(model_type: str):
     for sub_config in vars(cfg).values():  # nested configs (DBRX's FFN): the same sizes
         if hasattr(sub_config, "to_dict") and hasattr(sub_config, "hidden_size"):
             _shrink(sub_config, {}, SIZES)
-    if _has(cfg, "qk_rope_head_dim"):
-        cfg.head_dim = cfg.qk_rope_head_dim  # multi-head latent attention: the rotary part
-        if "qk_head_dim" in vars(cfg) and _has(cfg, "qk_nope_head_dim"):
+    if _has(cfg, "qk_rope_head_dim") and _has(cfg, "qk_nope_head_dim"):
+        # multi-head latent attention: the head is the rotary part (DeepSeek-V3), or the
+        # nope and rope parts where the default's head is their sum (dots3)
+        rope_part = cfg.qk_rope_head_dim
+        cfg.head_dim = cfg.qk_nope_head_dim + rope_part if split_head else rope_part
+        if "qk_head_dim" in vars(cfg):
             cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    # a rotary width derived from the head (DeepSeek-V4 rotates int(head_dim * 64/512)):
+    # the factor that keeps the shrunk rotary part in the shrunk head
+    _rescale_derived_factors(cfg, share)
     if _has(cfg, "kv_lora_rank"):
         cfg.num_key_value_heads = cfg.num_attention_heads  # latent keys: one per query head
     elif _has(cfg, "head_dim"):
@@ -354,6 +478,8 @@ def build(model_type: str, class_name: str):
     torch.manual_seed(0)
     model = cls(cfg).float().eval()
     model.generation_config.pad_token_id = 0
+    if model_type in STANDALONE_REFUSALS:
+        raise NotImplementedError(STANDALONE_REFUSALS[model_type])
     return model
 
 
@@ -371,11 +497,9 @@ def _inputs():
 def _forward_and_decode(model, batch, mask, pos):
     """``(full, steps)``: logits of the full forward, and of the last ``STEPS`` positions
     decoded one at a time with the KV cache after a prefill of the rest."""
-    from transformers import DynamicCache
-
     with torch.no_grad():
         full = model(batch, attention_mask=mask, position_ids=pos).logits
-        cache = DynamicCache(config=model.config)
+        cache = _own_cache(model)
         start = LENGTH - STEPS
         model(
             batch[:, :start],

@@ -17,6 +17,10 @@ float32 frequencies must agree to float32 rounding and its rotations to float32 
 * ``fope.py``: ``"default"`` with ``use_fope`` (FoPE, ``FourierRotaryEmbedding``), the
   per-KV-head cos / sin cache read through vLLM's ``(T * Hkv, H / Hkv, D)`` view; 0.34.0 pads
   the clipped pairs' sin with 1, vLLM's main branch (read in vllm-project/vllm) with 0.
+* ``deepseek_scaling_rope.py``: ``DeepseekV4ScalingRotaryEmbedding`` (``"deepseek_yarn"``
+  with ``is_deepseek_v4``, as ``models/deepseek_v4``'s ``build_deepseek_v4_rope`` asks for
+  it): GPT-J pairs over the *last* ``rotary_dim`` channels, and ``forward(..., inverse=True)``,
+  the rotation by minus the angle.
 """
 
 from __future__ import annotations
@@ -498,3 +502,111 @@ def test_fope_is_vllms_fourier_rotary_embedding(
     )
     np.testing.assert_allclose(q_out[0].transpose(0, 1).numpy(), q_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(k_out[0].transpose(0, 1).numpy(), k_ref, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ deepseek-v4
+
+
+def _vllm_deepseek_yarn(dim, base, factor, ramp_length, *, beta_fast=32, beta_slow=1):
+    """``DeepseekScalingRotaryEmbedding._compute_inv_freq`` (extrapolation factor 1): YaRN's
+    blend over ``rotary_dim``, the ramp from the ``original_max_position_embeddings``."""
+    return _vllm_yarn(dim, base, factor, ramp_length, beta_fast=beta_fast, beta_slow=beta_slow)
+
+
+def _vllm_v4_rotate(x: np.ndarray, angles: np.ndarray, scale: float, inverse: bool):
+    """``DeepseekV4ScalingRotaryEmbedding.forward_native``: GPT-J pairs ``(2i, 2i+1)`` of the
+    last ``r = 2 * angles.shape[-1]`` channels of ``x`` (``rope_dim_offset = head_size -
+    rotary_dim``) rotated by the cache's ``cos * mscale``, ``sin * mscale``; ``inverse``
+    negates sin; the leading channels pass through."""
+    r = 2 * angles.shape[-1]
+    keep, rot = x[..., : x.shape[-1] - r], x[..., x.shape[-1] - r :]
+    cos, sin = np.cos(angles) * scale, np.sin(angles) * scale
+    if inverse:
+        sin = -sin
+    x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    out = np.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).reshape(rot.shape)
+    return np.concatenate((keep, out), -1)
+
+
+#: DeepSeek-V4's compressed-attention RoPE, shrunk: ``compress_rope_theta`` 160000, YaRN
+#: factor 16 over a ramp of 256 positions, 16 of 64 channels (the model: 64 of 512);
+#: ``build_deepseek_v4_rope`` sets ``mscale = mscale_all_dim = 0`` (cos/sin unscaled)
+V4_HEAD, V4_ROPE, V4_BASE, V4_FACTOR, V4_RAMP = 64, 16, 160000.0, 16.0, 256
+
+
+def _v4_scaling(mscale: float) -> dict:
+    return {
+        "rope_type": "deepseek_yarn",
+        "factor": V4_FACTOR,
+        "original_max_position_embeddings": V4_RAMP,
+        "mscale": mscale,
+        "mscale_all_dim": 0.0,
+    }
+
+
+def _v4(name: str, mscale: float) -> relpos.Encoding:
+    return relpos.create(
+        name,
+        num_heads=2,
+        head_dim=V4_HEAD,
+        base=V4_BASE,
+        layout="interleaved",
+        partial_rotary_factor=V4_ROPE / V4_HEAD,
+        rotary_channels="last",
+        scaling=_v4_scaling(mscale),
+    )
+
+
+@pytest.mark.parametrize("mscale", [0.0, 1.0])
+def test_deepseek_v4_rotates_the_last_channels_in_gptj_pairs(mscale: float) -> None:
+    """q and k: relpos's ``rope`` with ``rotary_channels="last"``, ``layout="interleaved"``
+    and the ``deepseek_yarn`` dict is vLLM's ``forward(positions, q, k)``."""
+    expected_freq = _vllm_deepseek_yarn(V4_ROPE, V4_BASE, V4_FACTOR, V4_RAMP)
+    enc = _v4("rope", mscale)
+    _close(enc.inv_freq, expected_freq, YARN_RTOL)
+    scale = _mscale(V4_FACTOR, mscale)  # / yarn_get_mscale(s, mscale_all_dim = 0) = 1
+    assert enc.attention_factor == pytest.approx(scale, rel=1e-12)
+    q, k = _qk(V4_HEAD, POSITIONS.shape[1]), _qk(V4_HEAD, POSITIONS.shape[1], seed=1)
+    angles = POSITIONS[0].double().numpy()[:, None] * expected_freq[None]
+    q_rot, k_rot = enc.rotate_qk(q, k, POSITIONS, POSITIONS)
+    for mine, raw in ((q_rot, q), (k_rot, k)):
+        expected = _vllm_v4_rotate(raw.double().numpy(), angles, scale, inverse=False)
+        np.testing.assert_allclose(mine.double().numpy(), expected, rtol=0, atol=ATOL_ROT)
+        assert torch.equal(mine[..., : V4_HEAD - V4_ROPE], raw[..., : V4_HEAD - V4_ROPE])
+
+
+def test_deepseek_v4_inverse_is_rove_output_rotation() -> None:
+    """``forward(positions, x, inverse=True)`` (the model's output, whose values are its
+    rotated keys) is RoVE's output rotation ``rotate(x, pos, "o")`` = ``R(pos)^T x``, and
+    RoVE's value rotation is the forward one; without mscale (the model's) the two undo
+    each other."""
+    expected_freq = _vllm_deepseek_yarn(V4_ROPE, V4_BASE, V4_FACTOR, V4_RAMP)
+    enc = _v4("rove", 0.0)
+    x = _qk(V4_HEAD, POSITIONS.shape[1], seed=2)
+    angles = POSITIONS[0].double().numpy()[:, None] * expected_freq[None]
+    for role, inverse in (("v", False), ("o", True)):
+        expected = _vllm_v4_rotate(x.double().numpy(), angles, 1.0, inverse=inverse)
+        mine = enc.rotate(x, POSITIONS, role)
+        np.testing.assert_allclose(mine.double().numpy(), expected, rtol=0, atol=ATOL_ROT)
+    back = enc.rotate(enc.rotate(x, POSITIONS, "v"), POSITIONS, "o")
+    torch.testing.assert_close(back, x, rtol=0, atol=1e-6)
+
+
+def test_deepseek_v4_pinned_values() -> None:
+    """The first rotated pair (channels 48, 49 of 64) turns at frequency 1 (YaRN keeps the
+    fastest pairs): the unit vector on channel 48 at position 3 becomes (cos 3, sin 3), and
+    (cos 3, -sin 3) rotated back; the slowest pair is interpolated, 160000^(-14/16) / 16."""
+    enc = _v4("rove", 0.0)
+    assert float(enc.inv_freq[-1]) == pytest.approx(1.7469281074217108e-06, rel=RTOL)
+    x = torch.zeros(1, 1, 1, V4_HEAD)
+    x[..., V4_HEAD - V4_ROPE] = 1.0
+    pos = torch.tensor([[3]])
+    forward = enc.rotate(x, pos, "v")[0, 0, 0]
+    inverse = enc.rotate(x, pos, "o")[0, 0, 0]
+    first = V4_HEAD - V4_ROPE
+    assert forward[first].item() == pytest.approx(-0.9899924966004454, abs=1e-6)
+    assert forward[first + 1].item() == pytest.approx(0.1411200080598672, abs=1e-6)
+    assert inverse[first + 1].item() == pytest.approx(-0.1411200080598672, abs=1e-6)
+    others = torch.ones(V4_HEAD, dtype=torch.bool)
+    others[first : first + 2] = False
+    assert not forward[others].any() and not inverse[others].any()

@@ -210,11 +210,13 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(
         "vLLM",
         '`"deepseek_yarn"` with `is_deepseek_v4` (`DeepseekV4ScalingRotaryEmbedding`)',
-        "-",
-        "not supported: rotates the last `rotary_dim` channels of the head (relpos's partial "
-        "rotary rotates the first), and its forward takes `inverse=True` to rotate by minus "
-        "the angle, a call no relpos encoding has",
-        supported=False,
+        '`rope`, `layout="interleaved"`, `rotary_channels="last"`, '
+        "`partial_rotary_factor=rotary_dim / head_size`, "
+        '`scaling={"rope_type": "deepseek_yarn", ...}`; '
+        '`forward(..., inverse=True)` is `rove`\'s output rotation `rotate(x, pos, "o")` (the '
+        "model's values are its rotated keys, its output is rotated back)",
+        _VLLM + "; transformers' `deepseek_v4` `apply_rotary_pos_emb` and its shared key-value "
+        "attention (tests/oracle/test_oracle_hf_deepseek_v4_rope.py)",
     ),
     Convention(
         "vLLM",

@@ -6,7 +6,8 @@ each channel pair of q and k is rotated by ``p * theta_i``, ``theta_i = base^(-2
 ``<R(m) q, R(n) k> = <q, R(n - m) k>`` depends on the distance only.
 
 ``RoPE`` declares the common options once, in its signature (``base``, ``layout``,
-``partial_rotary_factor``, ``scaling``, ``max_position_embeddings``); every subclass takes
+``partial_rotary_factor``, ``rotary_channels``, ``scaling``, ``max_position_embeddings``);
+every subclass takes
 them as ``**rope_options`` and passes them on (so it inherits their specs), or refuses one
 it cannot honour (``option_overrides = {name: Refused(reason)}``). Subclasses change RoPE
 through three hooks, so every option composes with them:
@@ -99,6 +100,7 @@ def scaling_option(
 ROPE_BASE = Float(above=1.0, doc="rope_theta")
 ROPE_LAYOUT = Choice(("half", "interleaved"), doc="channel pairing")
 ROPE_PARTIAL_ROTARY_FACTOR = Float(above=0.0, maximum=1.0, doc="fraction of rotated channels")
+ROPE_ROTARY_CHANNELS = Choice(("first", "last"), doc="where the rotated channels sit in the head")
 ROPE_SCALING = scaling_option()
 ROPE_MAX_POSITION_EMBEDDINGS = Int(optional=True, doc="the model's trained length")
 
@@ -135,8 +137,15 @@ class RoPE(Encoding):
         base: ``rope_theta`` (10000).
         layout: ``"half"`` pairs ``(x_i, x_{i+r/2})`` (GPT-NeoX / HF Llama) or
             ``"interleaved"`` pairs ``(x_{2i}, x_{2i+1})`` (RoFormer, GPT-J, Meta Llama).
-        partial_rotary_factor: rotate the first ``r = int(head_dim * p)`` channels with
-            frequencies spread over ``r`` (GPT-NeoX convention); the rest pass through.
+        partial_rotary_factor: rotate ``r = int(head_dim * p)`` channels with frequencies
+            spread over ``r`` (GPT-NeoX convention); the rest pass through.
+        rotary_channels: ``"first"``: the rotated channels are the first ``r`` of the head
+            (GPT-NeoX, HF Llama, Phi); ``"last"``: the last ``r``, the head laid out
+            ``[pass-through | rotated]`` (DeepSeek-V4: transformers' ``deepseek_v4``
+            ``apply_rotary_pos_emb``, vLLM's ``DeepseekV4ScalingRotaryEmbedding`` in
+            ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py``). Only
+            encodings that rotate through RoPE's own ``cos_sin`` / ``rotate`` path honour
+            ``"last"`` (rope, its frequency variants, RoVE); the others refuse it by name.
         scaling: an HF ``rope_scaling`` / ``rope_parameters`` dict (``relpos.rope_scaling``:
             linear, ntk, dynamic, yarn, llama3, longrope, proportional).
         max_position_embeddings: the model-config length HF reads besides the dict (dynamic
@@ -165,6 +174,7 @@ class RoPE(Encoding):
         base: Annotated[float, ROPE_BASE] = 10000.0,
         layout: Annotated[str, ROPE_LAYOUT] = "half",
         partial_rotary_factor: Annotated[float, ROPE_PARTIAL_ROTARY_FACTOR] = 1.0,
+        rotary_channels: Annotated[str, ROPE_ROTARY_CHANNELS] = "first",
         scaling: Annotated[dict | None, ROPE_SCALING] = None,
         max_position_embeddings: Annotated[int | None, ROPE_MAX_POSITION_EMBEDDINGS] = None,
     ) -> None:
@@ -172,6 +182,13 @@ class RoPE(Encoding):
         self.base = base
         self.layout = layout
         self.partial_rotary_factor = partial_rotary_factor
+        if rotary_channels == "last" and not self._rotates_through_rope():
+            raise ValueError(
+                f"rotary_channels='last' is not supported by {type(self).__name__}: it rotates "
+                "q and k its own way, on the first channels of the head; use "
+                "rotary_channels='first'"
+            )
+        self.rotary_channels = rotary_channels
         self.scaling = scaling
         self.max_position_embeddings = max_position_embeddings
         self.length_dependent = is_length_dependent(scaling)
@@ -273,6 +290,8 @@ class RoPE(Encoding):
         self._check_qk(q, k)
         q_cs = self.cos_sin(q_pos, seq_len)
         k_cs = q_cs if same_positions(q_pos, k_pos) else self.cos_sin(k_pos, seq_len)
+        if self.rotary_channels == "last":
+            return self._rotate_channels(q, *q_cs), self._rotate_channels(k, *k_cs)
         return rotate_pair(q, k, q_cs, k_cs, self.layout)
 
     def _check_head_dim(self, x: Tensor, role: str, what: str = "head_dim") -> None:
@@ -292,7 +311,24 @@ class RoPE(Encoding):
     ) -> Tensor:
         """``x`` rotated by ``R(pos)`` (``R(pos)^T`` with ``inverse``), ``cos_sin``'s angles."""
         cos, sin = self.cos_sin(pos, seq_len)
-        return rotate_pairs(x, cos, -sin if inverse else sin, self.layout)
+        return self._rotate_channels(x, cos, -sin if inverse else sin)
+
+    def _rotate_channels(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``rotate_pairs`` on the rotated channels of ``x``: its first ``r = 2 *
+        cos.shape[-1]``, or with ``rotary_channels="last"`` its last ``r``."""
+        keep = x.shape[-1] - 2 * cos.shape[-1]
+        if self.rotary_channels == "first" or keep == 0:
+            return rotate_pairs(x, cos, sin, self.layout)
+        rotated = rotate_pairs(x[..., keep:], cos, sin, self.layout)
+        return torch.cat((x[..., :keep], rotated), dim=-1)
+
+    @classmethod
+    def _rotates_through_rope(cls) -> bool:
+        """Whether every rotation of the class goes through ``_rotate_at`` /
+        ``_rotate_channels`` (it keeps RoPE's ``rotate_qk``, ``_rotate_at`` and piecewise
+        and per-call hooks; an overridden ``rotate`` may call them, as RoVE's does)."""
+        own = ("rotate_qk", "_rotate_at", "_rotate_channels", "pieces", "prepare_rotary")
+        return all(getattr(cls, name) is getattr(RoPE, name) for name in own)
 
     def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
         if role not in ("q", "k"):

@@ -512,6 +512,13 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
     head_dim = q_raw.shape[-1]
     if k_raw.shape[-1] != head_dim:
         raise ValueError(f"{what}: q has {head_dim} channels and k {k_raw.shape[-1]}")
+    tokens = pos.shape[-1]
+    if q_raw.shape[-2] != tokens or k_raw.shape[-2] != tokens:
+        raise ValueError(
+            f"{what}: attends with {k_raw.shape[-2]} keys for {tokens} tokens, keys that are "
+            "not one per token (the model appends keys of its own, e.g. DeepSeek-V4's "
+            "compressed keys), whose positions relpos cannot know"
+        )
     tol = max(_tolerance(q_rot), _tolerance(k_rot))
     moved = ((q_rot - q_raw).abs().amax(dim=(0, 1, 2)) > tol) | (
         (k_rot - k_raw).abs().amax(dim=(0, 1, 2)) > tol
@@ -571,10 +578,57 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
                 f"{layout!r}, {spec.rotary_dim}/{head_dim} channels"
                 f"{', permuted' if permutation else ''})",
             )
+    turns = _turns_at_position_one(raw_qk, rot_qk, pos, pairs)
+    measured = ""
+    if turns is not None:
+        mine = _config_turns(create, base_options, head_dim, len(pairs))
+        measured = (
+            f"; at position 1 the model turns its pairs by {_show(turns)} rad, relpos's rope "
+            f"with the config's RoPE for layer type {layer_type!r} by {_show(mine)}"
+        )
     raise ValueError(
         f"{what}: {best[1]} differs from the model's rotation by {best[0]:.3g} (tolerance "
-        f"{tol:.3g}); found {_describe(pairs)}. The model's RoPE is not one relpos computes"
+        f"{tol:.3g}); found {_describe(pairs)}{measured}. The model's RoPE is not one relpos "
+        "computes"
     )
+
+
+def _show(values: list[float]) -> str:
+    shown = ", ".join(f"{v:.4g}" for v in values[:4])
+    return f"[{shown}{', ...' if len(values) > 4 else ''}]"
+
+
+def _config_turns(create, base_options: dict, head_dim: int, num_pairs: int) -> list[float]:
+    """The angles (rad) by which relpos's rope with the config's options turns its pairs from
+    one position to the next, fastest first, over the model's ``2 * num_pairs`` channels."""
+    options = dict(base_options, partial_rotary_factor=2 * num_pairs / head_dim)
+    try:
+        enc = create("rope", num_heads=1, head_dim=head_dim, **options)
+    except ValueError:
+        enc = create("rope", num_heads=1, head_dim=head_dim, **base_options)
+    return [float(f) for f in enc.inv_freq]
+
+
+def _turns_at_position_one(raw_qk, rot_qk, pos, pairs) -> list[float] | None:
+    """The angle (rad, in ``(-pi, pi]``) by which the model turns each pair ``(a, b)`` (``a'
+    = a cos - b sin``, ``b' = a sin + b cos``) at position 1, from a least-squares fit over
+    the q and k of the row at that position, in the order of the pairs; None without such a
+    row. What the model computes, for a refusal to name next to what relpos would."""
+    rows = torch.nonzero(pos[:, 0] == 1).flatten()
+    if rows.numel() == 0:
+        return None
+    row = int(rows[0])
+    raw = torch.cat([t[row].flatten(0, 1) for t in raw_qk]).double()
+    rot = torch.cat([t[row].flatten(0, 1) for t in rot_qk]).double()
+    turns = []
+    for a, b in pairs:
+        lhs = torch.cat(
+            (torch.stack((raw[:, a], -raw[:, b]), -1), torch.stack((raw[:, b], raw[:, a]), -1))
+        )
+        rhs = torch.cat((rot[:, a], rot[:, b]))[:, None]
+        cos, sin = torch.linalg.lstsq(lhs, rhs).solution.flatten().tolist()
+        turns.append(math.atan2(sin, cos))
+    return turns
 
 
 def _turning_channels(enc) -> int:
