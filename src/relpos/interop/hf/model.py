@@ -41,6 +41,7 @@ from typing import Any
 
 from torch import nn
 
+from .dispatch import check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
 from .probe import probe_rotary, rotary_modules
 
@@ -154,12 +155,6 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         raise ValueError(
             f"relpos.interop.hf runs decoder-only models; {model_type} is an encoder-decoder"
         )
-    if not getattr(type(model), "_supports_attention_backend", False):
-        raise ValueError(
-            f"relpos.interop.hf: {type(model).__name__} does not dispatch attention through "
-            "transformers' attention interface (_supports_attention_backend is False), so a "
-            "registered attention function would never run"
-        )
     decoder = _decoder(model)
     rotary = getattr(decoder, "rotary_emb", None)
     if not isinstance(rotary, nn.Module):
@@ -196,6 +191,8 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         rotary=rotary,
         rotary_modules=tuple(rotary_modules(decoder)),
     )
+    # what the layers do, not transformers' _supports_attention_backend flag (dispatch.py)
+    check_attention_dispatch(model, facts.rotary_modules or (rotary,), model_type)
     if probe:
         facts = replace(facts, layers=probe_rotary(model, facts))
     return facts

@@ -366,11 +366,15 @@ class PatchHandle:
     # -------------------------------------------------------------- the hooks
     def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         """Refuse caches whose keys are not the latest ``Lk`` tokens in order (static and
-        indexed caches keep fixed slots, so key positions would not follow from the queries')."""
-        from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+        indexed caches keep fixed slots, so key positions would not follow from the queries');
+        cache layers that hold no keys (the convolution / recurrent state of a hybrid's linear
+        attention or Mamba layers: ``LinearAttentionLayer``, ``DummyLayer``) are not checked."""
+        from transformers.cache_utils import CacheLayerMixin, DynamicIndexedLayer, DynamicLayer
 
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         for layer in getattr(cache, "layers", None) or ():
+            if not isinstance(layer, CacheLayerMixin):
+                continue  # no keys
             if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
                 raise ValueError(
                     f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
