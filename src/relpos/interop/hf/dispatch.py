@@ -16,9 +16,10 @@ it from the model's own code instead: it runs the model twice on a short input u
 temporary attention function that returns zeros (``probe._capture``), once as it is and once
 with its rotary modules returning the identity rotation. When attention is only reached through
 the interface, every attention output is zero in both runs and nothing else reads the rotation,
-so the two runs agree everywhere. Where they differ, the first module (in the order modules
-finish) whose output differs sits in a layer that uses the rotation outside the interface; the
-check names its nearest enclosing attention layer (a module with ``layer_idx``) and refuses.
+so the model's output is the same in both runs (inside a layer, q and k after RoPE differ, and
+so may what a layer computes from them on the way to the interface: NanoChat normalizes q and
+k after RoPE). Where the output differs, the check refuses and names the first layer (a module
+with ``layer_idx``, in the order they finish) whose output differs.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def _first_tensor(output: Any) -> Tensor | None:
 def _outputs(
     model: nn.Module, ids: Tensor, pos: Tensor, rotary: Sequence[nn.Module], identity: bool
 ) -> tuple[list[tuple[str, Tensor]], int]:
-    """The output of every module in the order modules finish (rotary modules left out), and
-    the number of attention-interface calls, with every interface call returning zeros."""
+    """The outputs of the model (name ``""``) and of its layers (modules with a ``layer_idx``,
+    rotary modules left out) in the order they finish, and the number of attention-interface
+    calls, with every interface call returning zeros."""
     rotary_ids = {id(m) for m in rotary}
     finished: list[tuple[str, Tensor]] = []
     hooks = []
@@ -69,7 +71,7 @@ def _outputs(
         return hook
 
     for name, module in model.named_modules():
-        if id(module) not in rotary_ids:
+        if id(module) not in rotary_ids and (not name or hasattr(module, "layer_idx")):
             hooks.append(module.register_forward_hook(keep(name)))
     for module in rotary:
         if identity:
@@ -131,20 +133,19 @@ def check_attention_dispatch(
         )
     finally:
         model.train(was_training)
-    for (name, a), (other, b) in zip(normal, switched, strict=False):
-        if name != other:
-            break  # the runs took different paths: reported below with the first module
-        if _differs(a, b):
-            where = _attention_layer(model, name)
-            raise ValueError(
-                f"relpos.interop.hf: {where} of the {model_type} model uses its RoPE outside "
-                f"transformers' attention interface (with every interface call returning zeros, "
-                f"its output still changes with the rotation; {calls} interface calls seen), so "
-                "it computes attention itself and a registered attention function would neither "
-                "see nor replace its RoPE"
-            )
     if [n for n, _ in normal] != [n for n, _ in switched]:
         raise ValueError(
-            f"relpos.interop.hf: the {model_type} model runs different modules with and without "
+            f"relpos.interop.hf: the {model_type} model runs different layers with and without "
             "its RoPE, so where it uses the rotation cannot be checked"
         )
+    if not normal or not _differs(normal[-1][1], switched[-1][1]):
+        return  # the rotation reaches the output (the last to finish) only through the interface
+    changed = [name for (name, a), (_, b) in zip(normal, switched, strict=True) if _differs(a, b)]
+    where = _attention_layer(model, changed[0]) if changed[0] else "a module outside its layers"
+    raise ValueError(
+        f"relpos.interop.hf: {where} of the {model_type} model uses its RoPE outside "
+        f"transformers' attention interface (with every interface call returning zeros, its "
+        f"output still changes with the rotation; {calls} interface calls seen), so it computes "
+        "attention itself and a registered attention function would neither see nor replace "
+        "its RoPE"
+    )

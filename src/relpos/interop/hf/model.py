@@ -26,9 +26,11 @@ left to the model (``RopeFacts.model_applied``): Ministral-3's ``llama_4_scaling
 after RoPE, in ``Ministral3Attention``). relpos's rotation is linear, so it commutes with
 that per-position factor.
 
-It refuses, by name and with the reason, models it cannot run exactly: a model that does not
-dispatch attention through transformers' attention interface (``_supports_attention_backend``
-false: the registered function would never be called), a model without a decoder-level
+It refuses, by name and with the reason, models it cannot run exactly: a model with a layer
+that uses its RoPE outside transformers' attention interface (``dispatch.py``: read from what
+the layers compute, not from the ``_supports_attention_backend`` flag, which is False for
+models whose attention does dispatch, e.g. Falcon and the linear-attention hybrids), a model
+without a decoder-level
 ``rotary_emb``, and encoder-decoder models (attention-logit softcapping and sinks reach
 ``relpos.attention`` through the attention call: ``patch``). Read against transformers 5.24.
 """
