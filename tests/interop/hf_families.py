@@ -99,7 +99,8 @@ REPRESENTATIVES = (
     "deepseek_v3",  # rotated channels at the end of the head (MLA)
     "gemma2",  # attention-logit softcapping
     "gpt_oss",  # attention sinks (s_aux)
-    "falcon",  # no attention interface: refused
+    "falcon",  # _supports_attention_backend False, yet its attention calls the interface
+    "gpt_neox_japanese",  # computes attention itself: refused, naming the layer
     "cohere_compass_text",  # interleaved M-RoPE sections per layer type, text positions
 )
 

@@ -16,8 +16,8 @@ from relpos.interop.hf import inspect_model, patch  # noqa: E402
 
 #: family -> the words its refusal must name (families not listed must be exact)
 REFUSED = {
-    "falcon": "attention interface",
-    "stablelm": "attention interface",
+    "gpt_neox_japanese": "GPTNeoXJapaneseAttention) of the gpt_neox_japanese model uses its "
+    "RoPE outside transformers' attention interface",
 }
 
 

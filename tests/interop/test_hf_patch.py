@@ -335,6 +335,11 @@ def test_accepts_softcapping():
 
 
 def test_refuses_models_that_do_not_use_the_attention_interface():
+    """What the layers do decides, not transformers' ``_supports_attention_backend`` flag: a
+    Llama whose flag is False still dispatches (and runs); one whose layers call transformers'
+    eager function directly (a config of their own that says ``eager``) is refused."""
+    import copy
+
     import transformers as tf
 
     class Forked(tf.LlamaForCausalLM):
@@ -342,8 +347,14 @@ def test_refuses_models_that_do_not_use_the_attention_interface():
 
     from hf_tiny import config
 
-    with pytest.raises(ValueError, match="attention interface"):
-        patch(Forked(config("llama")), "baseline")
+    hf = Forked(config("llama")).eval()
+    with patch(hf, "baseline"):
+        logits(hf, tokens(8))
+    for layer in hf.model.layers:
+        layer.self_attn.config = copy.copy(layer.self_attn.config)
+        layer.self_attn.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="layers.0.self_attn .* attention interface"):
+        patch(hf, "baseline")
     with pytest.raises(TypeError, match="PreTrainedModel"):
         patch(torch.nn.Linear(2, 2), "baseline")
 

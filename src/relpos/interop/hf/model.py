@@ -29,12 +29,13 @@ left to the model (``RopeFacts.model_applied``): Ministral-3's ``llama_4_scaling
 after RoPE, in ``Ministral3Attention``). relpos's rotation is linear, so it commutes with
 that per-position factor.
 
-It refuses, by name and with the reason, models it cannot run exactly: a model that does not
-dispatch attention through transformers' attention interface (``_supports_attention_backend``
-false: the registered function would never be called) and encoder-decoder models
-(attention-logit softcapping and sinks reach ``relpos.attention`` through the attention
-call: ``patch``). A decoder without a rotary module runs ``baseline`` only (the probe's
-refusal names why). Read against transformers 5.25.
+It refuses, by name and with the reason, models it cannot run exactly: a model with a layer
+that uses its RoPE outside transformers' attention interface (``dispatch.py``: read from what
+the layers compute, not from the ``_supports_attention_backend`` flag, which is False for
+models whose attention does dispatch, e.g. Falcon and the linear-attention hybrids) and
+encoder-decoder models (attention-logit softcapping and sinks reach ``relpos.attention``
+through the attention call: ``patch``). A decoder without a rotary module runs ``baseline``
+only (the probe's refusal names why). Read against transformers 5.25.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 
 from torch import nn
 
+from .dispatch import check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
 from .probe import is_rotary_module, probe_model, rotary_modules
 
@@ -196,12 +198,6 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         raise ValueError(
             f"relpos.interop.hf runs decoder-only models; {model_type} is an encoder-decoder"
         )
-    if not getattr(type(model), "_supports_attention_backend", False):
-        raise ValueError(
-            f"relpos.interop.hf: {type(model).__name__} does not dispatch attention through "
-            "transformers' attention interface (_supports_attention_backend is False), so a "
-            "registered attention function would never run"
-        )
     decoder = _decoder(model)
     rotary = tuple(rotary_modules(decoder))
     config = decoder_config(config)
@@ -225,6 +221,9 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         rotary_modules=rotary,
         config=config,
     )
+    # what the layers do, not transformers' _supports_attention_backend flag (dispatch.py)
+    if facts.rotary_modules:  # nothing to switch off without one: baseline only
+        check_attention_dispatch(model, facts.rotary_modules, model_type)
     if probe:
         facts = probe_model(model, facts)
     return facts

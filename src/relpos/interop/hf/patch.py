@@ -400,10 +400,11 @@ class PatchHandle:
     def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         """Refuse caches whose attention layers' keys are not the latest ``Lk`` tokens in
         order (static and indexed caches keep fixed slots, so key positions would not follow
-        from the queries'); the cache layers of layers that never call attention (LFM2's
-        short convolutions: ``LinearAttentionLayer``) hold no keys and are not checked. For
-        a multi-axis model: the positions of the tokens the cache already holds."""
-        from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer
+        from the queries'); the cache layers of layers that never call attention and cache
+        layers that hold no keys (LFM2's short convolutions, a hybrid's linear-attention or
+        Mamba state: ``LinearAttentionLayer``, ``DummyLayer``) are not checked. For a
+        multi-axis model: the positions of the tokens the cache already holds."""
+        from transformers.cache_utils import CacheLayerMixin, DynamicIndexedLayer, DynamicLayer
 
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layers = list(getattr(cache, "layers", None) or ())
@@ -411,6 +412,8 @@ class PatchHandle:
         if attention is not None and len(layers) == self.facts.num_layers:
             layers = [layers[i] for i in attention]
         for layer in layers:
+            if not isinstance(layer, CacheLayerMixin):
+                continue  # no keys
             if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
                 raise ValueError(
                     f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
