@@ -54,9 +54,12 @@ def test_real_nope_layers_pass_the_guard_and_stay_exact():
 
 
 @pytest.mark.slow
-def test_smollm3_nope_layers_pass_the_guard_and_the_family_is_exact():
-    family = next((f for f in hf_families.families() if f[0] == "smollm3"), None)
+@pytest.mark.parametrize("model_type", ["smollm3", "beam"])
+def test_nope_families_pass_the_guard_and_are_exact(model_type):
+    """SmolLM3's NoPE layers; Beam's NoPE layers scale their queries by a position-dependent
+    temperature (a multiple of the same query, which the guard lets through)."""
+    family = next((f for f in hf_families.families() if f[0] == model_type), None)
     if family is None:
-        pytest.skip("transformers has no smollm3 causal LM")
+        pytest.skip(f"transformers has no {model_type} causal LM")
     outcome = hf_families.check_family(*family)
     assert outcome.status == "exact", outcome

@@ -355,6 +355,17 @@ def _probe(
     return tuple(out), tuple(sorted(raw)), axes
 
 
+def _off_scale(before: Tensor, after: Tensor) -> float:
+    """How far ``after`` is from a multiple of ``before``, per head and token (the largest
+    entry of ``after - c before``, ``c`` fitted per vector): zero for q/k that a
+    position-dependent temperature scales (the NoPE layers of Llama-4,
+    ``attn_temperature_tuning``, and of Beam), which the model keeps computing from its own
+    position ids under the patch; a rotation by any turning pair leaves a remainder."""
+    x, y = before.double(), after.double()
+    c = (x * y).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True).clamp(min=1e-300)
+    return float((y - c * x).abs().max())
+
+
 def _refuse_hidden_positions(
     model: nn.Module,
     facts: ModelFacts,
@@ -365,7 +376,8 @@ def _refuse_hidden_positions(
     rotary: list[nn.Module],
 ) -> None:
     """Refuse a layer taken for NoPE (its q/k do not change when the found rotary modules
-    return the identity) whose raw q/k still depend on the position ids: a module the probe
+    return the identity) whose raw q/k still depend on the position ids other than by a
+    scale per vector (``_off_scale``): a module the probe
     did not find (``rotary_modules``) rotates it, so any method but ``rope`` would be silently
     wrong there. ``at_first``: each layer's raw ``(q, k)`` of the one row ``ids`` at the
     probe's first position (the identity run); the same row runs again, rotary modules
@@ -384,15 +396,16 @@ def _refuse_hidden_positions(
     for layer in nope_layers:
         (q0, k0), (q1, k1) = at_first[layer], there[layer]
         tol = max(_tolerance(q0), _tolerance(k0))
-        moved = max(float((q1 - q0).abs().max()), float((k1 - k0).abs().max()))
+        moved = max(_off_scale(q0, q1), _off_scale(k0, k1))
         if moved > tol:
             found = ", ".join(type(m).__name__ for m in rotary) or "none"
             raise ValueError(
                 f"relpos.interop.hf: {facts.model_type} layer {layer}'s queries/keys depend on "
                 "position ids through a module the probe did not find: with the rotary "
                 f"modules it found ({found}) returning the identity rotation, its q/k at "
-                f"position {position} differ from those at the first probe position by "
-                f"{moved:.3g} (tolerance {tol:.3g}), so the layer is not NoPE and relpos "
+                f"position {position} differ from a multiple of those at the first probe "
+                f"position by {moved:.3g} (tolerance {tol:.3g}), so the layer is not NoPE "
+                "and relpos "
                 "cannot replace its position encoding"
             )
 
