@@ -399,12 +399,15 @@ class PatchHandle:
     # -------------------------------------------------------------- the hooks
     def _check_cache(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         """Refuse caches whose attention layers' keys are not the latest ``Lk`` tokens in
-        order (static and indexed caches keep fixed slots, so key positions would not follow
-        from the queries'); the cache layers of layers that never call attention and cache
-        layers that hold no keys (LFM2's short convolutions, a hybrid's linear-attention or
-        Mamba state: ``LinearAttentionLayer``, ``DummyLayer``) are not checked. For a
-        multi-axis model: the positions of the tokens the cache already holds."""
-        from transformers.cache_utils import CacheLayerMixin, DynamicIndexedLayer, DynamicLayer
+        order (static caches keep fixed slots, so key positions would not follow from the
+        queries'); a ``DynamicIndexedLayer`` (DeepSeek Sparse Attention: DeepSeek-V3.2,
+        GLM-MoE-DSA) is a ``DynamicLayer`` whose attention keys grow in order, plus the
+        indexer's own keys, which attention never receives; the cache layers of layers that
+        never call attention and cache layers that hold no keys (LFM2's short convolutions, a
+        hybrid's linear-attention or Mamba state: ``LinearAttentionLayer``, ``DummyLayer``)
+        are not checked. For a multi-axis model: the positions of the tokens the cache
+        already holds."""
+        from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         layers = list(getattr(cache, "layers", None) or ())
@@ -414,7 +417,7 @@ class PatchHandle:
         for layer in layers:
             if not isinstance(layer, CacheLayerMixin):
                 continue  # no keys
-            if not isinstance(layer, DynamicLayer) or isinstance(layer, DynamicIndexedLayer):
+            if not isinstance(layer, DynamicLayer):
                 raise ValueError(
                     f"relpos.interop.hf method {self.method!r}: {type(cache).__name__} "
                     f"({type(layer).__name__}) is not supported; its key slots are not the "
@@ -590,6 +593,14 @@ class PatchHandle:
         for name, feature in _REFUSED_KWARGS.items():
             if kwargs.get(name) is not None:
                 raise ValueError(f"{what}: {feature} ({name}=) is not supported")
+        selected = kwargs.pop("indices", None)  # sparse attention's top-k keys per query
+        if selected is not None and selected.shape[-1] < key.shape[-2]:
+            raise ValueError(
+                f"{what}: the model's sparse attention selects {selected.shape[-1]} of its "
+                f"{key.shape[-2]} keys per query (indices=: DeepSeek Sparse Attention's "
+                "indexer, config index_topk), which relpos's attention does not reproduce "
+                "(it attends to every key the mask allows); run at most index_topk tokens"
+            )
         if position_bias is not None:
             raise ValueError(f"{what}: an additive position_bias is not supported")
         if dropout and module.training:

@@ -346,8 +346,68 @@ def _probe(
             out.append(None)  # no attention in this layer (a recurrent / linear layer)
             continue
         out.append(_probe_layer(facts, layer, raw[layer], rot[layer], pos, create))
+    nope = [layer for layer in sorted(raw) if out[layer] is None]
+    if nope:
+        first = {layer: (q[:1], k[:1]) for layer, (q, k) in runs[True][0].items()}
+        there = near[-1] if len(near) > 1 else _far_position(facts)
+        _refuse_hidden_positions(model, facts, ids[:1], there, first, nope, rotary)
     axes = max((int(p.shape[0]) for p in seen if p is not None and p.dim() == 3), default=1)
     return tuple(out), tuple(sorted(raw)), axes
+
+
+def _off_scale(before: Tensor, after: Tensor) -> float:
+    """How far ``after`` is from a multiple of ``before``, per head and token (the largest
+    entry of ``after - c before``, ``c`` fitted per vector): zero for q/k that a
+    position-dependent temperature scales (the NoPE layers of Llama-4,
+    ``attn_temperature_tuning``, and of Beam), which the model keeps computing from its own
+    position ids under the patch; a rotation by any turning pair leaves a remainder."""
+    x, y = before.double(), after.double()
+    c = (x * y).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True).clamp(min=1e-300)
+    return float((y - c * x).abs().max())
+
+
+def _refuse_hidden_positions(
+    model: nn.Module,
+    facts: ModelFacts,
+    ids: Tensor,
+    position: int,
+    at_first: dict[int, tuple[Tensor, Tensor]],
+    nope_layers: list[int],
+    rotary: list[nn.Module],
+) -> None:
+    """Refuse a layer taken for NoPE (its q/k do not change when the found rotary modules
+    return the identity) whose raw q/k still depend on the position ids other than by a
+    scale per vector (``_off_scale``): a module the probe
+    did not find (``rotary_modules``) rotates it, so any method but ``rope`` would be silently
+    wrong there. ``at_first``: each layer's raw ``(q, k)`` of the one row ``ids`` at the
+    probe's first position (the identity run); the same row runs again, rotary modules
+    switched off, with every token at ``position``."""
+    device = ids.device
+    pos = torch.full_like(ids, position, device=device)
+    was_training = model.training
+    model.eval()
+    saved = [_rotary_state(module) for module in rotary]
+    try:
+        there = _layer_of(_run(model, ids, pos, rotary, identity=True), facts)
+    finally:
+        model.train(was_training)
+        for module, state in zip(rotary, saved, strict=True):
+            _restore(module, state)
+    for layer in nope_layers:
+        (q0, k0), (q1, k1) = at_first[layer], there[layer]
+        tol = max(_tolerance(q0), _tolerance(k0))
+        moved = max(_off_scale(q0, q1), _off_scale(k0, k1))
+        if moved > tol:
+            found = ", ".join(type(m).__name__ for m in rotary) or "none"
+            raise ValueError(
+                f"relpos.interop.hf: {facts.model_type} layer {layer}'s queries/keys depend on "
+                "position ids through a module the probe did not find: with the rotary "
+                f"modules it found ({found}) returning the identity rotation, its q/k at "
+                f"position {position} differ from a multiple of those at the first probe "
+                f"position by {moved:.3g} (tolerance {tol:.3g}), so the layer is not NoPE "
+                "and relpos "
+                "cannot replace its position encoding"
+            )
 
 
 def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
