@@ -84,7 +84,7 @@ SELF_EXTEND = dict(group_size=4, neighbor_window=6)
 PAD = 3
 LENGTH = 20
 STEPS = 3
-BUILD_SECONDS = 30
+BUILD_SECONDS = 120
 #: one family per RoPE convention or attention feature, for the fast tier
 REPRESENTATIVES = (
     "llama",  # half-split pairs

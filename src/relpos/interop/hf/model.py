@@ -120,6 +120,14 @@ def _rope_per_type(config: Any) -> tuple[dict[str, RopeFacts], bool]:
     if params is None:
         params = _read(config, "rope_scaling")
     if not isinstance(params, Mapping):
+        rotary_dim = _read(config, "rotary_dim")
+        if rotary_dim is not None:  # GPT-J, CodeGen
+            raise ValueError(
+                f"relpos.interop.hf: the config has no rope_parameters dict but rotary_dim="
+                f"{rotary_dim}: the model's attention reads its sin / cos from a position table "
+                "of its own (GPT-J's and CodeGen's embed_positions), not from a rotary module "
+                "the patch can switch off, so its RoPE cannot be replaced"
+            )
         raise ValueError(
             "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
             "decoders (transformers >= 5)"
