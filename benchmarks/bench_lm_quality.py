@@ -24,12 +24,12 @@ Models (``--models``):
   ``dim ** -0.5``) and ``rotary_emb_dim=head_dim``: the configuration of the first
   comparison (results saved before the split, labelled ``x-transformers``, are this model).
 * ``x-transformers[k=v,...]``: one of the peer's options changed (``PEER_KNOBS``).
-* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is (GPT-2 init,
-  tied head).
+* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` as it is (its defaults:
+  the fan-in init and an untied head, x-transformers' defaults).
 * ``relpos[k=v,...]``: the same with one or more changes, for the ablation (``KNOBS``);
-  ``relpos[init=fan-in]`` is x-transformers' init (``TransformerLM(init="fan-in")``),
-  ``relpos[head=untied]`` an output layer of its own (``TransformerLM(tie_embedding=False)``).
-  Reports label every relpos row with its ``init``.
+  ``relpos[init=gpt2,head=tied]`` is the default before (``TransformerLM(init="gpt2",
+  tie_embedding=True)``). Reports label every relpos row with its ``init`` and ``head``, from
+  what the case recorded, so a row means the same model whatever the defaults of its day.
 
 Every case (model, encoding, seed, optimizer, steps) is one child process (``--jobs`` at a
 time, ``--threads`` each) that writes ``OUT/cases/KEY.json`` atomically; cases already there
@@ -76,8 +76,8 @@ EVAL_LENGTHS = (128, 2048)
 OPTIMIZERS = ("plain", "lab")
 
 #: ablation knobs of ``relpos[...]`` (each the peer's choice; the value after ``=``):
-#: init=SCHEME      ``TransformerLM(init=SCHEME)`` (default: TransformerLM's default, "gpt2";
-#:                  "fan-in" is x-transformers' init)
+#: init=SCHEME      ``TransformerLM(init=SCHEME)`` (default: TransformerLM's default, "fan-in",
+#:                  x-transformers' init; "gpt2" is GPT-2's)
 #: emb=kaiming      token embedding ~ kaiming normal (std sqrt(2 / dim)), as x-transformers
 #: emb=STD          token embedding ~ normal(0, STD)
 #: linear=torch     every linear layer with PyTorch's default init (uniform +-1/sqrt(fan_in)),
@@ -87,8 +87,9 @@ OPTIMIZERS = ("plain", "lab")
 #: ffn_bias=0       feed-forward linears without biases
 #: enc_lr=MULT      the encoding's own parameters (T5's table, FIRE's MLP) train at MULT x the
 #:                  learning rate (its own AdamW group, same schedule, no decay)
-#: head=untied     ``TransformerLM(tie_embedding=False)``: an output layer of its own (the
-#:                  peer's default head); head=tied is the default
+#: head=HEAD       ``tied`` (``TransformerLM(tie_embedding=True)``: logits from the token
+#:                  embedding) or ``untied`` (an output layer of its own, TransformerLM's and
+#:                  the peer's default)
 #: enc.NAME=VALUE   encoding option NAME (``relpos.create``), e.g. ``enc.init_L=128`` for FIRE
 KNOBS = ("init", "emb", "linear", "logit_scale", "norm_bias", "ffn_bias", "enc_lr", "head")
 HEADS_KNOB = {"tied": True, "untied": False}
@@ -139,19 +140,13 @@ def parse_model(spec: str) -> tuple[str, dict[str, str]]:
 
 def build_relpos(encoding: str, knobs: dict[str, str]) -> nn.Module:
     options = {k[4:]: json.loads(v) for k, v in knobs.items() if k.startswith("enc.")}
-    init = {"init": knobs["init"]} if "init" in knobs else {}
-    head = knobs.get("head", "tied")
-    if head not in HEADS_KNOB:
-        raise ValueError(f"--models: head must be tied or untied, got {head!r}")
+    defaults: dict[str, Any] = {"init": knobs["init"]} if "init" in knobs else {}
+    if "head" in knobs:
+        if knobs["head"] not in HEADS_KNOB:
+            raise ValueError(f"--models: head must be tied or untied, got {knobs['head']!r}")
+        defaults["tie_embedding"] = HEADS_KNOB[knobs["head"]]
     model = relpos.nn.TransformerLM(
-        VOCAB,
-        DIM,
-        DEPTH,
-        HEADS,
-        encoding,
-        encoding_options=options,
-        tie_embedding=HEADS_KNOB[head],
-        **init,
+        VOCAB, DIM, DEPTH, HEADS, encoding, encoding_options=options, **defaults
     )
     emb = knobs.get("emb")
     if emb == "kaiming":
@@ -361,9 +356,10 @@ def eval_tag(lengths: list[int], eval_bytes: int) -> str:
 
 # ------------------------------------------------------------------------------ report
 def normalise(result: dict) -> dict:
-    """Label every relpos result with the init it was trained with: results written before
-    ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then; a spec
-    without ``init=`` used the default of its day. A peer result without ``peer_options`` was
+    """Label every relpos result with the init and head it was trained with: results written
+    before ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then, and
+    every result records ``tie_embedding``; a spec without ``init=`` or ``head=`` used the
+    defaults of its day, which the recorded values name. A peer result without ``peer_options`` was
     written when ``x-transformers`` meant the tied head and whole-head rotary, today's
     ``x-transformers-matched``."""
     if result["model"] == "x-transformers" and "peer_options" not in result:
@@ -374,7 +370,9 @@ def normalise(result: dict) -> dict:
     base, knobs = parse_model(result["model"])
     if "init" not in knobs:
         knobs = {"init": result["init"], **knobs}
-        result["model"] = f"{base}[{','.join(f'{k}={v}' for k, v in knobs.items())}]"
+    if "head" not in knobs:
+        knobs["head"] = "tied" if result.get("tie_embedding", True) else "untied"
+    result["model"] = f"{base}[{','.join(f'{k}={v}' for k, v in knobs.items())}]"
     return result
 
 
@@ -441,15 +439,15 @@ DOCS_PAGE = REPO / "docs" / "benchmarks.md"
 BLOCK_START, BLOCK_END = "<!-- lm-quality:start -->", "<!-- lm-quality:end -->"
 #: what each model spec is, in the docs' words (after ``normalise``)
 DOC_LABELS = {
-    "relpos[init=gpt2]": "relpos `TransformerLM` default (GPT-2 init, tied head)",
-    "relpos[init=gpt2,head=untied]": "relpos, untied head (`tie_embedding=False`)",
-    "relpos[init=gpt2,emb=kaiming,head=untied]": "relpos, untied head, x-transformers' "
-    "embedding init only (He normal)",
-    "relpos[init=gpt2,linear=torch,head=untied]": "relpos, untied head, x-transformers' "
-    "linear init only (PyTorch's fan-in)",
-    "relpos[init=fan-in,head=untied]": "relpos, x-transformers' init and an untied head",
-    "relpos[init=fan-in,head=untied,enc.partial_rotary_factor=0.5]": "relpos matched to the "
-    "peer's defaults (its init, an untied head, RoPE over 16 of 32 dims)",
+    "relpos[init=fan-in,head=untied]": "relpos `TransformerLM` default (fan-in init, untied head)",
+    "relpos[init=fan-in,head=untied,enc.partial_rotary_factor=0.5]": "relpos default, RoPE "
+    "over 16 of 32 dims as the peer's",
+    "relpos[init=gpt2,head=tied]": "relpos's earlier default (GPT-2 init, tied head)",
+    "relpos[init=gpt2,head=untied]": "relpos, GPT-2 init, untied head",
+    "relpos[init=gpt2,emb=kaiming,head=untied]": "relpos, GPT-2 init but He-normal embedding, "
+    "untied head",
+    "relpos[init=gpt2,linear=torch,head=untied]": "relpos, GPT-2 init but fan-in linears, "
+    "untied head",
     "x-transformers": "x-transformers at its defaults (untied head; its RoPE over 16 of 32 dims)",
     "x-transformers-matched": "x-transformers matched (tied head scaled by dim^-1/2; "
     "RoPE over the whole head)",

@@ -1,13 +1,14 @@
 """Training throughput of relpos's TransformerLM against x-transformers, side by side.
 
 Configuration (docs/benchmarks.md's peer configuration): byte-level vocab 256, dim 128,
-depth 4, 4 heads (head_dim 32), MLP ratio 4, pre-norm, tied embeddings, L = 128, batch 32,
-AdamW, fp32 on the CPU; encodings ALiBi and RoPE. Every case runs the same loop (zero_grad,
+depth 4, 4 heads (head_dim 32), MLP ratio 4, pre-norm, an untied output layer (both libraries'
+default), L = 128, batch 32, AdamW, fp32 on the CPU; encodings ALiBi and RoPE. Every case runs the same loop (zero_grad,
 forward, cross-entropy, backward, clip, step) on the same random batches; a timed
 call is ``--steps`` optimizer steps.
 
 Cases per encoding:
-* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` (backend auto).
+* ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` (its defaults, backend
+  auto).
 * ``x-transformers``: ``TransformerWrapper(Decoder(..., alibi_pos_bias / rotary_pos_emb))``
   with its default attention, and ``x-transformers-flash`` with ``attn_flash=True`` (SDPA).
 
@@ -63,7 +64,7 @@ def build(impl: str, encoding: str) -> torch.nn.Module:
         num_tokens=VOCAB,
         max_seq_len=SEQ,
         use_abs_pos_emb=False,
-        tie_embedding=True,
+        tie_embedding=False,
         attn_layers=Decoder(
             dim=DIM,
             depth=DEPTH,

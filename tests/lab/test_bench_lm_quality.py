@@ -161,9 +161,11 @@ def test_peer_models_build_with_the_head_and_rotary_they_name(bench, spec, tied,
         assert alibi(torch.zeros(1, 2 * bench.SEQ, dtype=torch.long)).shape[1] == 2 * bench.SEQ
 
 
-def test_relpos_head_knob_builds_the_untied_model(bench):
-    assert bench.tied_head(bench.build("relpos", "alibi", 0)) is True
-    untied = bench.build("relpos[head=untied]", "alibi", 0)
+def test_relpos_head_knob_builds_either_head(bench):
+    assert bench.tied_head(bench.build("relpos", "alibi", 0)) is False  # the default
+    tied = bench.build("relpos[head=tied]", "alibi", 0)
+    assert tied.tie_embedding is True and tied.head is None and bench.tied_head(tied)
+    untied = bench.build("relpos[init=gpt2,head=untied]", "alibi", 0)
     assert untied.tie_embedding is False and untied.head is not None
     assert bench.tied_head(untied) is False
     with pytest.raises(ValueError, match="head must be tied or untied, got 'both'"):
@@ -177,6 +179,19 @@ def test_old_peer_results_are_labelled_as_the_matched_configuration(bench):
     assert bench.normalise(dict(old))["model"] == "x-transformers-matched"
     new = {**old, "peer_options": bench.peer_options("x-transformers", "alibi")}
     assert bench.normalise(dict(new))["model"] == "x-transformers"
+
+
+def test_relpos_results_are_labelled_with_the_init_and_head_they_recorded(bench):
+    """A spec without ``init=`` or ``head=`` meant the defaults of its day: the labels come
+    from what the case recorded, so one row is one model across a change of defaults."""
+    before = {"model": "relpos", "encoding": "alibi"}  # no init key: GPT-2's, tied
+    assert bench.normalise(dict(before))["model"] == "relpos[init=gpt2,head=tied]"
+    now = {**before, "init": "fan-in", "tie_embedding": False}
+    assert bench.normalise(dict(now))["model"] == "relpos[init=fan-in,head=untied]"
+    spelled = {"model": "relpos[init=fan-in,head=untied]", "encoding": "alibi", **now}
+    assert bench.normalise(dict(spelled))["model"] == "relpos[init=fan-in,head=untied]"
+    half = {"model": "relpos[head=untied]", "encoding": "alibi", "tie_embedding": False}
+    assert bench.normalise(dict(half))["model"] == "relpos[init=gpt2,head=untied]"
 
 
 # ------------------------------------------------------------------------------ recorded runs
@@ -273,10 +288,10 @@ def test_the_readme_peer_numbers_are_the_recorded_means(bench):
         return f"{mean:.2f}" if len(runs) < 2 else f"{mean:.2f} ± {half:.2f}"
 
     for encoding, model in [
-        ("alibi", "relpos[init=gpt2]"),
+        ("alibi", "relpos[init=gpt2,head=tied]"),
         ("alibi", "x-transformers"),
         ("alibi", "relpos[init=fan-in,head=untied]"),
-        ("rope", "relpos[init=gpt2]"),
+        ("rope", "relpos[init=gpt2,head=tied]"),
         ("rope", "x-transformers"),
         ("rope", "relpos[init=fan-in,head=untied]"),
     ]:

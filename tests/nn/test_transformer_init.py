@@ -1,5 +1,5 @@
-"""TransformerLM's weight initialisations: "gpt2" (the default) and "fan-in"
-(x-transformers' defaults), and what they leave alone."""
+"""TransformerLM's weight initialisations: "fan-in" (the default, x-transformers' defaults)
+and "gpt2" (GPT-2's, the default before), and what they leave alone."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def model(encoding: str = "alibi", seed: int = 0, **kwargs) -> relpos.nn.Transfo
 
 
 def test_fan_in_is_he_embedding_pytorch_linears_and_a_scaled_tied_head():
-    m = model(init="fan-in")
+    m = model(tie_embedding=True)
+    assert model().init == "fan-in"  # the default
     assert m.init == "fan-in" and m.logit_scale == pytest.approx(DIM**-0.5)
     # He normal on the token embedding: std sqrt(2 / dim) (fan-in = dim for an Embedding)
     assert m.embed.weight.std().item() == pytest.approx(math.sqrt(2 / DIM), rel=0.05)
@@ -35,7 +36,7 @@ def test_fan_in_is_he_embedding_pytorch_linears_and_a_scaled_tied_head():
 
 
 def test_fan_in_logits_are_the_tied_head_times_dim_to_the_minus_half():
-    m = model("alibi", init="fan-in").eval()
+    m = model("alibi", init="fan-in", tie_embedding=True).eval()
     tokens = torch.randint(0, 256, (2, 7))
     with torch.no_grad():
         logits = m(tokens)
@@ -44,9 +45,9 @@ def test_fan_in_logits_are_the_tied_head_times_dim_to_the_minus_half():
     torch.testing.assert_close(logits, unscaled * DIM**-0.5)
 
 
-def test_default_gpt2_init_is_the_model_before_issue_13():
-    m = model()
-    assert m.init == "gpt2" and m.logit_scale == 1.0
+def test_gpt2_init_is_the_earlier_default_model():
+    m = model(init="gpt2", tie_embedding=True)
+    assert m.init == "gpt2" and m.logit_scale == 1.0 and m.head is None
     assert m.embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
     q = m.blocks[0].attn.q_proj.weight
     assert q.std().item() == pytest.approx(0.02, rel=0.1)
@@ -59,7 +60,7 @@ def test_default_gpt2_init_is_the_model_before_issue_13():
 def test_state_dict_keys_do_not_depend_on_init_and_encodings_init_the_same(encoding):
     """Checkpoints of either init load into the other; an encoding's own layers get the
     same init under both (FIRE keeps its input layer, the rest is N(0, 0.02))."""
-    a, b = model(encoding), model(encoding, init="fan-in")
+    a, b = model(encoding, init="gpt2"), model(encoding, init="fan-in")
     assert a.state_dict().keys() == b.state_dict().keys()
     b.load_state_dict(a.state_dict())
     fan_in = model(encoding, init="fan-in")
@@ -96,9 +97,9 @@ def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
         def fingerprint(self) -> str:
             return "f"
 
-    config = TrainConfig(encoding="alibi", init="fan-in")
+    config = TrainConfig(encoding="alibi", init="fan-in", tie_embedding=True)
     saved = TrainConfig(encoding="alibi").to_json()
-    del saved["init"]  # written before the "init" field: a gpt2 model
+    del saved["init"], saved["tie_embedding"]  # written before both fields: gpt2, tied
     state = {
         "config": saved,
         "vocab_size": 256,
@@ -106,4 +107,5 @@ def test_resuming_a_checkpoint_of_the_other_init_is_refused_naming_init():
     }
     with pytest.raises(ValueError, match=r"init \('gpt2' in the checkpoint, 'fan-in' now\)"):
         check_compatible(config, Corpus(), state, "run")
-    assert check_compatible(TrainConfig(encoding="alibi"), Corpus(), state, "run") is None
+    earlier = TrainConfig(encoding="alibi", init="gpt2", tie_embedding=True)
+    assert check_compatible(earlier, Corpus(), state, "run") is None

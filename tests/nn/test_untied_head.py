@@ -1,5 +1,6 @@
-"""TransformerLM's output layer: tied to the token embedding (the default, and what every
-checkpoint saved before the option holds) or a layer of its own (``tie_embedding=False``)."""
+"""TransformerLM's output layer: a layer of its own (the default, ``tie_embedding=False``) or
+tied to the token embedding (``tie_embedding=True``, what every checkpoint saved before the
+untied default holds)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ def logits_and_final_norm(m: relpos.nn.TransformerLM, tokens: torch.Tensor):
     return logits, seen[0]
 
 
-def test_default_head_is_the_token_embedding_with_no_weight_of_its_own():
-    m = model().eval()
+def test_default_head_is_a_layer_of_its_own():
+    m = model()
+    assert m.tie_embedding is False and m.head is not None and "head.weight" in m.state_dict()
+
+
+def test_tied_head_is_the_token_embedding_with_no_weight_of_its_own():
+    m = model(init="gpt2", tie_embedding=True).eval()
     assert m.tie_embedding is True and m.head is None
     assert "head.weight" not in m.state_dict()
     logits, hidden = logits_and_final_norm(m, torch.randint(0, VOCAB, (2, 5)))
-    torch.testing.assert_close(logits, hidden @ m.embed.weight.t())
+    torch.testing.assert_close(logits, hidden @ m.embed.weight.t())  # (fan-in: * dim^-1/2)
 
 
 @pytest.mark.parametrize("encoding", ["alibi", "rope"])
@@ -55,7 +61,7 @@ def test_untied_logits_are_the_head_of_the_final_norm(encoding):
 def test_untied_model_draws_every_other_weight_as_the_tied_one(init):
     """The head is built and drawn last: one seed gives the tied and untied models the same
     embedding, attention and MLP weights, so an ablation changes the head only."""
-    tied, untied = model(init=init), model(init=init, tie_embedding=False)
+    tied, untied = model(init=init, tie_embedding=True), model(init=init, tie_embedding=False)
     other = untied.state_dict()
     assert set(other) - set(tied.state_dict()) == {"head.weight"}
     for name, value in tied.state_dict().items():
@@ -63,7 +69,7 @@ def test_untied_model_draws_every_other_weight_as_the_tied_one(init):
 
 
 def test_untied_head_init_follows_init():
-    gpt2 = model(tie_embedding=False)
+    gpt2 = model(init="gpt2", tie_embedding=False)
     assert gpt2.head.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert gpt2.logit_scale == 1.0
     fan_in = model(init="fan-in", tie_embedding=False)
@@ -83,13 +89,17 @@ def test_untied_embedding_gets_gradient_only_on_the_rows_it_embeds():
 
 
 def test_checkpoints_load_only_into_the_head_they_were_saved_with():
-    tied, untied = model(), model(tie_embedding=False)
-    model(seed=1).load_state_dict(tied.state_dict())
+    tied, untied = model(tie_embedding=True), model(tie_embedding=False)
+    model(seed=1, tie_embedding=True).load_state_dict(tied.state_dict())
     model(seed=1, tie_embedding=False).load_state_dict(untied.state_dict())
-    with pytest.raises(RuntimeError, match="head.weight"):
-        model(tie_embedding=False).load_state_dict(tied.state_dict())
-    with pytest.raises(RuntimeError, match="head.weight"):
-        model().load_state_dict(untied.state_dict())
+    with pytest.raises(ValueError, match=r"no 'head.weight'.*tie_embedding=True\) \(with init='gpt2'"):
+        model().load_state_dict(tied.state_dict())  # a checkpoint of the earlier default
+    with pytest.raises(ValueError, match=r"untied head.*tie_embedding=False"):
+        model(tie_embedding=True).load_state_dict(untied.state_dict())
+    # strict=False leaves the choice to the caller, as nn.Module does
+    assert model().load_state_dict(tied.state_dict(), strict=False).missing_keys == [
+        "head.weight"
+    ]
 
 
 def test_non_bool_tie_embedding_is_refused_by_name():
@@ -124,4 +134,5 @@ def test_resuming_a_checkpoint_with_the_other_head_is_refused_naming_tie_embeddi
     untied = TrainConfig(encoding="alibi", tie_embedding=False)
     with pytest.raises(ValueError, match=r"tie_embedding \(True in the checkpoint, False now\)"):
         check_compatible(untied, Corpus(), state, "run")
-    assert check_compatible(TrainConfig(encoding="alibi"), Corpus(), state, "run") is None
+    tied = TrainConfig(encoding="alibi", tie_embedding=True)
+    assert check_compatible(tied, Corpus(), state, "run") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -89,30 +90,34 @@ class TransformerLM(nn.Module):
             parameters: the state dict is the same either way.
         init: how the model's own layers start (``INIT_SCHEMES``):
 
-            * ``"gpt2"`` (default): GPT-2's init (weights ``N(0, 0.02)``, zero biases,
-              residual output projections ``N(0, 0.02 / sqrt(2 depth))``), logits
-              ``norm(x) @ E^T``.
-            * ``"fan-in"``: x-transformers' defaults: PyTorch's fan-in init of every linear
-              layer (weights and biases uniform in ``+-1/sqrt(fan_in)``), the token embedding
-              ``N(0, 2 / dim)`` (He), and the tied head scaled, ``logits = norm(x) @ E^T *
-              dim ** -0.5``. At x-transformers' configuration (dim 128, depth 4, batch 32,
-              lr 1e-3) it trains markedly slower than ``"gpt2"`` over the first 300 steps,
-              as x-transformers itself does (docs/benchmarks.md, "Model quality vs
-              x-transformers"); it is here to set the two side by side.
+            * ``"fan-in"`` (default): PyTorch's fan-in init of every linear layer (weights
+              and biases uniform in ``+-1/sqrt(fan_in)``) and the token embedding
+              ``N(0, 2 / dim)`` (He), as x-transformers' ``TransformerWrapper`` starts; a tied
+              head is scaled, ``logits = norm(x) @ E^T * dim ** -0.5``.
+            * ``"gpt2"``: GPT-2's init (weights ``N(0, 0.02)``, zero biases, residual output
+              projections ``N(0, 0.02 / sqrt(2 depth))``), logits ``norm(x) @ E^T`` when
+              tied. The default before ``"fan-in"``: ``init="gpt2", tie_embedding=True``
+              builds that model.
+
+            At x-transformers' configuration (dim 128, depth 4, batch 32, lr 1e-3, 1000
+            steps) the default reaches the peer's perplexity at its own defaults, where GPT-2's
+            init with a tied head is 6-8% behind; the fan-in init with a *tied* head trains
+            markedly slower than either (docs/benchmarks.md, "Model quality vs
+            x-transformers").
 
             Either way an encoding's own modules get what they always got: ``N(0, 0.02)``
             for its linear and embedding layers unless it keeps its own init
             (``Encoding.keeps_own_init`` / ``own_init_modules``). The state dict keys do
             not depend on ``init``.
-        tie_embedding: True (default): the output layer is the token embedding, logits
-            ``norm(x) @ E^T`` (times ``dim ** -0.5`` with ``init="fan-in"``). False: an
-            output layer of its own, ``head = nn.Linear(dim, vocab_size, bias=False)``
-            (state dict key ``head.weight``), logits ``head(norm(x))`` unscaled, initialised
-            by ``init`` like the other linear layers: ``N(0, 0.02)`` for ``"gpt2"`` (GPT-2's
-            untied ``lm_head`` in transformers' ``GPT2LMHeadModel._init_weights``),
-            PyTorch's fan-in init for ``"fan-in"`` (x-transformers' ``LinearNoBias`` head,
-            its ``TransformerWrapper`` default ``tie_embedding=False``). The head is built
-            last, so every other weight gets the same random draws as the tied model.
+        tie_embedding: False (default): an output layer of its own, ``head =
+            nn.Linear(dim, vocab_size, bias=False)`` (state dict key ``head.weight``), logits
+            ``head(norm(x))`` unscaled, initialised by ``init`` like the other linear layers:
+            PyTorch's fan-in init for ``"fan-in"`` (x-transformers' ``LinearNoBias`` head, its
+            default ``tie_embedding=False``), ``N(0, 0.02)`` for ``"gpt2"`` (GPT-2's untied
+            ``lm_head`` in transformers' ``GPT2LMHeadModel._init_weights``). The head is
+            built last, so every other weight gets the same random draws as the tied model.
+            True: the output layer is the token embedding, logits ``norm(x) @ E^T`` (times
+            ``dim ** -0.5`` with ``init="fan-in"``); no ``head.weight`` in the state dict.
 
     ``forward(tokens (B, L), pos=None, cache=None, inputs=None, mask_mod=None) -> logits
     (B, L, vocab)``. ``mask_mod`` restricts attention beyond causal (``relpos.attention``;
@@ -144,8 +149,8 @@ class TransformerLM(nn.Module):
         feature_map_options: dict[str, Any] | None = None,
         qkv_conv: int | None = None,
         qk_norm: str | None = None,
-        init: str = "gpt2",
-        tie_embedding: bool = True,
+        init: str = "fan-in",
+        tie_embedding: bool = False,
     ) -> None:
         super().__init__()
         if init not in INIT_SCHEMES:
@@ -232,6 +237,31 @@ class TransformerLM(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith("out_proj.weight") or name.endswith("fc_out.weight"):
                     nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """``nn.Module.load_state_dict``, with a head mismatch named: a state dict without
+        ``head.weight`` is from a tied-head model (``tie_embedding=True``, also every model
+        saved before the untied head became the default, with ``init="gpt2"``), one with it
+        from an untied model."""
+        if strict:
+            has_head = "head.weight" in state_dict
+            if has_head != (self.head is not None):
+                saved = "an untied head ('head.weight')" if has_head else "no 'head.weight'"
+                want = "False" if has_head else "True"
+                raise ValueError(
+                    f"state_dict: holds {saved} but this model has tie_embedding="
+                    f"{self.tie_embedding}; build TransformerLM(..., tie_embedding={want})"
+                    + (
+                        ""
+                        if has_head
+                        else " (with init='gpt2' for models saved before "
+                        "the untied head became the default)"
+                    )
+                    + " to load it"
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def new_cache(self) -> KVCache:
         """An empty cache for incremental decoding: one ``MultiHeadAttention.new_cache()``

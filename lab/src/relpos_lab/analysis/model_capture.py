@@ -99,6 +99,8 @@ def _fresh_model(spec: str, seed: int, length: int) -> tuple[Any, Any, str]:
         depth=quick.depth,
         num_heads=quick.num_heads,
         seq_len=length,
+        init=quick.init,
+        tie_embedding=quick.tie_embedding,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from relpos.nn.transformer import INIT_SCHEMES
 from relpos.optional import missing_plot_note
 from relpos.validation import check_choice
 
@@ -53,10 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "2025; default: off)",
     )
     add(
-        "--untied-head",
-        action="store_true",
-        help="an output layer of its own instead of the tied token embedding "
-        "(TransformerLM(tie_embedding=False); default: tied)",
+        "--init",
+        help="the model's init: fan-in (TransformerLM's default) or gpt2 (GPT-2's, the "
+        "default of runs recorded before fan-in was)",
+    )
+    add(
+        "--head",
+        help="untied (an output layer of its own, TransformerLM's default) or tied (logits "
+        "from the token embedding, the head of runs recorded before untied was the default)",
     )
     add("--data", help="UTF-8 text file or folder of *.txt (default: built-in Shakespeare)")
     add("--tokenizer", default="bytes", help="bytes (default) or bpe")
@@ -81,7 +86,7 @@ def _print_plan(plan: EvalPlan) -> None:
         f"{profile.num_heads} heads"
         + ("" if profile.qkv_conv is None else f", q/k/v convolutions K={profile.qkv_conv}")
         + ("" if profile.qk_norm is None else f", q/k norm {profile.qk_norm}")
-        + ("" if profile.tie_embedding else ", untied head")
+        + f", {profile.init} init, {'tied' if profile.tie_embedding else 'untied'} head"
         + f"; {plan.steps} steps x batch {profile.batch_size} x "
         f"L={plan.train_len} on {corpus.name} ({corpus.tokenizer}, "
         f"{corpus.train.numel():,} train tokens)"
@@ -144,8 +149,12 @@ def run_command(args: argparse.Namespace) -> int:
     qk_norm = getattr(args, "qk_norm", None)
     if qk_norm is not None:
         overrides["qk_norm"] = check_choice(qk_norm, "--qk-norm", ("rms",))
-    if getattr(args, "untied_head", False):
-        overrides["tie_embedding"] = False
+    init = getattr(args, "init", None)
+    if init is not None:
+        overrides["init"] = check_choice(init, "--init", INIT_SCHEMES)
+    head = getattr(args, "head", None)
+    if head is not None:
+        overrides["tie_embedding"] = check_choice(head, "--head", ("tied", "untied")) == "tied"
     profile = dataclasses.replace(profile, **overrides)
     if profile.dim % profile.num_heads:
         raise ValueError(

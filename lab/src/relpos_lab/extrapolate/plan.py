@@ -134,6 +134,7 @@ class EvalPlan:
             "min_lr_ratio": p.min_lr_ratio,
             "qkv_conv": p.qkv_conv,
             "qk_norm": p.qk_norm,
+            "init": p.init,
             "tie_embedding": p.tie_embedding,
         }
 
@@ -284,6 +285,7 @@ def plan_extrapolation(
             backend=prof.backend,
             qkv_conv=prof.qkv_conv,
             qk_norm=prof.qk_norm,
+            init=prof.init,
             tie_embedding=prof.tie_embedding,
         )
     if resume and out.exists():

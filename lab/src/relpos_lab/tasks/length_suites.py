@@ -14,7 +14,10 @@ every length (``eval_lengths``), the same for every model of a run (``jobs.EVAL_
 stream per length, as the official ``rng`` seeded 1; the SCAN split drawn once with
 ``DATA_SEED``). Models: the non-causal Chomsky encoder (``models.TaskEncoder``) or
 ``relpos.nn.TransformerLM`` for the decoder tasks, with the model spec's position scheme
-(``models.POSITION_SCHEMES``).
+(``models.POSITION_SCHEMES``) and ``DECODER_INIT``: GPT-2's init and a tied head, the model
+the suites' results in docs/tasks.md were recorded with (``TransformerLM``'s defaults until
+the fan-in init and an untied head became them; the suites keep it so those results rerun
+as recorded).
 
 Training: Adam (Chomsky, ``optax.adam`` as the paper) or AdamW with weight decay on the
 weight matrices only, linear warmup then constant, cosine to ``lr / 10`` or linear to 0,
@@ -55,6 +58,9 @@ from .nope_study import NOPE_TASKS, nope_task
 from .profiles import TaskProfile
 from .suite import JobRecord, ModelSpec, Suite
 from .text import DecoderBatch, Example, Vocab, decoder_batch
+
+#: the decoder tasks' ``TransformerLM`` init and head (see the module docstring)
+DECODER_INIT: dict[str, Any] = {"init": "gpt2", "tie_embedding": True}
 
 __all__ = [
     "LengthSuite",
@@ -249,6 +255,7 @@ def build_model(job: Job, data: _Data) -> nn.Module:
         job.encoding,
         encoding_options=options,
         mlp_ratio=job.mlp_ratio,
+        **DECODER_INIT,
     )
 
 

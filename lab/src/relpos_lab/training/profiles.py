@@ -67,9 +67,12 @@ class Profile:
     #: ``"rms"``: q/k RMS normalisation in every layer (``TransformerLM(qk_norm=)``,
     #: ``--qk-norm``; TRA's layer); None: off
     qk_norm: str | None = None
-    #: False: an output layer of its own instead of the token embedding
-    #: (``TransformerLM(tie_embedding=)``, ``--untied-head``); True: tied
-    tie_embedding: bool = True
+    #: the model's init (``TransformerLM(init=)``, ``--init``): ``"fan-in"`` (its default) or
+    #: ``"gpt2"`` (the default before, which the results recorded before then used)
+    init: str = "fan-in"
+    #: False: an output layer of its own, ``TransformerLM``'s default (``--head untied``);
+    #: True: logits from the token embedding (``--head tied``, the head before then)
+    tie_embedding: bool = False
 
     def encoding_options(self, name: str, train_len: int, max_len: int) -> dict[str, Any]:
         """Options for ``relpos.create``, read from what the encoding declares: one that has a

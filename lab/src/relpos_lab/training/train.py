@@ -69,15 +69,18 @@ class TrainConfig:
     ``checkpoint_every``: steps between checkpoints (0: only at the end and on a signal).
     ``grad_clip``: max global gradient norm (0: no clipping). ``device``: "auto" (CUDA when
     available, else CPU), "cpu", "cuda" or "cuda:N". ``init``: ``TransformerLM``'s weight
-    initialisation (``relpos.nn.transformer.INIT_SCHEMES``); a saved config without it is from
-    before it existed and means ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
+    initialisation (``relpos.nn.transformer.INIT_SCHEMES``; default ``"fan-in"``, as
+    ``TransformerLM``); a saved config without it is from before it existed and means
+    ``"gpt2"``, the only init then (``LEGACY_DEFAULTS``).
     ``qkv_conv``: kernel size of RCMHA's causal depth-wise q/k/v convolutions in every layer
     (``TransformerLM(qkv_conv=)``), None for none (also what a config without the key means).
     ``qk_norm``: ``"rms"`` normalises q and k per head in every layer (``TransformerLM(qk_norm=)``,
     TRA's layer), None for off (also what a config without the key means).
-    ``tie_embedding``: True (default) for logits from the token embedding, False for an output
-    layer of its own (``TransformerLM(tie_embedding=)``); a config without the key is from
-    before the option and means True, the only head then.
+    ``tie_embedding``: False (default, as ``TransformerLM``) for an output layer of its own,
+    True for logits from the token embedding (``TransformerLM(tie_embedding=)``); a config
+    without the key is from before the option and means True, the only head then. Every
+    config written since records both keys, so a run saved under the earlier defaults
+    (``"gpt2"``, tied) loads as what it was.
     """
 
     encoding: str
@@ -97,10 +100,10 @@ class TrainConfig:
     checkpoint_every: int = 200
     backend: str = "auto"
     device: str = "auto"
-    init: str = "gpt2"
+    init: str = "fan-in"
     qkv_conv: int | None = None
     qk_norm: str | None = None
-    tie_embedding: bool = True
+    tie_embedding: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoding, str) or not self.encoding:
