@@ -470,7 +470,7 @@ class PatchHandle:
         the model's apply function then returns q and k unchanged; relpos rotates instead);
         the positions it was asked for are kept for attention calls without position_ids,
         and, in a multi-axis model, for the keys of later calls."""
-        out = identity_rotation(output, type(module).__name__)
+        out = identity_rotation(output, type(module).__name__, module)
         position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
         if torch.is_tensor(position_ids):
             self._rotary_positions = position_ids

@@ -54,6 +54,8 @@ __all__ = [
     "probe_model",
     "probe_position_axes",
     "identity_rotation",
+    "position_table",
+    "table_base",
     "rotary_modules",
     "is_rotary_module",
     "holds_inverse_frequencies",
@@ -101,10 +103,70 @@ def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
     return found
 
 
-def identity_rotation(output: Any, where: str) -> Any:
+def position_table(module: nn.Module) -> Tensor | None:
+    """The table of sines and cosines by position that a rotary module indexes instead of
+    keeping inverse frequencies, or None: a 2-D floating buffer (positions x 2m) whose row 0,
+    the rotation at position 0, is ``sin 0 = 0`` in one half of the row and ``cos 0 = 1`` in
+    the other. GPT-J's and CodeGen's rotary modules keep such a table, ``embed_positions``
+    (``sin | cos`` of ``p * 10000^(-2i/r)``, EleutherAI's mesh-transformer-jax layout;
+    transformers ``models/gptj/modeling_gptj.py``, ``create_sinusoidal_positions``), and
+    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules."""
+    if holds_inverse_frequencies(module):
+        return None
+    for table in module._buffers.values():
+        if table is None or table.dim() != 2 or not table.is_floating_point():
+            continue
+        rows, width = table.shape
+        if rows < 2 or width % 2:
+            continue
+        first = table[0]
+        zeros, ones = first == 0, first == 1
+        m = width // 2
+        if bool(zeros[:m].all() and ones[m:].all()) or bool(ones[:m].all() and zeros[m:].all()):
+            return table
+    return None
+
+
+def table_base(table: Tensor) -> float:
+    """The RoPE base ``b`` of a position table (``position_table``): row ``p`` holds ``sin``
+    and ``cos`` of ``p * b^(-2i/r)`` for the ``r/2`` pairs ``i`` of its ``r`` channels. Each
+    pair's frequency is the least-squares slope of its angle (``atan2(sin, cos)`` unwrapped
+    over the positions); ``log b`` is the least-squares fit of ``-(r / 2i) log`` of the
+    frequencies ``i >= 1``. The table is float32, so ``b`` is known to float32 precision (the
+    probe then checks relpos's rope with it against the model's rotation). ``ValueError``
+    when the first frequency is not 1 (a table that is not ``b^(-2i/r)``). With one pair the
+    base does not matter (its frequency is 1 for every base): 10000."""
+    rows, width = table.shape
+    m = width // 2
+    t = table.detach().double().cpu()
+    sin_first = bool((t[0, :m] == 0).all())
+    sin, cos = (t[:, :m], t[:, m:]) if sin_first else (t[:, m:], t[:, :m])
+    step = torch.atan2(sin, cos).diff(dim=0)
+    step = torch.remainder(step + math.pi, 2 * math.pi) - math.pi  # |frequency| < pi
+    angle = torch.cat([torch.zeros(1, m, dtype=t.dtype), step.cumsum(0)])
+    p = torch.arange(rows, dtype=t.dtype)[:, None]
+    freq = (p * angle).sum(0) / (p * p).sum()
+    if not abs(float(freq[0]) - 1.0) <= 1e-5:
+        raise ValueError(
+            f"relpos.interop.hf: the rotary module's position table turns its first pair by "
+            f"{float(freq[0]):.6g} rad per position, not 1: not a RoPE table p * b^(-2i/r)"
+        )
+    if m == 1:
+        return 10000.0
+    exponent = 2 * torch.arange(1, m, dtype=t.dtype) / width
+    log_base = -(exponent * freq[1:].log()).sum() / (exponent * exponent).sum()
+    return float(log_base.exp())
+
+
+def identity_rotation(output: Any, where: str, module: nn.Module | None = None) -> Any:
     """The output of a rotary module with its rotation replaced by the identity: ``(cos,
-    sin) -> (1, 0)``, a complex ``e^{i theta}`` tensor (Llama-4) -> ``1``. ``ValueError``
+    sin) -> (1, 0)``, a complex ``e^{i theta}`` tensor (Llama-4) -> ``1``; for a ``module``
+    that indexes a position table (``position_table``: GPT-J's ``(sin, cos)``), the table's
+    row at position 0 in the module's own order, split as its output is. ``ValueError``
     naming ``where`` for any other output."""
+    table = None if module is None else position_table(module)
+    if table is not None:
+        return _table_identity(output, table[0], where)
     if isinstance(output, tuple) and len(output) == 2 and all(map(torch.is_tensor, output)):
         cos, sin = output
         return torch.ones_like(cos), torch.zeros_like(sin)
@@ -114,6 +176,25 @@ def identity_rotation(output: Any, where: str) -> Any:
         f"relpos.interop.hf: {where} returned {type(output).__name__}; expected (cos, sin) or "
         "a complex rotation tensor, so its RoPE cannot be switched off"
     )
+
+
+def _table_identity(output: Any, first: Tensor, where: str) -> Any:
+    """``output`` (a tensor, or a tuple of tensors that split a table row in order) with
+    every row replaced by ``first``, the table's row at position 0 (the identity)."""
+    parts = (output,) if torch.is_tensor(output) else output
+    widths = [t.shape[-1] for t in parts] if isinstance(parts, tuple) else []
+    if not widths or not all(map(torch.is_tensor, parts)) or sum(widths) != first.shape[-1]:
+        raise ValueError(
+            f"relpos.interop.hf: {where} indexes a table of sines and cosines by position, "
+            f"but returned {type(output).__name__} that does not split its rows of "
+            f"{first.shape[-1]} entries, so its RoPE cannot be switched off"
+        )
+    out, start = [], 0
+    for t, width in zip(parts, widths, strict=True):
+        row = first[start : start + width].to(device=t.device, dtype=t.dtype)
+        out.append(row.expand(t.shape).clone())
+        start += width
+    return out[0] if torch.is_tensor(output) else tuple(out)
 
 
 @contextmanager
@@ -165,7 +246,9 @@ def _run(model, ids, pos, rotary: list[nn.Module], identity: bool, seen: list | 
         for module in rotary:
             where = type(module).__name__
             hooks.append(
-                module.register_forward_hook(lambda m, a, out, w=where: identity_rotation(out, w))
+                module.register_forward_hook(
+                    lambda m, a, out, w=where: identity_rotation(out, w, m)
+                )
             )
     try:
         with _capture(model, records), torch.no_grad():
@@ -551,12 +634,17 @@ def no_rotary_reason(model: nn.Module, facts: ModelFacts) -> str:
 
 def _far_position(facts: ModelFacts) -> int:
     """A position at which even the lowest frequency has turned by about a radian (every
-    rotated pair shows; ``64 base``, at most ``2^24``): the probe reads the pairs there."""
+    rotated pair shows; ``64 base``, at most ``2^24``): the probe reads the pairs there. A
+    rotary module that indexes a position table (``position_table``: GPT-J, CodeGen) has no
+    rotation past its last row: that row then."""
     base = max((r.base for r in facts.rope.values()), default=10000.0)
     factor = max(
         (float((r.scaling or {}).get("factor") or 1.0) for r in facts.rope.values()), default=1.0
     )
-    return int(min(2**24, 64 * base * max(factor, 1.0)))
+    far = int(min(2**24, 64 * base * max(factor, 1.0)))
+    tables = [position_table(m) for m in facts.rotary_modules]
+    rows = [int(t.shape[0]) for t in tables if t is not None]
+    return min([far, *(r - 1 for r in rows)])
 
 
 def _tolerance(x: Tensor) -> float:
