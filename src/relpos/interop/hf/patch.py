@@ -107,7 +107,7 @@ from ...encodings.options import Refused
 from ...encodings.registry import available, create, encoding_class
 from ...optional import require
 from .model import ModelFacts, inspect_model
-from .probe import LayerRotary, identity_rotation
+from .probe import LayerRotary, TableAtPositionZero, identity_rotation, position_table
 
 __all__ = ["patch", "PatchHandle", "BASELINE", "BACKENDS", "call_positions"]
 
@@ -317,6 +317,13 @@ class PatchHandle:
             self._hooks = [
                 module.register_forward_hook(self._identity_rotation, with_kwargs=True)
                 for module in self.facts.rotary_modules
+            ]
+            # a rotary module that indexes a position table (GPT-J, CodeGen) reads row 0, the
+            # identity, for every position, so positions past the table run too
+            self._hooks += [
+                TableAtPositionZero(module)
+                for module in self.facts.rotary_modules
+                if position_table(module) is not None
             ]
             self._hooks.append(
                 self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True)

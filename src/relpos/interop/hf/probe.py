@@ -56,6 +56,7 @@ __all__ = [
     "identity_rotation",
     "position_table",
     "table_base",
+    "TableAtPositionZero",
     "rotary_modules",
     "is_rotary_module",
     "holds_inverse_frequencies",
@@ -156,6 +157,30 @@ def table_base(table: Tensor) -> float:
     exponent = 2 * torch.arange(1, m, dtype=t.dtype) / width
     log_base = -(exponent * freq[1:].log()).sum() / (exponent * exponent).sum()
     return float(log_base.exp())
+
+
+class TableAtPositionZero:
+    """While installed, a rotary module that indexes a position table (``position_table``)
+    computes its output at position 0 for every position it is asked for: the identity
+    rotation, in its own order and dtype, also at positions past the table's last row, which
+    its forward could not index (the patch's methods then run there; the model alone cannot).
+    Its hooks still receive the positions it was called with. ``remove()`` restores it."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        forward = module.forward
+
+        def at_position_zero(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_tensor(kwargs.get("position_ids")):
+                kwargs["position_ids"] = torch.zeros_like(kwargs["position_ids"])
+            elif len(args) > 1 and torch.is_tensor(args[1]):
+                args = (args[0], torch.zeros_like(args[1]), *args[2:])
+            return forward(*args, **kwargs)
+
+        module.forward = at_position_zero
+
+    def remove(self) -> None:
+        vars(self.module).pop("forward", None)
 
 
 def identity_rotation(output: Any, where: str, module: nn.Module | None = None) -> Any:
