@@ -39,7 +39,8 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
   model's RoPE is switched off (a forward hook on its rotary module(s), found by what they
   are: ``probe.rotary_modules``, makes the
-  rotation exactly the identity: ``(cos, sin) = (1, 0)``, or the complex ``1``, so the
+  rotation exactly the identity: ``(cos, sin) = (1, 0)``, the complex ``1``, or the row 0
+  of a table of sines and cosines by position, ``probe.position_table``, so the
   model's apply function returns q and k unchanged and the cache stores raw keys) and relpos
   applies the encoding with float64 angle products.
 

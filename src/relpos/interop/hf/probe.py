@@ -6,7 +6,8 @@ records the ``q`` and ``k`` each layer hands to attention (and returns zeros, so
 layer's input is the same in both runs):
 
 * once with the model's RoPE switched off (its rotary modules, ``rotary_modules``, return
-  the identity rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``,
+  the identity rotation, ``(cos, sin) = (1, 0)``, the complex ``1``, or a position table's
+  row 0, ``position_table``): ``q_raw``,
   ``k_raw``, what ``relpos.interop.hf.patch`` receives;
 * once as it is: ``q_rot``, ``k_rot``, what the model attends with.
 
@@ -22,8 +23,10 @@ relpos's ``half`` or ``interleaved`` layout over the first ``r`` channels. Then 
 ``q_raw`` and ``k_raw`` at every probed position (float32: to ``1e-4`` of the largest
 entry). Conventions found this way (transformers 5.25): half-split pairs (Llama and most),
 interleaved pairs (Cohere, Helium, Ernie 4.5), interleaved pairs in the first half of the
-head (GLM, GLM-4: partial rotary), half-split pairs rotated the other way (NanoChat: ``R(-p)``,
-the half-split pairs with their two channels swapped), layers without RoPE (Llama-4's NoPE
+head (GLM, GLM-4: partial rotary), interleaved pairs over the first ``rotary_dim`` channels
+(GPT-J, CodeGen: ``(sin, cos)`` from a position table, whose base ``table_base`` reads),
+half-split pairs rotated the other way (NanoChat: ``R(-p)``, the half-split pairs with their
+two channels swapped), layers without RoPE (Llama-4's NoPE
 layers, SmolLM3, the full-attention layers of Beam and Ergo), p-RoPE (HF ``"proportional"``,
 the global layers of Gemma-4 and LFM-3: half-split pairs ``(i, i + D/2)`` over the whole head
 whose trailing frequencies are 0, so only the leading ``r/2`` pairs turn; relpos's ``rope``
