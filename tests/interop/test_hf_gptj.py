@@ -147,3 +147,22 @@ def test_positions_past_the_table_run_under_the_patch(family):
         full, steps = _forward_and_decode(model, *inputs)
     assert torch.isfinite(full).all()
     assert _relative(steps, full[:, -STEPS:]) <= 1e-5
+
+
+def test_unpatching_puts_back_a_forward_set_on_the_rotary_module_before():
+    model = _model("gptj")
+    rotary = model.transformer.rotary_emb
+    calls = []
+
+    def wrapped(*args, **kwargs):  # as accelerate's device hooks wrap a module's forward
+        calls.append(1)
+        return type(rotary).forward(rotary, *args, **kwargs)
+
+    rotary.forward = wrapped
+    inputs = _left_padded()
+    with patch(model, "rope", backend="eager"):
+        assert rotary.forward is not wrapped
+        calls.clear()
+        _forward_and_decode(model, *inputs)
+        assert calls  # the patched forward goes through it (at position 0)
+    assert rotary.forward is wrapped

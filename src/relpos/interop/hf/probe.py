@@ -171,6 +171,8 @@ class TableAtPositionZero:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
+        # a forward set on the instance before (accelerate's device hooks) is put back
+        self.previous = vars(module).get("forward")
         forward = module.forward
 
         def at_position_zero(*args: Any, **kwargs: Any) -> Any:
@@ -180,10 +182,15 @@ class TableAtPositionZero:
                 args = (args[0], torch.zeros_like(args[1]), *args[2:])
             return forward(*args, **kwargs)
 
-        module.forward = at_position_zero
+        module.forward = self.installed = at_position_zero
 
     def remove(self) -> None:
-        vars(self.module).pop("forward", None)
+        if vars(self.module).get("forward") is not self.installed:
+            return  # already removed
+        if self.previous is None:
+            del vars(self.module)["forward"]
+        else:
+            self.module.forward = self.previous
 
 
 def identity_rotation(output: Any, where: str, module: nn.Module | None = None) -> Any:
