@@ -77,7 +77,9 @@ def _outputs(
         if identity:
             where = type(module).__name__
             hooks.append(
-                module.register_forward_hook(lambda m, a, out, w=where: identity_rotation(out, w))
+                module.register_forward_hook(
+                    lambda m, a, out, w=where: identity_rotation(out, w, m)
+                )
             )
     records: list[tuple[Any, Tensor, Tensor]] = []
     try:

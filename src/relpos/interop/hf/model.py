@@ -47,7 +47,7 @@ from torch import nn
 
 from .dispatch import check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
-from .probe import is_rotary_module, probe_model, rotary_modules
+from .probe import is_rotary_module, position_table, probe_model, rotary_modules, table_base
 
 __all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
 
@@ -108,26 +108,35 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     )
 
 
-def _rope_per_type(config: Any) -> tuple[dict[str, RopeFacts], bool]:
+def _rope_per_type(
+    config: Any, rotary: tuple[nn.Module, ...] = ()
+) -> tuple[dict[str, RopeFacts], bool]:
     """The RoPE of each layer type and whether ``rope_parameters`` is keyed by layer type.
 
     A dict keyed by the layer types of ``config.layer_types`` (Gemma-3, Gemma-4, LFM-3) gives
     one ``RopeFacts`` per type it names; a type whose entry is None (Beam, Ergo: their
     full-attention layers run without RoPE) or that it does not name (LFM-3's convolution
     layers) has none, and the probe must then find no rotation in its layers. Any other dict
-    is the one RoPE of every layer."""
+    is the one RoPE of every layer. A config without one (GPT-J, CodeGen: their rotary
+    module indexes a table of sines and cosines, ``probe.position_table``) gets the base
+    the ``rotary`` modules' table follows (``probe.table_base``); the rotated channels and
+    their pairs are the probe's to read."""
     params = _read(config, "rope_parameters")
     if params is None:
         params = _read(config, "rope_scaling")
     if not isinstance(params, Mapping):
-        rotary_dim = _read(config, "rotary_dim")
-        if rotary_dim is not None:  # GPT-J, CodeGen
-            raise ValueError(
-                f"relpos.interop.hf: the config has no rope_parameters dict but rotary_dim="
-                f"{rotary_dim}: the model's attention reads its sin / cos from a position table "
-                "of its own (GPT-J's and CodeGen's embed_positions), not from a rotary module "
-                "the patch can switch off, so its RoPE cannot be replaced"
+        tables = [t for t in map(position_table, rotary) if t is not None]
+        if tables:
+            bases = {table_base(t) for t in tables}
+            if len(bases) > 1:
+                raise ValueError(
+                    "relpos.interop.hf: the config has no rope_parameters dict and the rotary "
+                    f"modules' position tables follow different bases {sorted(bases)}"
+                )
+            rope = RopeFacts(
+                base=bases.pop(), max_position_embeddings=_read(config, "max_position_embeddings")
             )
+            return {FULL: rope}, False
         raise ValueError(
             "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
             "decoders (transformers >= 5)"
@@ -213,7 +222,7 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
     head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
     layers = int(_need(config, "num_hidden_layers", model_type))
-    rope, per_layer_type = _rope_per_type(config)
+    rope, per_layer_type = _rope_per_type(config, rotary)
     layer_types = tuple(_read(config, "layer_types") or (FULL,) * layers)
     facts = ModelFacts(
         model_type=model_type,

@@ -39,7 +39,8 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   (``"alibi"``, ``"kerple-log"``, ``"fire"``, ``"t5"``) for models trained with them. The
   model's RoPE is switched off (a forward hook on its rotary module(s), found by what they
   are: ``probe.rotary_modules``, makes the
-  rotation exactly the identity: ``(cos, sin) = (1, 0)``, or the complex ``1``, so the
+  rotation exactly the identity: ``(cos, sin) = (1, 0)``, the complex ``1``, or the row 0
+  of a table of sines and cosines by position, ``probe.position_table``, so the
   model's apply function returns q and k unchanged and the cache stores raw keys) and relpos
   applies the encoding with float64 angle products.
 
@@ -107,7 +108,7 @@ from ...encodings.options import Refused
 from ...encodings.registry import available, create, encoding_class
 from ...optional import require
 from .model import ModelFacts, inspect_model
-from .probe import LayerRotary, identity_rotation
+from .probe import LayerRotary, TableAtPositionZero, identity_rotation, position_table
 
 __all__ = ["patch", "PatchHandle", "BASELINE", "BACKENDS", "call_positions"]
 
@@ -318,6 +319,13 @@ class PatchHandle:
                 module.register_forward_hook(self._identity_rotation, with_kwargs=True)
                 for module in self.facts.rotary_modules
             ]
+            # a rotary module that indexes a position table (GPT-J, CodeGen) reads row 0, the
+            # identity, for every position, so positions past the table run too
+            self._hooks += [
+                TableAtPositionZero(module)
+                for module in self.facts.rotary_modules
+                if position_table(module) is not None
+            ]
             self._hooks.append(
                 self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True)
             )
@@ -470,7 +478,7 @@ class PatchHandle:
         the model's apply function then returns q and k unchanged; relpos rotates instead);
         the positions it was asked for are kept for attention calls without position_ids,
         and, in a multi-axis model, for the keys of later calls."""
-        out = identity_rotation(output, type(module).__name__)
+        out = identity_rotation(output, type(module).__name__, module)
         position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
         if torch.is_tensor(position_ids):
             self._rotary_positions = position_ids

@@ -6,7 +6,8 @@ records the ``q`` and ``k`` each layer hands to attention (and returns zeros, so
 layer's input is the same in both runs):
 
 * once with the model's RoPE switched off (its rotary modules, ``rotary_modules``, return
-  the identity rotation, ``(cos, sin) = (1, 0)`` or the complex ``1``): ``q_raw``,
+  the identity rotation, ``(cos, sin) = (1, 0)``, the complex ``1``, or a position table's
+  row 0, ``position_table``): ``q_raw``,
   ``k_raw``, what ``relpos.interop.hf.patch`` receives;
 * once as it is: ``q_rot``, ``k_rot``, what the model attends with.
 
@@ -22,8 +23,10 @@ relpos's ``half`` or ``interleaved`` layout over the first ``r`` channels. Then 
 ``q_raw`` and ``k_raw`` at every probed position (float32: to ``1e-4`` of the largest
 entry). Conventions found this way (transformers 5.25): half-split pairs (Llama and most),
 interleaved pairs (Cohere, Helium, Ernie 4.5), interleaved pairs in the first half of the
-head (GLM, GLM-4: partial rotary), half-split pairs rotated the other way (NanoChat: ``R(-p)``,
-the half-split pairs with their two channels swapped), layers without RoPE (Llama-4's NoPE
+head (GLM, GLM-4: partial rotary), interleaved pairs over the first ``rotary_dim`` channels
+(GPT-J, CodeGen: ``(sin, cos)`` from a position table, whose base ``table_base`` reads),
+half-split pairs rotated the other way (NanoChat: ``R(-p)``, the half-split pairs with their
+two channels swapped), layers without RoPE (Llama-4's NoPE
 layers, SmolLM3, the full-attention layers of Beam and Ergo), p-RoPE (HF ``"proportional"``,
 the global layers of Gemma-4 and LFM-3: half-split pairs ``(i, i + D/2)`` over the whole head
 whose trailing frequencies are 0, so only the leading ``r/2`` pairs turn; relpos's ``rope``
@@ -54,6 +57,9 @@ __all__ = [
     "probe_model",
     "probe_position_axes",
     "identity_rotation",
+    "position_table",
+    "table_base",
+    "TableAtPositionZero",
     "rotary_modules",
     "is_rotary_module",
     "holds_inverse_frequencies",
@@ -101,10 +107,101 @@ def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
     return found
 
 
-def identity_rotation(output: Any, where: str) -> Any:
+def position_table(module: nn.Module) -> Tensor | None:
+    """The table of sines and cosines by position that a rotary module indexes instead of
+    keeping inverse frequencies, or None: a 2-D floating buffer (positions x 2m) whose row 0,
+    the rotation at position 0, is ``sin 0 = 0`` in one half of the row and ``cos 0 = 1`` in
+    the other. GPT-J's and CodeGen's rotary modules keep such a table, ``embed_positions``
+    (``sin | cos`` of ``p * 10000^(-2i/r)``, EleutherAI's mesh-transformer-jax layout;
+    transformers ``models/gptj/modeling_gptj.py``, ``create_sinusoidal_positions``), and
+    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules."""
+    if holds_inverse_frequencies(module):
+        return None
+    for table in module._buffers.values():
+        if table is None or table.dim() != 2 or not table.is_floating_point():
+            continue
+        rows, width = table.shape
+        if rows < 2 or width % 2:
+            continue
+        first = table[0]
+        zeros, ones = first == 0, first == 1
+        m = width // 2
+        if bool(zeros[:m].all() and ones[m:].all()) or bool(ones[:m].all() and zeros[m:].all()):
+            return table
+    return None
+
+
+def table_base(table: Tensor) -> float:
+    """The RoPE base ``b`` of a position table (``position_table``): row ``p`` holds ``sin``
+    and ``cos`` of ``p * b^(-2i/r)`` for the ``r/2`` pairs ``i`` of its ``r`` channels. Each
+    pair's frequency is the least-squares slope of its angle (``atan2(sin, cos)`` unwrapped
+    over the positions); ``log b`` is the least-squares fit of ``-(r / 2i) log`` of the
+    frequencies ``i >= 1``. The table is float32, so ``b`` is known to float32 precision (the
+    probe then checks relpos's rope with it against the model's rotation). ``ValueError``
+    when the first frequency is not 1 (a table that is not ``b^(-2i/r)``). With one pair the
+    base does not matter (its frequency is 1 for every base): 10000."""
+    rows, width = table.shape
+    m = width // 2
+    t = table.detach().double().cpu()
+    sin_first = bool((t[0, :m] == 0).all())
+    sin, cos = (t[:, :m], t[:, m:]) if sin_first else (t[:, m:], t[:, :m])
+    step = torch.atan2(sin, cos).diff(dim=0)
+    step = torch.remainder(step + math.pi, 2 * math.pi) - math.pi  # |frequency| < pi
+    angle = torch.cat([torch.zeros(1, m, dtype=t.dtype), step.cumsum(0)])
+    p = torch.arange(rows, dtype=t.dtype)[:, None]
+    freq = (p * angle).sum(0) / (p * p).sum()
+    if not abs(float(freq[0]) - 1.0) <= 1e-5:
+        raise ValueError(
+            f"relpos.interop.hf: the rotary module's position table turns its first pair by "
+            f"{float(freq[0]):.6g} rad per position, not 1: not a RoPE table p * b^(-2i/r)"
+        )
+    if m == 1:
+        return 10000.0
+    exponent = 2 * torch.arange(1, m, dtype=t.dtype) / width
+    log_base = -(exponent * freq[1:].log()).sum() / (exponent * exponent).sum()
+    return float(log_base.exp())
+
+
+class TableAtPositionZero:
+    """While installed, a rotary module that indexes a position table (``position_table``)
+    computes its output at position 0 for every position it is asked for: the identity
+    rotation, in its own order and dtype, also at positions past the table's last row, which
+    its forward could not index (the patch's methods then run there; the model alone cannot).
+    Its hooks still receive the positions it was called with. ``remove()`` restores it."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        # a forward set on the instance before (accelerate's device hooks) is put back
+        self.previous = vars(module).get("forward")
+        forward = module.forward
+
+        def at_position_zero(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_tensor(kwargs.get("position_ids")):
+                kwargs["position_ids"] = torch.zeros_like(kwargs["position_ids"])
+            elif len(args) > 1 and torch.is_tensor(args[1]):
+                args = (args[0], torch.zeros_like(args[1]), *args[2:])
+            return forward(*args, **kwargs)
+
+        module.forward = self.installed = at_position_zero
+
+    def remove(self) -> None:
+        if vars(self.module).get("forward") is not self.installed:
+            return  # already removed
+        if self.previous is None:
+            del vars(self.module)["forward"]
+        else:
+            self.module.forward = self.previous
+
+
+def identity_rotation(output: Any, where: str, module: nn.Module | None = None) -> Any:
     """The output of a rotary module with its rotation replaced by the identity: ``(cos,
-    sin) -> (1, 0)``, a complex ``e^{i theta}`` tensor (Llama-4) -> ``1``. ``ValueError``
+    sin) -> (1, 0)``, a complex ``e^{i theta}`` tensor (Llama-4) -> ``1``; for a ``module``
+    that indexes a position table (``position_table``: GPT-J's ``(sin, cos)``), the table's
+    row at position 0 in the module's own order, split as its output is. ``ValueError``
     naming ``where`` for any other output."""
+    table = None if module is None else position_table(module)
+    if table is not None:
+        return _table_identity(output, table[0], where)
     if isinstance(output, tuple) and len(output) == 2 and all(map(torch.is_tensor, output)):
         cos, sin = output
         return torch.ones_like(cos), torch.zeros_like(sin)
@@ -114,6 +211,25 @@ def identity_rotation(output: Any, where: str) -> Any:
         f"relpos.interop.hf: {where} returned {type(output).__name__}; expected (cos, sin) or "
         "a complex rotation tensor, so its RoPE cannot be switched off"
     )
+
+
+def _table_identity(output: Any, first: Tensor, where: str) -> Any:
+    """``output`` (a tensor, or a tuple of tensors that split a table row in order) with
+    every row replaced by ``first``, the table's row at position 0 (the identity)."""
+    parts = (output,) if torch.is_tensor(output) else output
+    widths = [t.shape[-1] for t in parts] if isinstance(parts, tuple) else []
+    if not widths or not all(map(torch.is_tensor, parts)) or sum(widths) != first.shape[-1]:
+        raise ValueError(
+            f"relpos.interop.hf: {where} indexes a table of sines and cosines by position, "
+            f"but returned {type(output).__name__} that does not split its rows of "
+            f"{first.shape[-1]} entries, so its RoPE cannot be switched off"
+        )
+    out, start = [], 0
+    for t, width in zip(parts, widths, strict=True):
+        row = first[start : start + width].to(device=t.device, dtype=t.dtype)
+        out.append(row.expand(t.shape).clone())
+        start += width
+    return out[0] if torch.is_tensor(output) else tuple(out)
 
 
 @contextmanager
@@ -165,7 +281,9 @@ def _run(model, ids, pos, rotary: list[nn.Module], identity: bool, seen: list | 
         for module in rotary:
             where = type(module).__name__
             hooks.append(
-                module.register_forward_hook(lambda m, a, out, w=where: identity_rotation(out, w))
+                module.register_forward_hook(
+                    lambda m, a, out, w=where: identity_rotation(out, w, m)
+                )
             )
     try:
         with _capture(model, records), torch.no_grad():
@@ -551,12 +669,17 @@ def no_rotary_reason(model: nn.Module, facts: ModelFacts) -> str:
 
 def _far_position(facts: ModelFacts) -> int:
     """A position at which even the lowest frequency has turned by about a radian (every
-    rotated pair shows; ``64 base``, at most ``2^24``): the probe reads the pairs there."""
+    rotated pair shows; ``64 base``, at most ``2^24``): the probe reads the pairs there. A
+    rotary module that indexes a position table (``position_table``: GPT-J, CodeGen) has no
+    rotation past its last row: that row then."""
     base = max((r.base for r in facts.rope.values()), default=10000.0)
     factor = max(
         (float((r.scaling or {}).get("factor") or 1.0) for r in facts.rope.values()), default=1.0
     )
-    return int(min(2**24, 64 * base * max(factor, 1.0)))
+    far = int(min(2**24, 64 * base * max(factor, 1.0)))
+    tables = [position_table(m) for m in facts.rotary_modules]
+    rows = [int(t.shape[0]) for t in tables if t is not None]
+    return min([far, *(r - 1 for r in rows)])
 
 
 def _tolerance(x: Tensor) -> float:
