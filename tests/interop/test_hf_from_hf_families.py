@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 import hf_families  # noqa: E402
 from hf_tiny import model as tiny_model  # noqa: E402
 
-from relpos.interop.hf import from_hf, inspect_model  # noqa: E402
+from relpos.interop.hf import from_hf, inspect_model, to_hf  # noqa: E402
 
 
 def _tiny(model_type: str):
@@ -83,6 +83,18 @@ def test_ministral3s_attention_temperature_is_copied_exactly():
     assert float((cold - ref).abs().max()) / scale > 1e-3  # the temperature shows
     assert float((out - ref).abs().max()) / scale <= 1e-5
     assert float((steps - ref_steps).abs().max()) / scale <= 1e-5
+    with pytest.raises(ValueError, match="to_hf: the model has a query temperature"):
+        to_hf(lm)  # LlamaForCausalLM has none
+
+
+def test_a_temperature_key_the_model_does_not_apply_is_refused_by_the_check():
+    """Llama ignores ``llama_4_scaling_beta`` in its dict; the copy would apply it, and the
+    logits check at positions across the temperature's steps shows the difference."""
+    params = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+              "original_max_position_embeddings": 32, "llama_4_scaling_beta": 0.5}  # fmt: skip
+    hf = tiny_model("llama", rope_parameters=params)
+    with pytest.raises(ValueError, match="logits differ by"):
+        from_hf(hf)
 
 
 @pytest.mark.parametrize(

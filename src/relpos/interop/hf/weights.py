@@ -120,16 +120,11 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
         config_rope = {FULL: rope_facts({"rope_theta": 10000.0}, config)}
     else:
         config_rope, _ = _rope_per_type(config)
-    ropes = config_rope.values()
-    if (
-        len(
-            {
-                (r.base, repr(r.scaling), r.partial_rotary_factor, repr(r.model_applied))
-                for r in ropes
-            }
-        )
-        > 1
-    ):
+    distinct = {
+        (r.base, repr(r.scaling), r.partial_rotary_factor, repr(r.model_applied))
+        for r in config_rope.values()
+    }
+    if len(distinct) > 1:
         raise ValueError(
             f"from_hf: {what} gives its layer types different RoPEs ({sorted(config_rope)}); "
             "LlamaLM has one RoPE for every layer"
