@@ -162,8 +162,9 @@ def test_imrope_of_qwen3_vl_sections_is_m_rope_with_the_fourth_axis() -> None:
     assert enc.dims == 4 and enc.pair_axes().tolist() == axes
     rng = np.random.default_rng(3)
     x = rng.standard_normal((20, 128))
-    rows = (_qwen3_vl_rows(), _qwen3_vl_rows(250_000), rng.integers(0, 300, (20, 4)))
-    for pos in rows:  # as llama.cpp fills them, then any four rows
+    same = np.repeat(np.arange(100_000, 100_020)[:, None], 4, 1)  # e = t too
+    rows = (_qwen3_vl_rows(), _qwen3_vl_rows(250_000), same, rng.integers(0, 300, (20, 4)))
+    for pos in rows:  # as llama.cpp fills them, one position on all four, any four rows
         expected = ggml_rope(x, pos, IMROPE, 5e6, 128, QWEN3_VL["sections"])
         np.testing.assert_allclose(relpos_rope(name, options, x, pos), expected, atol=2e-5)
 
