@@ -260,3 +260,34 @@ def test_load_gguf_picks_longrope_factors_by_the_context_length(tmp_path):
         )
         np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
         assert enc.attention_factor == pytest.approx(mscale, rel=1e-6)
+
+
+def test_qwen3_vl_sections_read_from_a_file_give_m_rope_with_the_fourth_axis(tmp_path):
+    """A Qwen3-VL GGUF header (as llama.cpp's converter writes it: ``rope.dimension_sections``
+    ``[24, 20, 20, 0]``, 64 pairs) reads as interleaved ``m-rope`` over four position axes,
+    the IMROPE layout tests/interop/test_llama_cpp_rope.py checks against ggml; a RoPE scaling
+    on it is refused by name."""
+    import gguf
+
+    from relpos.interop.gguf import open_gguf, read_metadata
+
+    path = tmp_path / "qwen3vl.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3vl")
+    writer.add_embedding_length(256)
+    writer.add_head_count(2)
+    writer.add_key_length(128)
+    writer.add_rope_freq_base(5e6)
+    writer.add_rope_dimension_sections([24, 20, 20, 0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    meta = read_metadata(open_gguf(path))
+    encoding, options = rope_convention(meta)
+    assert (encoding, options["mrope_section"]) == ("m-rope", [24, 20, 20, 0])
+    enc = create(encoding, num_heads=2, head_dim=128, **options)
+    assert enc.dims == 4 and enc.pair_axes()[61:63].tolist() == [3, 3]
+    meta["qwen3vl.rope.scaling.type"] = "linear"
+    meta["qwen3vl.rope.scaling.factor"] = 2.0
+    with pytest.raises(ValueError, match="scaling 'linear' on llama.cpp's 'm-rope'"):
+        rope_convention(meta)

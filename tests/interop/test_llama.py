@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import relpos
 from relpos.nn import LlamaConfig, LlamaLM
-from relpos.nn.llama import RMSNorm
+from relpos.nn.llama import QueryTemperatureAttention, RMSNorm, query_temperature
 
 
 def tiny(**overrides) -> LlamaLM:
@@ -200,3 +202,67 @@ def test_bad_arguments_name_what_is_expected():
         tiny(num_kv_heads=3)
     with pytest.raises(ValueError, match="rope_layout"):
         tiny(rope_layout="split")
+
+
+def test_query_temperature_steps_at_multiples_of_its_length():
+    """Llama-4's temperature as Ministral 3 applies it: 1 + beta ln(1 + floor(p / length))."""
+    pos = torch.tensor([[0, 16383, 16384, 3 * 16384 - 1, 3 * 16384]])
+    expected = [1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3), 1 + 0.1 * math.log(4)]
+    assert query_temperature(pos, 0.1, 16384)[0].tolist() == pytest.approx(expected, rel=1e-15)
+    assert query_temperature(pos.double() + 0.5, 0.1, 16384)[0, 2] == pytest.approx(expected[2])
+    with pytest.raises(ValueError, match="positions p >= 0"):
+        query_temperature(torch.tensor([-1]), 0.1, 16384)
+
+
+def _sharp(model: LlamaLM) -> LlamaLM:
+    """``model`` with q rows 30 times the init's: sharper attention, so temperatures show."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_proj.weight.mul_(30)
+    return model
+
+
+def test_query_temperature_multiplies_the_queries_of_every_layer():
+    """Below the first step the model is the model without temperature; past it, a query at
+    position p is the plain model's with its q rows scaled by the temperature of p (one
+    layer: keys and values are not scaled); cached decoding continues the positions (the
+    default ones from the cache length, as given ones)."""
+    plain = _sharp(tiny())
+    warm = tiny(query_temperature_beta=0.5, query_temperature_length=8)
+    warm.load_state_dict(plain.state_dict())
+    assert all(isinstance(block.attn, QueryTemperatureAttention) for block in warm.blocks)
+    x = tokens(20)
+    with torch.no_grad():
+        torch.testing.assert_close(warm(x[:, :8]), plain(x[:, :8]))
+        full = warm(x)
+        assert (full[:, 8:] - plain(x)[:, 8:]).abs().max() > 1e-2
+        one_layer = _sharp(tiny(depth=1))
+        warm_one = tiny(depth=1, query_temperature_beta=0.5, query_temperature_length=8)
+        warm_one.load_state_dict(one_layer.state_dict())
+        out = warm_one(x)
+        for p in (8, 16, 19):
+            scaled = tiny(depth=1)
+            scaled.load_state_dict(one_layer.state_dict())
+            scaled.blocks[0].attn.q_proj.weight.mul_(1 + 0.5 * math.log(1 + p // 8))
+            torch.testing.assert_close(out[:, p], scaled(x[:, : p + 1])[:, p], rtol=1e-5, atol=1e-5)
+        cache = warm.new_cache()
+        steps = [warm(x[:, :6], cache=cache)]
+        steps += [warm(x[:, t : t + 1], cache=cache) for t in range(6, 20)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+        pos = torch.arange(20) + 100
+        cache = warm.new_cache()
+        steps = [warm(x[:, :6], pos[:6], cache=cache)]
+        steps += [warm(x[:, t : t + 1], pos[t : t + 1], cache=cache) for t in range(6, 20)]
+        torch.testing.assert_close(torch.cat(steps, 1), warm(x, pos), rtol=1e-5, atol=1e-5)
+
+
+def test_query_temperature_options_are_checked_by_name():
+    with pytest.raises(ValueError, match="go together"):
+        tiny(query_temperature_beta=0.1)
+    with pytest.raises(ValueError, match="query_temperature_beta"):
+        tiny(query_temperature_beta=-0.1, query_temperature_length=8)
+    with pytest.raises(ValueError, match="query_temperature_length"):
+        tiny(query_temperature_beta=0.1, query_temperature_length=0)
+    model = tiny(query_temperature_beta=0.1, query_temperature_length=8)
+    with pytest.raises(ValueError, match="one position per token"):
+        model(tokens(4), torch.zeros(2, 4, 3, dtype=torch.long))

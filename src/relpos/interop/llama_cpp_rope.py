@@ -14,13 +14,21 @@ llama.cpp does not store a rope type in a GGUF file: ``llama_model_rope_type``
   four levels (any contiguous sections over one spectrum);
 * ``IMROPE`` (40, Qwen3-VL): NEOX pairs; ``sector % 3 == 1`` and ``< 3 h`` take h,
   ``% 3 == 2`` and ``< 3 w`` take w, ``% 3 == 0`` and ``< 3 t`` take t, every other pair the
-  fourth position e. relpos's ``m-rope`` with ``interleaved_sections=True`` sends the
-  remaining pairs to t (as transformers' Qwen3-VL does), so the two agree only when no pair
-  falls to e; otherwise this module refuses by name;
+  fourth position e: ``m-rope`` with ``interleaved_sections=True`` and the three sections
+  when no pair falls to e, else with the four sections (positions ``(B, L, 4)``; Qwen3-VL's
+  ``[24, 20, 20, 0]`` over 64 pairs sends pairs 61 and 62 to e, which transformers' Qwen3-VL
+  turns by t instead);
 * ``VISION`` (24, the clip / mtmd vision towers): ``n_dims = head_dim / 2`` and pairs
   ``(j, j + n_dims)`` over the whole head; the spectrum restarts in every section
   (``theta_scale^(j - start)``): ``rope-axial`` (per-axis spectra) with ``layout="half"`` and
   per-axis bases ``base^(2 n_a / n_dims)`` so that ``base_a^(-k / n_a) = base^(-2k / n_dims)``.
+
+The position rows are llama.cpp's: for MROPE / IMROPE it gives every token 4 rows, and for
+the tokens its language model decodes it fills the fourth with 0 (``llm_graph_input_pos::
+set_input`` in ``src/llama-graph.cpp``: text tokens ``(p, p, p, 0)``; ``decode_embd_batch``
+in ``tools/mtmd/mtmd-helper.cpp``: image tokens ``(p0, p0 + y, p0 + x, 0)``, video
+``(p0 + t, p0 + y, p0 + x, 0)``, audio ``(p, p, p, 0)``), so the pairs on e never turn there.
+``llama_cpp_positions`` builds these rows from relpos's three.
 
 ``LLAMA_CPP_ROPE_TYPES`` lists the architectures whose type is read here (a subset of
 ``llama_model_rope_type``; others raise ``ValueError`` naming the architecture).
@@ -31,6 +39,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from torch import Tensor
+
 __all__ = [
     "IMROPE",
     "LLAMA_CPP_ROPE_TYPES",
@@ -39,6 +50,7 @@ __all__ = [
     "NORMAL",
     "VISION",
     "imrope_pair_axes",
+    "llama_cpp_positions",
     "mrope_pair_axes",
     "rope_encoding",
     "rope_type_of",
@@ -141,6 +153,25 @@ def imrope_pair_axes(sections: Sequence[int], pairs: int) -> list[int]:
     return axes
 
 
+def llama_cpp_positions(positions: Tensor) -> Tensor:
+    """The four position rows llama.cpp gives a token of its MROPE / IMROPE language model
+    (module docstring), ``(..., L, 4)`` int64, from relpos's ``(..., L, 3)`` ``(t, h, w)`` ids
+    (``relpos.positions_nd.multimodal_position_ids``) or 1-D text positions ``(..., L)``
+    (every row that position): the fourth row, e, is 0."""
+    if not isinstance(positions, Tensor) or positions.is_floating_point():
+        raise TypeError(
+            "positions must be an integer tensor of text positions (..., L) or (t, h, w) ids "
+            f"(..., L, 3), got {positions!r:.80}"
+        )
+    if positions.dim() >= 2 and positions.shape[-1] == 3:
+        rows = positions.long()
+    elif positions.dim() >= 1:
+        rows = positions.long()[..., None].expand(*positions.shape, 3)
+    else:
+        raise ValueError("positions must have at least one axis (the tokens)")
+    return torch.cat((rows, torch.zeros_like(rows[..., :1])), -1)
+
+
 def vision_pair_frequencies(
     sections: Sequence[int], head_dim: int, base: float
 ) -> list[tuple[int, float]]:
@@ -199,11 +230,8 @@ def rope_encoding(
                 return "m-rope", {**common, "mrope_section": s[:3]}
             return "rope-hierarchical", {**common, "levels": 4, "sections": s}
         if 3 in imrope_pair_axes(s, pairs):
-            raise ValueError(
-                f"llama.cpp IMROPE with sections {s} sends some pairs to the fourth position "
-                f"(e); relpos's interleaved m-rope sends them to t (as transformers' Qwen3-VL "
-                f"does), so the two differ on image tokens"
-            )
+            # pairs on the fourth position: m-rope's fourth axis, llama.cpp's rule
+            return "m-rope", {**common, "mrope_section": s, "interleaved_sections": True}
         return "m-rope", {**common, "mrope_section": s[:3], "interleaved_sections": True}
     if rope_type == VISION:
         if sections is None:

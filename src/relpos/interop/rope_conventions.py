@@ -109,14 +109,24 @@ CONVENTIONS: tuple[Convention, ...] = (
         supported=False,
     ),
     Convention(
-        "transformers (Llama 4, Ministral 3)",
-        "`llama_4_scaling_beta` attention temperature",
-        "-",
-        "not a relpos scaling: the model scales its queries by the temperature after "
-        "RoPE, outside attention, so the patch keeps the model's step "
-        "(`RopeFacts.model_applied`); Ministral 3 exact in the family walk "
-        "(docs/hf_families.md). `from_hf` refuses it by name: `LlamaLM` has no such step",
-        supported=False,
+        "transformers (Ministral 3)",
+        "`llama_4_scaling_beta` attention temperature (`rope_parameters`: queries times "
+        "`1 + beta ln(1 + floor(p / original_max_position_embeddings))` after RoPE, every layer)",
+        "the model's own step under the patch (`RopeFacts.model_applied`); `LlamaLM` with "
+        "`LlamaConfig.query_temperature_beta=beta`, `query_temperature_length="
+        "original_max_position_embeddings` (read by `from_hf`)",
+        "transformers' Ministral 3, full forward and cached decode at positions across the "
+        "temperature's steps (tests/interop/test_hf_from_hf_families.py); the patch: the family "
+        "walk (docs/hf_families.md)",
+    ),
+    Convention(
+        "transformers (Llama 4)",
+        "`attn_temperature_tuning` (`attn_scale`, `floor_scale` in the text config): queries "
+        "times `1 + attn_scale ln(1 + floor((p + 1) / floor_scale))` in the NoPE layers only, "
+        "p counted from the cache length",
+        "the model's own step under the patch (the NoPE layers get no encoding); `from_hf` "
+        "refuses Llama 4 by name (layers without RoPE)",
+        "the family walk (docs/hf_families.md)",
     ),
     # ----------------------------------------------------------------- vLLM
     # read in vLLM 0.34.0 (PyPI sdist), vllm/model_executor/layers/rotary_embedding/ unless a
@@ -325,15 +335,20 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(
         "llama.cpp",
         "`LLAMA_ROPE_TYPE_MROPE` (8)",
-        "`m-rope` (`e == 0`) or `rope-hierarchical`, 4 levels",
+        "`m-rope` (`e == 0`) or `rope-hierarchical`, 4 levels (the same as `m-rope` with the "
+        "four sections `mrope_section=[t, h, w, e]`, positions `(B, L, 4)`)",
         _GGML,
     ),
     Convention(
         "llama.cpp",
         "`LLAMA_ROPE_TYPE_IMROPE` (40)",
-        "`m-rope`, `interleaved_sections=True`, when no pair falls to the 4th position; "
-        "refused otherwise (e.g. Qwen3-VL's [24, 20, 20] over 64 pairs)",
-        _GGML,
+        "`m-rope`, `interleaved_sections=True`, `mrope_section=[t, h, w]` when no pair falls "
+        "to the fourth position e, else the four sections `[t, h, w, e]` with positions "
+        "`(B, L, 4)` (Qwen3-VL's [24, 20, 20, 0] over 64 pairs: pairs 61 and 62 on e). "
+        "llama.cpp fills e with 0 for every token its language model decodes "
+        "(`llama_cpp_positions`), so those pairs never turn there; transformers' Qwen3-VL "
+        "turns them by t",
+        _GGML[:-1] + ", with llama.cpp's position rows of text and image tokens)",
     ),
     Convention(
         "llama.cpp",

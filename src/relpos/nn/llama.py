@@ -8,6 +8,8 @@ Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models" (arX
 
 with bias-free projections, ``RMSNorm(x) = w * x / sqrt(mean(x^2) + eps)`` computed in float32
 (as Hugging Face ``LlamaRMSNorm``), and a final RMSNorm before the (optionally tied) LM head.
+``LlamaConfig.query_temperature_beta`` adds Llama-4's attention temperature as Ministral 3
+applies it (``QueryTemperatureAttention``).
 The positional encoding is *pluggable*: one encoding module is shared by every layer and
 ``set_encoding(name, **options)`` swaps it (e.g. RoPE with a context-extension ``scaling``)
 without touching the weights. Pretrained weights come from ``relpos.interop.load_gguf``.
@@ -30,7 +32,8 @@ from torch import Tensor, nn
 from ..encodings.base import Encoding
 from ..encodings.options import Refused
 from ..encodings.registry import create, encoding_class
-from ..validation import check_int, check_token_ids
+from ..positions import normalize_positions
+from ..validation import check_float, check_int, check_token_ids
 from .attention import MultiHeadAttention
 from .cache import KVCache, LayerCache
 
@@ -57,6 +60,11 @@ class LlamaConfig:
         tie_embeddings: the LM head is the token embedding (no ``output.weight``).
         bos_token_id / eos_token_id: special tokens of the tokenizer, if known.
         name: the model's name, if known.
+        query_temperature_beta / query_temperature_length: Llama-4's attention temperature as
+            Ministral 3 applies it (``beta``: ``rope_parameters["llama_4_scaling_beta"]``,
+            ``length``: ``rope_parameters["original_max_position_embeddings"]``): every
+            layer's queries are multiplied by ``1 + beta ln(1 + floor(p / length))`` at their
+            position ``p`` (``query_temperature``); both None (default): no temperature.
     """
 
     vocab_size: int
@@ -73,10 +81,22 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     name: str = ""
+    query_temperature_beta: float | None = None
+    query_temperature_length: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "dim", "depth", "num_heads", "num_kv_heads", "hidden_dim"):
             check_int(getattr(self, key), f"LlamaConfig.{key}")
+        beta, length = self.query_temperature_beta, self.query_temperature_length
+        if (beta is None) != (length is None):
+            raise ValueError(
+                "LlamaConfig.query_temperature_beta and query_temperature_length go together "
+                f"(the temperature 1 + beta ln(1 + floor(p / length))), got beta={beta!r}, "
+                f"length={length!r}"
+            )
+        if beta is not None:
+            check_float(beta, "LlamaConfig.query_temperature_beta", minimum=0.0)
+            check_int(length, "LlamaConfig.query_temperature_length")
         if self.dim % self.num_heads:
             raise ValueError(
                 f"LlamaConfig.dim ({self.dim}) must be divisible by num_heads ({self.num_heads})"
@@ -133,18 +153,108 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def query_temperature(pos: Tensor, beta: float, length: int) -> Tensor:
+    """Llama-4's attention temperature ``1 + beta ln(1 + floor(p / length))`` of positions
+    ``pos`` (float64, ``pos``'s shape; ``floor`` exact for integer positions).
+
+    As Ministral 3 computes it (transformers ``models/ministral3/modeling_ministral3.py``:
+    ``get_llama_4_attn_scale`` of the layer's ``position_ids``, ``beta =
+    rope_parameters["llama_4_scaling_beta"]``, ``length =
+    rope_parameters["original_max_position_embeddings"]``). Llama 4 itself differs: its
+    ``Llama4TextAttention`` (``models/llama4/modeling_llama4.py``) scales only its NoPE
+    layers, by ``1 + attn_scale ln(1 + floor((p + 1) / floor_scale))`` with ``p`` counted
+    from the cache length rather than read from ``position_ids``.
+    """
+    if bool((pos < 0).any()):
+        raise ValueError(
+            "the query temperature 1 + beta ln(1 + floor(p / length)) needs positions p >= 0, "
+            f"got {pos.min().item()}"
+        )
+    if pos.is_floating_point():
+        steps = torch.floor(pos.double() / length)
+    else:
+        steps = torch.div(pos, length, rounding_mode="floor").double()
+    return 1.0 + beta * torch.log1p(steps)
+
+
+class QueryTemperatureAttention(MultiHeadAttention):
+    """``MultiHeadAttention`` whose projected queries are multiplied by the attention
+    temperature of their positions (``query_temperature``; Ministral 3's
+    ``Ministral3Attention``) before the encoding acts.
+
+    Ministral 3 multiplies its queries after RoPE; a rotation is linear, so the product is the
+    same (to float rounding). The positions are the call's ``pos`` (1-D per token), or the
+    default ``cache.length ..`` that ``relpos.attention`` gives the queries.
+    """
+
+    def __init__(self, *args: Any, beta: float, length: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.temperature_beta = float(beta)
+        self.temperature_length = int(length)
+        self._query_scale: Tensor | None = None  # set for the duration of one forward
+
+    def forward(  # type: ignore[override]
+        self,
+        x: Tensor,
+        pos: Tensor | None = None,
+        cache: Any = None,
+        causal: bool = True,
+        **kwargs: Any,
+    ) -> Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"x must have shape (B, L, {self.dim}), got {tuple(x.shape)}")
+        B, L, _ = x.shape
+        if pos is not None and pos.dim() == 3 and pos.shape[-1] != 1:
+            raise ValueError(
+                "the query temperature reads one position per token; pos has shape "
+                f"{tuple(pos.shape)} (multi-axis positions)"
+            )
+        offset = 0 if cache is None else int(cache.length)  # relpos.attention's default
+        positions = normalize_positions(
+            pos, name="pos", batch=B, length=L, dims=1, continuous=True, device=x.device,
+            offset=offset,
+        )  # fmt: skip
+        scale = query_temperature(positions, self.temperature_beta, self.temperature_length)
+        self._query_scale = scale[:, None, :, None]
+        try:
+            return super().forward(x, pos, cache, causal, **kwargs)
+        finally:
+            self._query_scale = None
+
+    def project(self, x: Tensor, cache: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().project(x, cache)
+        if self._query_scale is not None:
+            q = q * self._query_scale.to(q.dtype)
+        return q, k, v
+
+    def extra_repr(self) -> str:
+        return (
+            f"query temperature 1 + {self.temperature_beta:g} ln(1 + floor(p / "
+            f"{self.temperature_length}))"
+        )
+
+
 class LlamaBlock(nn.Module):
     """Pre-norm Llama block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
 
     def __init__(self, config: LlamaConfig, encoding: Encoding | None, backend: str) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.dim, config.rms_norm_eps)
-        self.attn = MultiHeadAttention(
+        temperature: dict[str, Any] = {}
+        attention_class = MultiHeadAttention
+        if config.query_temperature_beta is not None:
+            attention_class = QueryTemperatureAttention
+            temperature = {
+                "beta": config.query_temperature_beta,
+                "length": config.query_temperature_length,
+            }
+        self.attn = attention_class(
             config.dim,
             config.num_heads,
             encoding,
             num_kv_heads=config.num_kv_heads,
             backend=backend,
+            **temperature,
         )
         self.mlp_norm = RMSNorm(config.dim, config.rms_norm_eps)
         self.mlp = SwiGLU(config.dim, config.hidden_dim)
@@ -399,4 +509,13 @@ class LlamaLM(nn.Module):
         )
 
 
-__all__ = ["LlamaConfig", "LlamaLM", "LlamaBlock", "RMSNorm", "SwiGLU", "HEAD_CHUNK"]
+__all__ = [
+    "LlamaConfig",
+    "LlamaLM",
+    "LlamaBlock",
+    "QueryTemperatureAttention",
+    "RMSNorm",
+    "SwiGLU",
+    "HEAD_CHUNK",
+    "query_temperature",
+]

@@ -83,6 +83,34 @@ def test_each_axis_is_relative_on_its_own(name, shift):
     assert not torch.allclose(_scores(enc, q_moved, pos), ref, atol=1e-3)
 
 
+def test_mrope_with_llama_cpps_fourth_section_takes_four_position_axes():
+    """Four sections: positions (B, L, 4). Interleaved (llama.cpp IMROPE): t, h and w keep
+    their own slots of the 0-1-2 cycle and every other pair takes the fourth axis, where
+    transformers' three sections give it to t; contiguous (MROPE): one band per axis."""
+    imrope = relpos.create("m-rope", num_heads=2, head_dim=32, mrope_section=[4, 4, 4, 4],
+                           interleaved_sections=True)  # fmt: skip
+    assert imrope.dims == 4
+    assert imrope.pair_axes().tolist() == [0, 1, 2] * 4 + [3] * 4
+    hf = relpos.create("m-rope", num_heads=2, head_dim=32, mrope_section=[6, 5, 5],
+                       interleaved_sections=True)  # fmt: skip
+    assert hf.pair_axes().tolist() == [0, 1, 2] * 5 + [0]
+    fewer_t = relpos.create("m-rope", num_heads=2, head_dim=32, mrope_section=[2, 5, 5, 4],
+                            interleaved_sections=True)  # fmt: skip
+    assert fewer_t.pair_axes().tolist() == [0, 1, 2, 0, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    mrope = relpos.create("m-rope", num_heads=2, head_dim=32, mrope_section=[4, 4, 4, 4])
+    assert mrope.pair_axes().tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    torch.manual_seed(0)
+    pos = grid_positions(3, 3, 2, 2).float()[None]
+    for enc in (imrope, mrope):
+        ref = _scores(enc, pos, pos)
+        moved = pos.clone()
+        moved[..., 3] += 7
+        torch.testing.assert_close(_scores(enc, moved, moved), ref, rtol=1e-5, atol=1e-5)
+        q_moved = pos.clone()
+        q_moved[..., 3] += 1  # the fourth axis turns its pairs
+        assert not torch.allclose(_scores(enc, q_moved, pos), ref, atol=1e-3)
+
+
 def test_axial_2d_factorises_into_two_1d_ropes():
     """A 2-D axial rotation is a 1-D RoPE on each section with its own positions."""
     enc = relpos.create("rope-axial", num_heads=1, head_dim=16, base=100, layout="interleaved")

@@ -406,6 +406,19 @@ class MRoPE(AxialRoPE):
     ``rope_parameters``). Positions ``(B, L, 3)`` from
     ``relpos.positions_nd.multimodal_position_ids``. Half-split layout (HF).
 
+    A fourth section is llama.cpp's fourth position row e (``rope.dimension_sections = [t, h,
+    w, e]``; ggml-org/llama.cpp ``ggml/src/ggml-cpu/ops.cpp``, ``ggml_mrope_cache_init``):
+    positions are then ``(B, L, 4)``. Contiguous sections (llama.cpp ``MROPE``) give the last
+    ``e`` pairs to e; with ``interleaved_sections=True`` (llama.cpp ``IMROPE``, Qwen3-VL's GGUF
+    files) pair ``i`` takes h when ``i = 1 mod 3`` and ``i < 3 h``, w when ``i = 2 mod 3`` and
+    ``i < 3 w``, t when ``i = 0 mod 3`` and ``i < 3 t``, and e otherwise, where transformers'
+    three sections give those pairs to t: Qwen3-VL's ``[24, 20, 20, 0]`` over 64 pairs sends
+    pairs 61 and 62 to e. llama.cpp fills e with 0 for every token its language model decodes
+    (``llm_graph_input_pos::set_input`` in ``src/llama-graph.cpp`` for text,
+    ``decode_embd_batch`` in ``tools/mtmd/mtmd-helper.cpp`` for images, video and audio), so
+    pass the four rows as llama.cpp fills them (``relpos.interop.llama_cpp_rope
+    .llama_cpp_positions``): positions relpos builds itself repeat one position on every axis.
+
     ``axis_of_pair`` gives the axis (0 = t, 1 = h, 2 = w) of every rotated pair instead of
     sections: one entry per rotated pair, pair ``p`` turning by ``pos[axis_of_pair[p]] *
     theta_p`` on the same shared spectrum. ``relpos.encodings.rotary.mrope_layouts`` builds
@@ -422,7 +435,9 @@ class MRoPE(AxialRoPE):
         *,
         mrope_section: Annotated[
             Sequence[int] | None,
-            IntSequence(length=3, minimum=0, optional=True, doc="(t, h, w) pairs"),
+            IntSequence(
+                minimum=0, optional=True, doc="(t, h, w) pairs, or llama.cpp's (t, h, w, e)"
+            ),
         ] = None,
         interleaved_sections: Annotated[
             bool, Bool(doc="Qwen3-VL's interleaved axis assignment")
@@ -439,7 +454,12 @@ class MRoPE(AxialRoPE):
             pairs = self.rotary_pairs
             t = pairs * 16 // 64
             mrope_section = [t, (pairs - t) // 2, pairs - t - (pairs - t) // 2]
-        self._set_sections(mrope_section, 3, "mrope_section")
+        if len(mrope_section) not in (3, 4):
+            raise ValueError(
+                "mrope_section must list 3 pair counts (t, h, w) or 4 (llama.cpp's t, h, w, "
+                f"e), got {list(mrope_section)}"
+            )
+        self._set_sections(mrope_section, len(mrope_section), "mrope_section")
 
     def _sections_of_axis_list(
         self, axes: tuple[int, ...], mrope_section: Sequence[int] | None
@@ -468,12 +488,27 @@ class MRoPE(AxialRoPE):
             return torch.tensor(self.axis_of_pair, dtype=torch.long)
         if not self.interleaved_sections:
             return super().pair_axes()
-        _, h, w = self.sections
+        t, h, w = self.sections[:3]
         i = torch.arange(sum(self.sections))
-        axis = torch.zeros(len(i), dtype=torch.long)
+        # transformers' three sections: t by default; llama.cpp's four: e by default, t only
+        # on its own interleaved slots
+        axis = torch.full((len(i),), 0 if self.dims == 3 else 3, dtype=torch.long)
+        if self.dims == 4:
+            axis[(i % 3 == 0) & (i < 3 * t)] = 0
         axis[(i % 3 == 1) & (i < 3 * h)] = 1
         axis[(i % 3 == 2) & (i < 3 * w)] = 2
         return axis
+
+    def positions(self, pos: Tensor) -> Tensor:
+        """The positions ``(B|1, L, dims)``; ``ValueError`` naming the expected axes."""
+        pos = super().positions(pos)
+        if pos.shape[-1] != self.dims:
+            axes = "(t, h, w)" if self.dims == 3 else "(t, h, w, e)"
+            raise ValueError(
+                f"m-rope with mrope_section={list(self.sections)} takes positions "
+                f"(B, L, {self.dims}) on the axes {axes}, got shape {tuple(pos.shape)}"
+            )
+        return pos
 
 
 @register("rope-hierarchical")

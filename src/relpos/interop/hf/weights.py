@@ -28,10 +28,15 @@ another activation than SiLU, a head size other than ``hidden_size / num_attenti
 constant factors on embeddings, residuals, attention or logits (Granite's multipliers,
 Cohere's ``logit_scale``), partial rotary, a sliding window (Mistral), layer types with
 different RoPEs, layers without RoPE, pairs in neither relpos layout, a RoPE-dict key the
-model's attention applies itself (Ministral-3's ``llama_4_scaling_beta``), and for ``to_hf``
-an encoding other than ``rope``. Finally ``from_hf`` runs both models once on a short known
-input and refuses unless their logits agree (``check=True``), so what a model computes beyond
-its tensors and these config keys is refused too rather than copied wrong.
+model's attention applies itself other than ``llama_4_scaling_beta``, and for ``to_hf`` an
+encoding other than ``rope`` or a model with a query temperature. Ministral-3's
+``llama_4_scaling_beta`` (with the dict's ``original_max_position_embeddings``) becomes
+``LlamaConfig.query_temperature_beta`` / ``query_temperature_length``: ``LlamaLM`` multiplies
+its queries by ``1 + beta ln(1 + floor(p / length))`` as ``Ministral3Attention`` does
+(transformers ``models/ministral3/modeling_ministral3.py``). Finally ``from_hf`` runs both
+models on a short known input (and, with a temperature, at positions across its steps) and
+refuses unless their logits agree (``check=True``), so what a model computes beyond its
+tensors and these config keys is refused too rather than copied wrong.
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ MULTIPLIERS = {
     "logits_scaling": 1.0,
     "logit_scale": 1.0,
 }
+
+#: RoPE-dict keys the model's attention applies that ``LlamaLM`` states
+#: (``LlamaConfig.query_temperature_*``)
+LLAMA_LM_APPLIES = frozenset({"llama_4_scaling_beta"})
 
 #: relative error of the logits within which ``from_hf``'s check accepts the copy, by the
 #: model's dtype (float32 rounding of two summation orders; 16-bit rounding)
@@ -111,7 +120,11 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
         config_rope = {FULL: rope_facts({"rope_theta": 10000.0}, config)}
     else:
         config_rope, _ = _rope_per_type(config)
-    if len({(r.base, repr(r.scaling), r.partial_rotary_factor) for r in config_rope.values()}) > 1:
+    distinct = {
+        (r.base, repr(r.scaling), r.partial_rotary_factor, repr(r.model_applied))
+        for r in config_rope.values()
+    }
+    if len(distinct) > 1:
         raise ValueError(
             f"from_hf: {what} gives its layer types different RoPEs ({sorted(config_rope)}); "
             "LlamaLM has one RoPE for every layer"
@@ -124,6 +137,7 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
             f"from_hf: {what} rotates a part of each head (partial_rotary_factor="
             f"{rope.partial_rotary_factor}); LlamaLM rotates whole heads"
         )
+    temperature = _query_temperature(rope.model_applied, rope.scaling, what)
     eos = getattr(config, "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
@@ -142,8 +156,25 @@ def llama_config_from_hf(config: Any, *, layout: str = "half") -> tuple[LlamaCon
         bos_token_id=getattr(config, "bos_token_id", None),
         eos_token_id=eos,
         name=str(getattr(config, "name_or_path", "") or what),
+        **temperature,
     )
     return out, rope.scaling
+
+
+def _query_temperature(applied: dict[str, Any], scaling: dict | None, what: str) -> dict:
+    """``LlamaConfig``'s query temperature options of a RoPE dict's ``llama_4_scaling_beta``
+    (``Ministral3Attention``: ``beta`` with the dict's ``original_max_position_embeddings``);
+    ``{}`` without it."""
+    beta = applied.get("llama_4_scaling_beta")
+    if beta is None:
+        return {}
+    length = (scaling or {}).get("original_max_position_embeddings")
+    if length is None:
+        raise ValueError(
+            f"from_hf: {what} has llama_4_scaling_beta={beta} but its rope_parameters have no "
+            "original_max_position_embeddings, the length of the temperature's steps"
+        )
+    return {"query_temperature_beta": float(beta), "query_temperature_length": int(length)}
 
 
 def _qk(weight: Tensor, heads: int, head_dim: int, source: str, target: str) -> Tensor:
@@ -161,10 +192,11 @@ def _source_layout(model: nn.Module) -> str:
     facts = inspect_model(model, probe=True)
     what = f"from_hf: {facts.model_type}"
     for rope in facts.rope.values():
-        if rope.model_applied:
+        unstated = sorted(set(rope.model_applied) - LLAMA_LM_APPLIES)
+        if unstated:
             raise ValueError(
-                f"{what} applies {sorted(rope.model_applied)} in its attention (a position-"
-                "dependent query temperature); LlamaLM has none"
+                f"{what} applies {unstated} in its attention, outside the rotation; LlamaLM "
+                "has no such step"
             )
     layouts = set()
     for i, layer in enumerate(facts.layers or ()):
@@ -259,20 +291,29 @@ def from_hf(
 def _check_same_logits(model: nn.Module, lm: LlamaLM) -> None:
     """``ValueError`` unless ``lm`` gives the model's logits on a short known input (two rows
     of 8 tokens) within ``CHECK_RTOL`` of the model's dtype: what the model computes beyond
-    its tensors and config keys (a constant factor, another norm) shows here."""
+    its tensors and config keys (a constant factor, another norm) shows here. With a query
+    temperature the rows also run at positions across its first and third steps."""
     weight = lm.embed.weight
     vocab = weight.shape[0]
     ids = torch.arange(16, device=weight.device).reshape(2, 8) * 7 % vocab
+    positions: list[Tensor | None] = [None]
+    step = lm.config.query_temperature_length
+    if step is not None:
+        starts = torch.tensor([[step - 4], [3 * step - 4]], device=weight.device)
+        positions.append(starts + torch.arange(8, device=weight.device))
     was_training = model.training
     model.eval()
     lm.eval()
+    err = 0.0
     try:
         with torch.no_grad():
-            ref = model(input_ids=ids, use_cache=False).logits.float()
-            out = lm(ids).float()
+            for pos in positions:
+                extra = {} if pos is None else {"position_ids": pos}
+                ref = model(input_ids=ids, use_cache=False, **extra).logits.float()
+                out = lm(ids, pos=pos).float()
+                err = max(err, float((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30)))
     finally:
         model.train(was_training)
-    err = float((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30))
     tol = CHECK_RTOL.get(weight.dtype, 3e-2)
     if not err <= tol:
         raise ValueError(
@@ -299,6 +340,11 @@ def to_hf(lm: LlamaLM) -> nn.Module:
         )
     if enc.partial_rotary_factor != 1.0:
         raise ValueError("to_hf: partial rotary is not supported by LlamaForCausalLM's export")
+    if lm.config.query_temperature_beta is not None:
+        raise ValueError(
+            "to_hf: the model has a query temperature (query_temperature_beta="
+            f"{lm.config.query_temperature_beta}); LlamaForCausalLM has none"
+        )
     c = lm.config
     rope_parameters = {"rope_type": "default", **(enc.scaling or {}), "rope_theta": enc.base}
     kwargs: dict[str, Any] = {}
