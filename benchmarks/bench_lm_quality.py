@@ -359,7 +359,8 @@ def normalise(result: dict) -> dict:
     """Label every relpos result with the init and head it was trained with: results written
     before ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then, and
     every result records ``tie_embedding``; a spec without ``init=`` or ``head=`` used the
-    defaults of its day, which the recorded values name. A peer result without ``peer_options`` was
+    defaults of its day, which the recorded values name. The label lists the knobs in ``KNOBS``
+    order (encoding options last), so two spellings of one model are one row. A peer result without ``peer_options`` was
     written when ``x-transformers`` meant the tied head and whole-head rotary, today's
     ``x-transformers-matched``."""
     if result["model"] == "x-transformers" and "peer_options" not in result:
@@ -372,7 +373,9 @@ def normalise(result: dict) -> dict:
         knobs = {"init": result["init"], **knobs}
     if "head" not in knobs:
         knobs["head"] = "tied" if result.get("tie_embedding", True) else "untied"
-    result["model"] = f"{base}[{','.join(f'{k}={v}' for k, v in knobs.items())}]"
+    # one spelling per model: the knobs in ``KNOBS`` order, encoding options last
+    order = sorted(knobs, key=lambda k: KNOBS.index(k) if k in KNOBS else len(KNOBS))
+    result["model"] = f"{base}[{','.join(f'{k}={knobs[k]}' for k in order)}]"
     return result
 
 

@@ -1,10 +1,10 @@
 """Training throughput of relpos's TransformerLM against x-transformers, side by side.
 
 Configuration (docs/benchmarks.md's peer configuration): byte-level vocab 256, dim 128,
-depth 4, 4 heads (head_dim 32), MLP ratio 4, pre-norm, an untied output layer (both libraries'
-default), L = 128, batch 32, AdamW, fp32 on the CPU; encodings ALiBi and RoPE. Every case runs the same loop (zero_grad,
-forward, cross-entropy, backward, clip, step) on the same random batches; a timed
-call is ``--steps`` optimizer steps.
+depth 4, 4 heads (head_dim 32), MLP ratio 4, pre-norm, an untied output layer (both
+libraries' default), L = 128, batch 32, AdamW, fp32 on the CPU; encodings ALiBi and RoPE.
+Every case runs the same loop (zero_grad, forward, cross-entropy, backward, clip, step) on
+the same random batches; a timed call is ``--steps`` optimizer steps.
 
 Cases per encoding:
 * ``relpos``: ``relpos.nn.TransformerLM(256, 128, 4, 4, encoding)`` (its defaults, backend

@@ -58,6 +58,8 @@ def test_the_recorded_run_is_the_demo_of_todays_quick_profile():
     assert {(r["dim"], r["depth"], r["heads"], r["batch"], r["steps"]) for r in rows} == {
         (quick.dim, quick.depth, quick.num_heads, quick.batch_size, quick.steps)
     }
+    head = "tied" if quick.tie_embedding else "untied"
+    assert {(r["init"], r["head"]) for r in rows} == {(quick.init, head)}
     assert {r["mode"] for r in rows} == set(quick.modes)
     assert sorted({r["eval_len"] for r in rows}) == [128, 256, 512, 1024, 2048]
     assert RESULTS["meta"]["wall_seconds"] > 0

@@ -188,10 +188,15 @@ def test_relpos_results_are_labelled_with_the_init_and_head_they_recorded(bench)
     assert bench.normalise(dict(before))["model"] == "relpos[init=gpt2,head=tied]"
     now = {**before, "init": "fan-in", "tie_embedding": False}
     assert bench.normalise(dict(now))["model"] == "relpos[init=fan-in,head=untied]"
-    spelled = {"model": "relpos[init=fan-in,head=untied]", "encoding": "alibi", **now}
+    spelled = {**now, "model": "relpos[init=fan-in,head=untied]"}
     assert bench.normalise(dict(spelled))["model"] == "relpos[init=fan-in,head=untied]"
     half = {"model": "relpos[head=untied]", "encoding": "alibi", "tie_embedding": False}
     assert bench.normalise(dict(half))["model"] == "relpos[init=gpt2,head=untied]"
+    # one spelling per model: knobs in KNOBS order, encoding options last
+    other = {**now, "model": "relpos[enc.partial_rotary_factor=0.5,head=untied]"}
+    assert bench.normalise(dict(other))["model"] == (
+        "relpos[init=fan-in,head=untied,enc.partial_rotary_factor=0.5]"
+    )
 
 
 # ------------------------------------------------------------------------------ recorded runs

@@ -179,8 +179,9 @@ def render_block(results: dict[str, Any], recording: dict[str, Any] | None = Non
         "`make readme-results` redraws this block and the plot from it): one model per "
         f"encoding trained at L = {train_len} tokens ({first['steps']} steps, batch "
         f"{first['batch']}, dim {first['dim']}, depth {first['depth']}, {first['heads']} heads, "
-        f"seed {first['seed']}), perplexity on the `{first['split']}` split of `{corpus}` (unseen "
-        "in training). " + _timing_sentence(meta, recording)
+        + (f"{first['init']} init, {first['head']} head, " if "init" in first else "")
+        + f"seed {first['seed']}), perplexity on the `{first['split']}` split of `{corpus}` "
+        "(unseen in training). " + _timing_sentence(meta, recording)
     )
     lines = [
         textwrap.fill(about, WRAP, break_long_words=False, break_on_hyphens=False),

@@ -59,6 +59,8 @@ CSV_COLUMNS = (
     "dim",
     "depth",
     "heads",
+    "init",
+    "head",
     "batch",
     "lr",
     "backend",
@@ -412,7 +414,8 @@ def write_markdown(
     first = rows[0] if rows else {}
     cfg = (
         f"dim {first.get('dim')}, depth {first.get('depth')}, {first.get('heads')} heads, "
-        f"batch {first.get('batch')}, lr {first.get('lr')}, {first.get('steps')} steps, "
+        + (f"{first['init']} init, {first['head']} head, " if "init" in first else "")
+        + f"batch {first.get('batch')}, lr {first.get('lr')}, {first.get('steps')} steps, "
         + (
             f"seeds {', '.join(map(str, meta['seeds']))} (cells: mean ± 95% CI)"
             if len(meta.get("seeds", [])) > 1
