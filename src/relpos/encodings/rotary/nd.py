@@ -8,7 +8,10 @@ All of them are one computation (``SectionedRoPE``): rotary pair ``p`` of head `
 with a frequency matrix ``F (H|1, P, m)``. Axial encodings put one non-zero per pair (pairs
 are split in contiguous *sections*, one per axis); RoPE-Mixed learns a dense ``F``. Since the
 angle is linear in the positions, ``<R(p) q, R(p') k>`` depends on ``p - p'`` only: every
-encoding here is relative on every axis (and for fractional shifts).
+encoding here is relative on every axis (and for fractional shifts), except
+``rope-2d-normalized`` with rounding and ``m-rope`` with ``section_split="channels"``
+(HunYuanVL: the two channels of a pair may turn by different axes, so ``R(p)`` is no
+rotation; ``MRoPE``).
 
 Two ways to give sections their frequencies (``spectrum``):
 
