@@ -101,12 +101,15 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "transformers (HunYuanVL)",
-        "`mrope_section` / `xdrope_section`",
-        "-",
-        "not supported: the sections split the doubled `cat(freqs, freqs)` per channel, "
-        "so the two channels of a pair can take different position axes (not a rotation); "
-        "vLLM's XD-RoPE splits per pair (below). Text tokens are plain `ntk_alpha` RoPE",
-        supported=False,
+        "`mrope_section` / `xdrope_section`: the sections split the doubled `cat(freqs, "
+        "freqs)` per channel (bands of `2 * section`), so the two channels of a pair can take "
+        "different position axes (not a rotation; not relative on image tokens)",
+        '`m-rope`, `section_split="channels"`, `mrope_section=...` (3 or 4 axes), '
+        '`scaling={"rope_type": "ntk_alpha", "alpha": alpha}` (the checkpoints\' `"dynamic"` '
+        "dict with `alpha` resolves to it)",
+        "transformers' `HunYuanVLRotaryEmbedding` and `apply_rotary_pos_emb` on text and image "
+        "positions, 3 and 4 axes (tests/encodings/rotary/test_mrope_channel_sections.py); "
+        "vLLM's XD-RoPE splits per pair (below)",
     ),
     Convention(
         "transformers (Ministral 3)",

@@ -8,7 +8,10 @@ All of them are one computation (``SectionedRoPE``): rotary pair ``p`` of head `
 with a frequency matrix ``F (H|1, P, m)``. Axial encodings put one non-zero per pair (pairs
 are split in contiguous *sections*, one per axis); RoPE-Mixed learns a dense ``F``. Since the
 angle is linear in the positions, ``<R(p) q, R(p') k>`` depends on ``p - p'`` only: every
-encoding here is relative on every axis (and for fractional shifts).
+encoding here is relative on every axis (and for fractional shifts), except
+``rope-2d-normalized`` with rounding and ``m-rope`` with ``section_split="channels"``
+(HunYuanVL: the two channels of a pair may turn by different axes, so ``R(p)`` is no
+rotation; ``MRoPE``).
 
 Two ways to give sections their frequencies (``spectrum``):
 
@@ -234,7 +237,7 @@ class SectionedRoPE(Encoding):
         pos = self.positions(pos)
         if self.length_dependent and seq_len is None:
             seq_len = RoPE.call_length((f"{role}_pos", pos))
-        freq, factor = self.frequency_matrix(x.device, seq_len)
+        freq, factor = self.angle_frequencies(x.device, seq_len)
         if freq.shape[0] > 1 and x.shape[1] != freq.shape[0]:
             # per-head frequencies and grouped keys: each query head sees its own rotation
             x = x.repeat_interleave(freq.shape[0] // x.shape[1], dim=1)
@@ -242,6 +245,19 @@ class SectionedRoPE(Encoding):
         cos, sin = ang.cos(), ang.sin()
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor
+        return self.turn(x, cos, sin)
+
+    def angle_frequencies(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        """The frequencies of the angles ``rotate`` forms, ``(H|1, rows, m)``, and the
+        attention factor: the pair frequency matrix (``frequency_matrix``) unless a subclass
+        turns each channel by its own angle."""
+        return self.frequency_matrix(device, seq_len)
+
+    def turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``x`` turned by the angles' cos and sin (rows of ``angle_frequencies``): rotary
+        pairs in ``layout``."""
         return rotate_pairs(x, cos, sin, self.layout)
 
     def rotate(self, x: Tensor, pos: Tensor, role: str) -> Tensor:
@@ -384,6 +400,24 @@ class RoPEAxial(AxialRoPE):
         self._set_sections(sections, dims, "sections")
 
 
+def turn_channels_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` with each of its first ``r = cos.shape[-1]`` channels turned by its own angle,
+    half-split: ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``
+    over the halves of the ``r`` channels (transformers' ``apply_rotary_pos_emb`` with
+    per-channel cos/sin); channels ``r..D`` pass through. The arithmetic runs in ``x.dtype``.
+    Shapes: ``x (..., L, D)``, ``cos, sin (..., L, r)``, ``r`` even and ``<= D``."""
+    r = cos.shape[-1]
+    if r % 2 or r > x.shape[-1]:
+        raise ValueError(
+            f"per-channel angles must cover an even number of channels <= {x.shape[-1]}, got {r}"
+        )
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    rot, rest = x[..., :r], x[..., r:]
+    x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
+    out = rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
+
+
 #: ``m-rope``'s explicit axis of every rotated pair
 AXIS_OF_PAIR = IntSequence(
     minimum=0,
@@ -423,6 +457,21 @@ class MRoPE(AxialRoPE):
     sections: one entry per rotated pair, pair ``p`` turning by ``pos[axis_of_pair[p]] *
     theta_p`` on the same shared spectrum. ``relpos.encodings.rotary.mrope_layouts`` builds
     the lists of Ernie 4.5 VL, Bailing / Ling and openPangu from their ``mrope_section``.
+
+    ``section_split="channels"`` is HunYuanVL's split (transformers
+    ``models/hunyuan_vl/modeling_hunyuan_vl.py``: ``HunYuanVLRotaryEmbedding.forward`` and
+    ``recomposition_frequencies``): the sections split the doubled vector ``cat(theta,
+    theta)`` over the ``2P`` rotated channels of the half layout into bands of ``2 *
+    mrope_section[a]`` channels, band ``a`` driven by axis ``a``, so channel ``c`` turns by
+    ``pos[a(c)] * theta_(c mod P)``. The two channels ``c`` and ``c + P`` of a pair can then
+    take different axes: ``(x_c, x_(c+P)) -> (x_c cos u - x_(c+P) sin u, x_(c+P) cos v + x_c
+    sin v)`` with ``u != v`` is linear but not a rotation, and the score is not a function of
+    position differences (``relative`` is False unless every pair's two channels share an
+    axis). A token with one position on every axis (text) gets plain RoPE. The sections must
+    sum to the rotated pairs (HunYuanVL's config: ``head_dim / 2``), the layout is
+    ``"half"``; three sections are HunYuanVL's (width, height, image index) axes, four its
+    (position, width, height, image index). Its base: ``scaling={"rope_type": "ntk_alpha",
+    "alpha": alpha}`` (transformers' ``compute_ntk_alpha_rope_parameters``).
     """
 
     paper = "Wang et al. 2024 (Qwen2-VL, M-RoPE)"
@@ -443,10 +492,21 @@ class MRoPE(AxialRoPE):
             bool, Bool(doc="Qwen3-VL's interleaved axis assignment")
         ] = False,
         axis_of_pair: Annotated[Sequence[int] | None, AXIS_OF_PAIR] = None,
+        section_split: Annotated[
+            str,
+            Choice(
+                ("pairs", "channels"),
+                doc="sections count rotary pairs (Qwen2-VL), or split the doubled "
+                "per-channel vector in 2 * section channels (HunYuanVL)",
+            ),
+        ] = "pairs",
         **rope_options: Any,
     ) -> None:
         super().__init__(num_heads, head_dim, **rope_options)
         self.interleaved_sections = interleaved_sections
+        self.section_split = section_split
+        if section_split == "channels":
+            self._check_channel_split(axis_of_pair)
         self.axis_of_pair = None if axis_of_pair is None else tuple(axis_of_pair)
         if self.axis_of_pair is not None:
             mrope_section = self._sections_of_axis_list(self.axis_of_pair, mrope_section)
@@ -460,6 +520,69 @@ class MRoPE(AxialRoPE):
                 f"e), got {list(mrope_section)}"
             )
         self._set_sections(mrope_section, len(mrope_section), "mrope_section")
+        if section_split == "channels":
+            if sum(self.sections) != self.rotary_pairs:
+                raise ValueError(
+                    f"mrope_section {list(self.sections)} with section_split='channels' must "
+                    f"sum to the {self.rotary_pairs} rotated pairs of head_dim={head_dim} "
+                    f"(its bands of 2 * section channels split all {2 * self.rotary_pairs} "
+                    f"rotated channels)"
+                )
+            axes = self.channel_axes()
+            # relative only when both channels of every pair are driven by one axis
+            self.relative = bool(torch.equal(axes[: self.rotary_pairs], axes[self.rotary_pairs :]))
+
+    def _check_channel_split(self, axis_of_pair: Sequence[int] | None) -> None:
+        """``section_split="channels"`` against the other options (ValueError naming them)."""
+        if self.layout != "half":
+            raise ValueError(
+                "section_split='channels' splits the half-layout vector cat(theta, theta) "
+                f"(HunYuanVL): it needs layout='half', got layout={self.layout!r}"
+            )
+        if self.interleaved_sections:
+            raise ValueError(
+                "section_split='channels' gives contiguous channel bands; it cannot be combined "
+                "with interleaved_sections=True (Qwen3-VL's cycle of pairs)"
+            )
+        if axis_of_pair is not None:
+            raise ValueError(
+                "section_split='channels' gives each channel its axis from mrope_section; it "
+                "cannot be combined with axis_of_pair (one axis per pair)"
+            )
+
+    def channel_axes(self) -> Tensor:
+        """With ``section_split="channels"``: the axis that drives each of the ``2P`` rotated
+        channels (half layout), int64 ``(2P,)``: bands of ``2 * mrope_section[a]``."""
+        counts = 2 * torch.tensor(self.sections)
+        return torch.repeat_interleave(torch.arange(self.dims), counts)
+
+    def frequency_matrix(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        if self.section_split == "channels":
+            raise ValueError(
+                "m-rope with section_split='channels' turns the two channels of a pair by "
+                "different axes (not a rotation of pairs): it has no pair frequency matrix; "
+                "its per-channel frequencies are angle_frequencies"
+            )
+        return super().frequency_matrix(device, seq_len)
+
+    def angle_frequencies(
+        self, device: torch.device, seq_len: int | None = None
+    ) -> tuple[Tensor, float]:
+        """Pairs: ``frequency_matrix``. Channels: ``(1, 2P, m)`` float64, row ``c`` the
+        frequency ``theta_(c mod P)`` on the axis ``channel_axes()[c]``."""
+        if self.section_split == "pairs":
+            return super().angle_frequencies(device, seq_len)
+        pair_freq, factor = super().frequency_matrix(device, seq_len)
+        theta = pair_freq[0].sum(-1).cpu()  # one non-zero per row: the pair's frequency
+        rows = one_hot_frequencies(theta.repeat(2), self.channel_axes(), self.dims)
+        return rows[None].to(device), factor
+
+    def turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.section_split == "pairs":
+            return super().turn(x, cos, sin)
+        return turn_channels_half(x, cos, sin)
 
     def _sections_of_axis_list(
         self, axes: tuple[int, ...], mrope_section: Sequence[int] | None
@@ -504,6 +627,8 @@ class MRoPE(AxialRoPE):
         pos = super().positions(pos)
         if pos.shape[-1] != self.dims:
             axes = "(t, h, w)" if self.dims == 3 else "(t, h, w, e)"
+            if self.section_split == "channels":
+                axes = "of its sections, in order"
             raise ValueError(
                 f"m-rope with mrope_section={list(self.sections)} takes positions "
                 f"(B, L, {self.dims}) on the axes {axes}, got shape {tuple(pos.shape)}"
