@@ -62,7 +62,10 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   ``axis_of_pair`` on the positions the rotary module receives. The keys' positions cannot
   follow from the queries' (a decoded text token's keys include an image's grid), so the
   patch keeps, per KV cache, the positions of the tokens it holds (logged after each
-  forward; a cache the patch did not fill, or one cropped since, is refused). 1-D
+  forward; a cache the patch did not fill, or one cropped since, is refused). A rotary
+  module that receives the positions of every cached token followed by the new ones
+  (Qwen4-Exp: its attention's indexer rotates blocks of cached keys again, and the model
+  keeps those positions with its cache) gives them directly. 1-D
   encodings (the schedules, biases) run on text positions (equal on every axis) and refuse
   ids that differ between axes. A composite model's other towers (the vision encoder) keep
   the attention implementation they had.
@@ -73,7 +76,9 @@ in the same forward are used; 3-D M-RoPE ids: see above). Keys are
 contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
 ``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
 are clamped to 0 and masked. A row whose query positions do not follow from that (packed
-sequences: positions restarting inside a row) is refused for every method but baseline.
+sequences: positions restarting inside a row) is refused for every method but baseline;
+pad queries are those whose own key is masked (False, or the dtype's minimum in an additive
+float mask such as Doge's dynamic mask) and are not checked.
 Because the attention sees every key's position in each call, length-dependent scalings
 (dynamic NTK, LongRoPE) use one set of frequencies for all keys of a call, also under the KV
 cache (transformers keeps keys rotated with the frequencies of the step that cached them).
@@ -81,7 +86,10 @@ cache (transformers keeps keys rotated with the frequencies of the step that cac
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
 attention interface (``model.inspect_model``) or have no rotary module, an additive
 ``position_bias``, attention dropout while training,
-packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
+packed sequences, flash-attention varlen inputs, a layer that leaves out keys transformers'
+mask allows before it calls attention (a top-k selection made inside the layer, Qwen4-Exp's
+indexer: scored with the RoPE the patch switches off; non-baseline methods, layers with
+RoPE) and static or indexed KV caches (whose key
 slots are not the latest tokens in order; non-baseline methods; the cache layers of layers
 that never call attention, e.g. LFM2's convolutions, are not checked), encodings that add to
 the token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
