@@ -86,10 +86,10 @@ cache (transformers keeps keys rotated with the frequencies of the step that cac
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
 attention interface (``model.inspect_model``) or have no rotary module, an additive
 ``position_bias``, attention dropout while training,
-packed sequences, flash-attention varlen inputs, a layer that leaves out keys transformers'
-mask allows before it calls attention (a top-k selection made inside the layer, Qwen4-Exp's
-indexer: scored with the RoPE the patch switches off; non-baseline methods, layers with
-RoPE) and static or indexed KV caches (whose key
+packed sequences, flash-attention varlen inputs, a layer that hands attention a bool mask
+other than those transformers' builder made (a selection of keys made inside the layer,
+Qwen4-Exp's indexer, scored with the RoPE the patch switches off; non-baseline methods,
+layers with RoPE) and static or indexed KV caches (whose key
 slots are not the latest tokens in order; non-baseline methods; the cache layers of layers
 that never call attention, e.g. LFM2's convolutions, are not checked), encodings that add to
 the token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
@@ -513,32 +513,35 @@ class PatchHandle:
         self._built_masks = []
 
     def _check_selection(self, module: nn.Module, mask: Tensor | None) -> None:
-        """Refuse an attention call whose bool mask leaves out keys that every mask
-        transformers' builder made for its shape allows: the layer selected keys itself
-        before attention (Qwen4-Exp's query-selected-attention indexer keeps the top-scoring
-        blocks of keys, scored with q and keys the model rotates by its RoPE). The patch
-        switches that RoPE off (and a non-rope method turns by other angles), so the
-        selection is not the model's. While the selection keeps every key the mask allows
-        (Qwen4-Exp: at most ``indexer_budget`` keys), nothing is left out and the call runs.
-        Masks of other dtypes (Doge's additive dynamic mask, from the values) are applied
-        as given."""
+        """Refuse an attention call of a RoPE layer whose bool mask is none of the masks
+        transformers' builder made in this forward: the layer changed the mask itself before
+        attention, as a selection of keys does (Qwen4-Exp's query-selected-attention indexer
+        keeps the top-scoring blocks of keys, scored with q and keys the model rotates by
+        its RoPE). The patch switches that RoPE off (and a non-rope method turns by other
+        angles), so such a selection is not the model's. While the selection keeps every
+        key the mask allows (Qwen4-Exp: at most ``indexer_budget`` keys), the mask is the
+        built one and the call runs. Not checked: masks of other dtypes (Doge's additive
+        dynamic mask, computed from the values, which the patch leaves as they are), masks
+        of a shape the builder did not make, and layers without RoPE (Kolibri's indexed NoPE
+        layers select from their own q and k, which the patch leaves as they are)."""
         if mask is None or mask.dtype != torch.bool:
             return
         shaped = [
             built
             for built in self._built_masks
-            if built.dim() == 4 and built.shape[-2:] == mask.shape[-2:]
+            if built.dim() == mask.dim() == 4
+            and built.shape[-2:] == mask.shape[-2:]
+            and built.shape[0] in (1, mask.shape[0])
         ]
-        if not shaped or not all(bool((built & ~mask).any()) for built in shaped):
+        if not shaped or any(not bool((built ^ mask).any()) for built in shaped):
             return
         raise ValueError(
-            f"relpos.interop.hf method {self.method!r}: {type(module).__name__} leaves out "
-            "keys that transformers' attention mask allows before it calls attention (a "
-            "top-k selection of keys made inside the layer: Qwen4-Exp's query-selected-"
-            "attention indexer scores blocks of keys with the model's RoPE, which the patch "
-            "switches off), so the selection would not be the model's. Run at most as many "
-            "tokens as the selection keeps (Qwen4-Exp: indexer_budget), or use "
-            "method='baseline'"
+            f"relpos.interop.hf method {self.method!r}: {type(module).__name__} hands "
+            "attention a mask other than the one transformers built: it selects keys itself "
+            "before it calls attention (Qwen4-Exp's query-selected-attention indexer keeps "
+            "the top blocks of keys, scored with the model's RoPE, which the patch switches "
+            "off), so the selection would not be the model's. Run at most as many tokens as "
+            "the selection keeps (Qwen4-Exp: indexer_budget), or use method='baseline'"
         )
 
     def _identity_rotation(
