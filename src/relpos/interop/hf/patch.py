@@ -102,6 +102,7 @@ mask as given.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -841,10 +842,11 @@ def _to_device(encoding: Encoding, device: torch.device) -> None:
 
 
 def _mask_builder(ref: weakref.ReferenceType) -> Any:
-    """transformers' ``sdpa_mask``, keeping the bool masks it builds in a forward for
-    ``PatchHandle._check_selection``."""
+    """transformers' ``sdpa_mask`` (wrapped: its name and signature), keeping the bool masks
+    it builds in a forward for ``PatchHandle._check_selection``."""
     from transformers.masking_utils import sdpa_mask
 
+    @functools.wraps(sdpa_mask)
     def relpos_mask(*args: Any, **kwargs: Any) -> Tensor | None:
         mask = sdpa_mask(*args, **kwargs)
         handle = ref()
