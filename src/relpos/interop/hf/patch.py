@@ -527,6 +527,8 @@ class PatchHandle:
         layers select from their own q and k, which the patch leaves as they are)."""
         if mask is None or mask.dtype != torch.bool:
             return
+        if any(built is mask for built in self._built_masks):  # handed on as built
+            return
         shaped = [
             built
             for built in self._built_masks
