@@ -175,3 +175,45 @@ def test_the_cap_the_model_passes_is_the_cap_relpos_applies():
     with patch(hf, "rope", backend="chunked"):
         out, _ = hf_families._forward_and_decode(hf, batch, mask, pos)
     assert hf_families._relative(out, tight) <= hf_families.RTOL
+
+
+# ------------------------------------------------------------------------------ Doge
+
+
+def test_doge_dynamic_mask_with_left_padding_is_exact():
+    """Doge hands attention its dynamic mask: an additive float mask, per head a bias on the
+    keys from the value states, the dtype's minimum where transformers' mask excludes a key
+    and, past ``keep_window_size`` keys, on all but the top ones. Its pad queries are read
+    from that mask (their own key at the minimum), not taken for positions that restart:
+    on the walk's left-padded batch ``baseline`` is bit-identical and ``rope`` equals the
+    unpatched model in the full forward and 3 KV-cache decoding steps, with the dynamic mask
+    keeping 8 of up to 20 keys."""
+    hf = _tiny("doge", keep_window_size=8)
+    batch, mask, pos = hf_families._inputs()
+    ref, ref_steps = hf_families._forward_and_decode(hf, batch, mask, pos)
+    with patch(hf, "baseline"):
+        base, base_steps = hf_families._forward_and_decode(hf, batch, mask, pos)
+    assert torch.equal(base, ref) and torch.equal(base_steps, ref_steps)
+    with patch(hf, "rope", backend="eager"):
+        rope, rope_steps = hf_families._forward_and_decode(hf, batch, mask, pos)
+    assert hf_families._relative(rope, ref) <= 1e-5
+    assert hf_families._relative(rope_steps, ref_steps) <= 1e-5
+    # the check can fail: the same tokens three times as far apart are far off
+    far, far_steps = hf_families._forward_and_decode(hf, batch, mask, 3 * pos)
+    assert hf_families._relative(far, ref) > 1e-2
+    assert hf_families._relative(far_steps, ref_steps) > 1e-2
+
+
+def test_pad_queries_of_an_additive_float_mask_are_not_checked_but_restarts_are():
+    from relpos.interop.hf.patch import call_positions
+
+    low = torch.finfo(torch.float32).min
+    allowed = torch.ones(5, 5).tril().bool()
+    allowed[:, :2] = False  # two left pads: no query attends to them
+    bias = torch.where(allowed, 0.5, low)[None, None].expand(1, 2, 5, 5)  # 2 heads
+    left_padded = torch.tensor([[0, 0, 0, 1, 2]])  # pads at 0, then 0, 1, 2
+    q_pos, k_pos = call_positions(left_padded, 1, 5, 5, bias, "rope")
+    assert q_pos.tolist() == [[0, 0, 0, 1, 2]] and k_pos.tolist() == [[0, 0, 0, 1, 2]]
+    restart = torch.tensor([[0, 0, 0, 1, 0]])  # a real query whose position restarts
+    with pytest.raises(ValueError, match="not contiguous inside a row"):
+        call_positions(restart, 1, 5, 5, bias, "rope")

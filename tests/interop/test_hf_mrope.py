@@ -12,6 +12,8 @@ rounding; 1-D encodings refuse them by name.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -278,3 +280,84 @@ def test_a_decoder_without_rope_is_refused_with_the_reason():
             assert torch.equal(model(ids).logits, ref)
     with pytest.raises(ValueError, match=r"computes no RoPE.*position_embedding_type=None"):
         patch(model, "rope")
+
+
+# ------------------------------------------------------------------------------ Qwen4-Exp
+
+
+@functools.cache
+def qwen4_exp_model(indexer_budget: int):
+    """Tiny Qwen4-Exp (the walk's shrunk default config: two gated-delta-net linear-attention
+    layers and one indexed-attention layer with M-RoPE; float32, eval) whose query-selected-
+    attention indexer keeps ``indexer_budget`` keys per query (blocks of 4), with peaked
+    attention (its q and k norms scaled, see ``QK_SCALE``). Built once per budget and shared:
+    the tests leave it as they found it (every ``patch`` is undone)."""
+    import sys
+    from pathlib import Path
+
+    import transformers as tf
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_families import tiny_config
+
+    cfg = tiny_config("qwen4_exp_text")
+    cfg.indexer_budget = indexer_budget
+    torch.manual_seed(0)
+    model = tf.Qwen4ExpForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+                weight.mul_(QK_SCALE)
+    return model
+
+
+def test_qwen4_exp_rotary_module_turns_every_cached_token_and_rope_is_exact():
+    """Qwen4-Exp's decoder hands its rotary module the positions of every token its cache
+    holds followed by the new ones (its indexer rotates blocks of cached keys again; the
+    model keeps those positions with the cache). The patch takes them as the cached keys'
+    positions: with an image's grid of positions, ``rope`` equals the unpatched model in the
+    full forward and in 3 KV-cache decoding steps while the indexer keeps every key
+    (``indexer_budget`` 32 of 22 tokens); ``baseline`` is bit-identical."""
+    model = qwen4_exp_model(indexer_budget=32)
+    ids, pos = tokens(1, 22), image_positions(1, 22)
+    ref, ref_steps = forward_and_decode(model, ids, pos)
+    with patch(model, "baseline"):
+        base, base_steps = forward_and_decode(model, ids, pos)
+    assert torch.equal(base, ref) and torch.equal(base_steps, ref_steps)
+    with patch(model, "rope", backend="eager") as handle:
+        assert handle.encoding(2).__class__.__name__ == "MRoPE"
+        full, steps = forward_and_decode(model, ids, pos)
+    assert relative(full, ref) <= 1e-5
+    assert relative(steps, ref_steps) <= 1e-5
+    # the check can fail: the same tokens at text positions (no image grid) are far off
+    with torch.no_grad():
+        text_only = model(input_ids=ids, position_ids=pos[:1].expand(3, -1, -1)).logits
+    assert relative(text_only, ref) > 1e-3
+
+
+def test_qwen4_exp_one_dimensional_encoding_decodes_as_its_full_forward():
+    """No position_ids reach Qwen4-Exp's attention: a 1-D encoding takes the query
+    positions from the last of those its rotary module received (every cached token's and
+    the new ones), and ``self-extend`` decoding equals its own full forward."""
+    model = qwen4_exp_model(indexer_budget=32)
+    ids, counting = tokens(1, 16), torch.arange(16).expand(3, 1, -1)
+    with patch(model, "self-extend", group_size=4, neighbor_window=6):
+        full, steps = forward_and_decode(model, ids, counting)
+    assert relative(steps, full[:, -STEPS:]) <= 1e-5
+
+
+def test_qwen4_exp_indexer_that_drops_keys_is_refused_by_name():
+    """Once the indexer keeps fewer keys than the mask allows (``indexer_budget`` 8 of 22
+    tokens), its selection, scored with the RoPE the patch switches off, would not be the
+    model's: refused by name; ``baseline`` (the model's RoPE) stays bit-identical."""
+    model = qwen4_exp_model(indexer_budget=8)
+    ids, pos = tokens(1, 22), image_positions(1, 22)
+    with torch.no_grad():
+        ref = model(input_ids=ids, position_ids=pos).logits
+        with patch(model, "baseline"):
+            assert torch.equal(model(input_ids=ids, position_ids=pos).logits, ref)
+        with patch(model, "rope"):
+            model(input_ids=ids[:, :8], position_ids=pos[..., :8])  # every key kept: runs
+            refusal = r"Qwen4ExpTextAttention hands attention a mask other than"
+            with pytest.raises(ValueError, match=refusal):
+                model(input_ids=ids, position_ids=pos)

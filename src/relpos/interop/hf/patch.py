@@ -63,7 +63,10 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   ``axis_of_pair`` on the positions the rotary module receives. The keys' positions cannot
   follow from the queries' (a decoded text token's keys include an image's grid), so the
   patch keeps, per KV cache, the positions of the tokens it holds (logged after each
-  forward; a cache the patch did not fill, or one cropped since, is refused). 1-D
+  forward; a cache the patch did not fill, or one cropped since, is refused). A rotary
+  module that receives the positions of every cached token followed by the new ones
+  (Qwen4-Exp: its attention's indexer rotates blocks of cached keys again, and the model
+  keeps those positions with its cache) gives them directly. 1-D
   encodings (the schedules, biases) run on text positions (equal on every axis) and refuse
   ids that differ between axes. A composite model's other towers (the vision encoder) keep
   the attention implementation they had.
@@ -74,7 +77,9 @@ in the same forward are used; 3-D M-RoPE ids: see above). Keys are
 contiguous (the cache holds the ``Lk`` latest tokens), so key ``j`` of row ``b`` sits at
 ``p_b,last - (Lk - 1 - j)``; left padding (``generate``) gives pads negative positions, which
 are clamped to 0 and masked. A row whose query positions do not follow from that (packed
-sequences: positions restarting inside a row) is refused for every method but baseline.
+sequences: positions restarting inside a row) is refused for every method but baseline;
+pad queries are those whose own key is masked (False, or the dtype's minimum in an additive
+float mask such as Doge's dynamic mask) and are not checked.
 Because the attention sees every key's position in each call, length-dependent scalings
 (dynamic NTK, LongRoPE) use one set of frequencies for all keys of a call, also under the KV
 cache (transformers keeps keys rotated with the frequencies of the step that cached them).
@@ -82,7 +87,10 @@ cache (transformers keeps keys rotated with the frequencies of the step that cac
 Refusals (``ValueError`` naming the feature and the reason): models that do not use the
 attention interface (``model.inspect_model``) or have no rotary module, an additive
 ``position_bias``, attention dropout while training,
-packed sequences, flash-attention varlen inputs and static or indexed KV caches (whose key
+packed sequences, flash-attention varlen inputs, a layer that hands attention a bool mask
+other than those transformers' builder made (a selection of keys made inside the layer,
+Qwen4-Exp's indexer, scored with the RoPE the patch switches off; non-baseline methods,
+layers with RoPE) and static or indexed KV caches (whose key
 slots are not the latest tokens in order; non-baseline methods; the cache layers of layers
 that never call attention, e.g. LFM2's convolutions, are not checked), encodings that add to
 the token embeddings, read per-call inputs or m-D positions, a model option the encoding refuses
@@ -95,6 +103,7 @@ mask as given.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Iterator
@@ -138,9 +147,12 @@ def call_positions(
 ) -> tuple[Tensor, Tensor]:
     """``(q_pos (B, Lq), k_pos (B, Lk))`` int64 of one attention call from transformers'
     ``position_ids (B|1, Lq)``: key ``j`` at ``position_ids[b, -1] - (Lk - 1 - j)`` (clamped to
-    0: pads, masked). ``ValueError`` naming ``method`` when a query that is not padding (its
-    diagonal entry of ``mask`` is True, or every query when ``mask`` is None) has another
-    position: packed sequences, whose key positions cannot be known."""
+    0: pads, masked). ``ValueError`` naming ``method`` when a query that is not padding has
+    another position: packed sequences, whose key positions cannot be known. A query is
+    padding when its own key (the diagonal entry of ``mask``) is masked in every head: False
+    in a bool mask, the dtype's minimum (or -inf) in an additive float one (Doge hands
+    attention its dynamic mask, a per-head bias on the keys with the dtype's minimum where
+    transformers' mask excludes them); with ``mask`` None every query is real."""
     if position_ids.dim() != 2 or position_ids.shape[-1] != lq:
         raise ValueError(
             f"position_ids must be (batch, {lq}) for {lq} queries, got {tuple(position_ids.shape)}"
@@ -152,10 +164,13 @@ def call_positions(
     k_pos = torch.arange(lk, device=pid.device) + offset
     expected = k_pos[:, lk - lq :]
     wrong = pid != expected
-    if mask is not None and mask.dtype == torch.bool:
+    if mask is not None and mask.dim() == 4:
         i = torch.arange(lq, device=mask.device)
-        real = mask[:, 0, i, i + (lk - lq)].expand(batch, lq)
-        wrong = wrong & real
+        own = mask[:, :, i, i + (lk - lq)]  # (B|1, H|1, Lq)
+        if mask.dtype != torch.bool:
+            own = own > torch.finfo(mask.dtype).min
+        real = own.any(dim=1).expand(batch, lq)
+        wrong = wrong & real.to(wrong.device)
     if bool(wrong.any()):
         raise ValueError(
             f"relpos.interop.hf method {method!r}: position_ids are not contiguous inside a "
@@ -182,6 +197,18 @@ class _PositionMemo:
         self.key = (weakref.ref(position_ids), *key[1:])
         self.value = value
         return value
+
+
+def _forward_tokens(args: Any, kwargs: dict[str, Any]) -> int | None:
+    """The number of tokens a decoder forward takes: the length of its ``input_ids`` or
+    ``inputs_embeds`` (None when it receives neither)."""
+    for name, index in (("input_ids", 0), ("inputs_embeds", None)):
+        value = kwargs.get(name)
+        if value is None and index is not None and len(args) > index:
+            value = args[index]
+        if torch.is_tensor(value) and value.dim() >= 2:
+            return int(value.shape[1])
+    return None
 
 
 # ------------------------------------------------------------------------------ encodings
@@ -302,6 +329,13 @@ class PatchHandle:
         self._decoder_modules = {id(m) for m in facts.decoder.modules()} if composite else None
         self._past_axis_positions: Tensor | None = None
         self._axis_positions: Tensor | None = None
+        # tokens the cache held at the start of this forward, and this forward's tokens
+        # (None: not known); a rotary module that receives positions for both turned every
+        # cached token's (Qwen4-Exp's indexer rotates its cached keys' blocks again)
+        self._cached_tokens = 0
+        self._forward_tokens: int | None = None
+        # the bool masks transformers' builder made in this forward (non-baseline methods)
+        self._built_masks: list[Tensor] = []
 
     # -------------------------------------------------------------- lifecycle
     def _install(self) -> None:
@@ -313,7 +347,13 @@ class PatchHandle:
         # model's eager function: it gets the mask eager attention is built with (some
         # models extend the additive mask themselves: DeepSeek-V4's compressed keys)
         own_eager = self.method == BASELINE and self.backend is None and self.previous == "eager"
-        AttentionMaskInterface.register(self.name, eager_mask if own_eager else sdpa_mask)
+        if own_eager:
+            builder = eager_mask
+        elif self.method == BASELINE:
+            builder = sdpa_mask
+        else:  # the masks it builds are kept for the check of in-layer key selections
+            builder = _mask_builder(weakref.ref(self))
+        AttentionMaskInterface.register(self.name, builder)
         if self.method != BASELINE:
             self._hooks = [
                 module.register_forward_hook(self._identity_rotation, with_kwargs=True)
@@ -329,6 +369,7 @@ class PatchHandle:
             self._hooks.append(
                 self.facts.decoder.register_forward_pre_hook(self._check_cache, with_kwargs=True)
             )
+            self._hooks.append(self.facts.decoder.register_forward_hook(self._forget_masks))
             if self.facts.position_axes > 1:
                 self._hooks.append(
                     self.facts.decoder.register_forward_hook(self._log_axes, with_kwargs=True)
@@ -432,15 +473,20 @@ class PatchHandle:
                     "latest tokens in order. Use the default DynamicCache, or method='baseline'"
                 )
         self._rotary_positions = None
+        self._cached_tokens = max(
+            (int(layer.get_seq_length()) for layer in layers if isinstance(layer, CacheLayerMixin)),
+            default=0,
+        )
+        self._forward_tokens = _forward_tokens(args, kwargs)
         if self.facts.position_axes > 1:
             self._axis_positions = None
-            self._past_axis_positions = self._cached_axis_positions(cache, layers)
+            self._past_axis_positions = self._cached_axis_positions(cache)
 
-    def _cached_axis_positions(self, cache: Any, layers: list[Any]) -> Tensor | None:
+    def _cached_axis_positions(self, cache: Any) -> Tensor | None:
         """The multi-axis positions ``(A, B, n)`` of the ``n`` tokens ``cache`` holds (an
         empty tensor for an empty cache); None when they are not known (a cache filled
         outside this patch, or cropped since)."""
-        seen = max((int(layer.get_seq_length()) for layer in layers), default=0)
+        seen = self._cached_tokens
         if cache is None or seen == 0:
             return torch.zeros(self.facts.position_axes, 1, 0, dtype=torch.long)
         try:
@@ -471,6 +517,44 @@ class PatchHandle:
         except TypeError:  # an unhashable cache object: its positions cannot be kept
             pass
 
+    def _forget_masks(self, module: nn.Module, args: Any, output: Any) -> None:
+        """After a decoder forward: drop the masks it built."""
+        self._built_masks = []
+
+    def _check_selection(self, module: nn.Module, mask: Tensor | None) -> None:
+        """Refuse an attention call of a RoPE layer whose bool mask is none of the masks
+        transformers' builder made in this forward: the layer changed the mask itself before
+        attention, as a selection of keys does (Qwen4-Exp's query-selected-attention indexer
+        keeps the top-scoring blocks of keys, scored with q and keys the model rotates by
+        its RoPE). The patch switches that RoPE off (and a non-rope method turns by other
+        angles), so such a selection is not the model's. While the selection keeps every
+        key the mask allows (Qwen4-Exp: at most ``indexer_budget`` keys), the mask is the
+        built one and the call runs. Not checked: masks of other dtypes (Doge's additive
+        dynamic mask, computed from the values, which the patch leaves as they are), masks
+        of a shape the builder did not make, and layers without RoPE (Kolibri's indexed NoPE
+        layers select from their own q and k, which the patch leaves as they are)."""
+        if mask is None or mask.dtype != torch.bool:
+            return
+        if any(built is mask for built in self._built_masks):  # handed on as built
+            return
+        shaped = [
+            built
+            for built in self._built_masks
+            if built.dim() == mask.dim() == 4
+            and built.shape[-2:] == mask.shape[-2:]
+            and built.shape[0] in (1, mask.shape[0])
+        ]
+        if not shaped or any(not bool((built ^ mask).any()) for built in shaped):
+            return
+        raise ValueError(
+            f"relpos.interop.hf method {self.method!r}: {type(module).__name__} hands "
+            "attention a mask other than the one transformers built: it selects keys itself "
+            "before it calls attention (Qwen4-Exp's query-selected-attention indexer keeps "
+            "the top blocks of keys, scored with the model's RoPE, which the patch switches "
+            "off), so the selection would not be the model's. Run at most as many tokens as "
+            "the selection keeps (Qwen4-Exp: indexer_budget), or use method='baseline'"
+        )
+
     def _identity_rotation(
         self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any
     ) -> Any:
@@ -487,15 +571,33 @@ class PatchHandle:
         self._rotary_calls += 1
         return out
 
+    def _covers_cache(self, positions: Tensor) -> bool:
+        """Whether the rotary module received ``positions`` for every token the cache held
+        at the start of this forward followed by this forward's tokens (Qwen4-Exp's decoder
+        turns them all: its attention's indexer rotates blocks of cached keys again; the
+        model keeps those positions with the cache, through crops and reorders), rather
+        than for this forward's tokens only."""
+        return (
+            self._cached_tokens > 0
+            and self._forward_tokens is not None
+            and positions.shape[-1] == self._cached_tokens + self._forward_tokens
+        )
+
     def _joined_axis_positions(self, position_ids: Tensor) -> Tensor | None:
         """The cached tokens' multi-axis positions followed by this forward's ``(A, B, L)``
-        (1-D ids: the same on every axis); None when the cached ones are not known."""
+        (1-D ids: the same on every axis); None when the cached ones are not known. Where
+        the rotary module received the positions of the cached tokens too
+        (``_covers_cache``), they are these."""
         axes = self.facts.position_axes
         current = position_ids.to(torch.int64)
         if current.dim() == 2:
             current = current[None].expand(axes, -1, -1)
+        if current.dim() != 3 or current.shape[0] != axes:
+            return None
+        if self._covers_cache(current):
+            return current
         past = self._past_axis_positions
-        if past is None or current.dim() != 3 or current.shape[0] != axes:
+        if past is None:
             return None
         if past.shape[-1] == 0:
             return current
@@ -539,6 +641,8 @@ class PatchHandle:
                     f"{what}: multi-axis (M-RoPE) position_ids that differ between axes "
                     f"(image or video tokens) are not 1-D positions{why}"
                 )
+        if position_ids is None and rotary is not None and self._covers_cache(rotary):
+            position_ids = rotary[..., rotary.shape[-1] - self._forward_tokens :]
         if position_ids is None:
             position_ids = rotary
         if position_ids is None:
@@ -664,6 +768,7 @@ class PatchHandle:
                 if perm is not None:  # the model's pairs in relpos's layout (q and k alike)
                     perm = perm.to(query.device)
                     query, key = query[..., perm], key[..., perm]
+                self._check_selection(module, mask)
                 if encoding.dims > 1:  # M-RoPE: relpos's m-rope on the logged positions
                     q_pos, k_pos = self._axis_call_positions(query.shape[0], lq, lk)
                 else:
@@ -744,6 +849,22 @@ def _to_device(encoding: Encoding, device: torch.device) -> None:
         if tensor.device != device:
             encoding.to(device)
         return
+
+
+def _mask_builder(ref: weakref.ReferenceType) -> Any:
+    """transformers' ``sdpa_mask`` (wrapped: its name and signature), keeping the bool masks
+    it builds in a forward for ``PatchHandle._check_selection``."""
+    from transformers.masking_utils import sdpa_mask
+
+    @functools.wraps(sdpa_mask)
+    def relpos_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+        mask = sdpa_mask(*args, **kwargs)
+        handle = ref()
+        if handle is not None and torch.is_tensor(mask) and mask.dtype == torch.bool:
+            handle._built_masks.append(mask)
+        return mask
+
+    return relpos_mask
 
 
 def _attention_function(ref: weakref.ReferenceType) -> Any:
