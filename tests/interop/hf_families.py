@@ -3,14 +3,15 @@
 ``walk()`` builds each ``*ForCausalLM`` class of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` from a
 tiny random config (its default config, shrunk: 4 heads of 16 channels, 2 key-value heads,
 vocabulary 128, one layer per distinct per-layer setting, sliding windows and attention chunks
-of 8; a composite config gives the text sub-config its class takes, MoE counts a default
+of 8; the decoder stack of an encoder-decoder config is cut like its encoder stack; a
+composite config gives the text sub-config its class takes, MoE counts a default
 leaves None are set, latent-attention head sizes stay consistent, a ``partial_rotary_factor``
 derived from the head (``qk_rope_head_dim / head_dim``) follows the shrunk sizes, sizes set per
 layer (``per_layer_config``) are cut alike, nested configs shrink too, and
 ``DEFAULT_ARGUMENTS`` / ``DEFAULT_OVERRIDES`` / ``SHRUNK_OVERRIDES`` fix, each with its reason,
 the few default configs that cannot build a model as they are) and checks it
 (``check_family``) on a left-padded batch with KV-cache decoding (in the model's own cache
-class where it refuses others, MiniMax's); drafters of speculative decoding
+class where it refuses or drops others, MiniMax's and BLT's); drafters of speculative decoding
 (``STANDALONE_REFUSALS``) are built and recorded as not runnable on their own:
 
 * ``baseline``: the patched model's logits equal the unpatched model's bit for bit;
@@ -20,8 +21,9 @@ class where it refuses others, MiniMax's); drafters of speculative decoding
 * ``self-extend``: cached decoding equals the full forward of the same patched model;
 
 or ``patch`` refuses by name (a ``ValueError``). The outcome of a family is ``exact``,
-``refused`` (with the reason), ``not buildable`` (with why), ``no rope`` (no rotary module:
-out of scope) or ``FAILED`` (a silent difference or a raw exception).
+``refused`` (with the reason), ``not buildable`` (with why), ``no rope`` (the built model has
+no rotary module: out of scope, not run) or ``FAILED`` (a silent difference or a raw
+exception).
 
 ``python -m hf_families`` (from ``tests/interop``, ``PYTHONPATH=src``) or
 ``python tests/interop/hf_families.py`` writes ``docs/hf_families.md`` from the results.
@@ -76,7 +78,20 @@ OPTIONAL_SIZES = dict(
     mamba_d_ssm=128,
     mamba_d_state=16,
     mamba_chunk_size=8,
+    # the two stacks of encoder-decoder configs (BART's decoder_attention_heads; their causal
+    # LM is the decoder stack, which num_attention_heads, an alias of the encoder's, misses)
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    num_encoder_attention_heads=4,
+    num_decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+    local_attention_window_len=8,  # BLT's local encoder window
 )
+#: the depth of each stack of an encoder-decoder config, set where the config has it, to the
+#: cut depth (BART's num_hidden_layers is an alias of encoder_layers, and the decoder's KV
+#: cache has that many layers; ProphetNet's num_hidden_layers cannot be set)
+STACK_DEPTHS = ("encoder_layers", "decoder_layers", "num_encoder_layers", "num_decoder_layers")
 SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 MAX_LAYERS = 4
 RTOL = 1e-4
@@ -102,6 +117,8 @@ REPRESENTATIVES = (
     "falcon",  # _supports_attention_backend False, yet its attention calls the interface
     "gpt_neox_japanese",  # computes attention itself: refused, naming the layer
     "cohere_compass_text",  # interleaved M-RoPE sections per layer type, text positions
+    "dory",  # a recurrent section run twice per forward, one KV cache per loop
+    "hrm_text",  # two stacks called in several cycles per forward, a cache slot per call
 )
 
 
@@ -181,11 +198,57 @@ def _override_qwen4_exp(cfg) -> None:
 
 def _rederived(cfg):
     """``cfg`` built again from its values, so that sizes its ``__post_init__`` derives
-    (Zamba2's Mamba head size and hybrid layer ids) follow the shrunk ones."""
+    (Zamba2's Mamba head size and hybrid layer ids; HRM-Text's layers per stack, from which
+    it sets num_hidden_layers to one KV-cache slot per stack layer and recurrence cycle)
+    follow the shrunk ones."""
     values = cfg.to_dict()
-    for key in ("hybrid_layer_ids", "mamba_headdim", "attention_head_dim", "attention_hidden_size"):
+    derived = ("hybrid_layer_ids", "mamba_headdim", "attention_head_dim", "attention_hidden_size")
+    for key in (*derived, "num_layers_per_stack"):
         values.pop(key, None)
     return type(cfg)(**values)
+
+
+def _override_zamba(cfg):
+    # one attention block whose weights all hybrid layers share (tied from the first to the
+    # others): the model is built only with two hybrid layers or more, and the cut keeps one
+    cfg.layers_block_type = [*cfg.layers_block_type, "hybrid"]
+    cfg.num_hidden_layers = len(cfg.layers_block_type)
+    cfg.mamba_dt_rank = "auto"  # the default: derived from the (shrunk) hidden size
+    # its attention width (twice the hidden size: the input concatenated with the Mamba
+    # stream's) and head size are derived from the hidden size as well
+    return _rederived(cfg)
+
+
+def _override_dory(cfg) -> None:
+    # its layers are three sections, input, recurrent (run n_recurrent_loops times, with a KV
+    # cache per loop) and output, whose sizes must add up to the depth (8 + 20 + 8 of 36 by
+    # default, which the cut depth no longer holds): one input and one recurrent layer, the
+    # rest output
+    cfg.n_input_layers, cfg.n_recurrent_layers = 1, 1
+    cfg.n_output_layers = cfg.num_hidden_layers - 2
+
+
+def _override_blt(cfg):
+    # the local encoder and decoder project to and from the global transformer's width
+    # (hidden_size_global), which the walker shrinks in the global config only
+    for local in (cfg.encoder_config, cfg.decoder_config):
+        local.hidden_size_global = cfg.global_config.hidden_size
+    # six hash n-gram embedding tables of 500002 rows each: as many rows as the vocabulary
+    cfg.encoder_hash_byte_group_vocab = SIZES["vocab_size"]
+    # its four transformers are sub-configs with their own depths (patcher 14, local encoder
+    # 1, global 25, local decoder 9): cut to at most 2 each. BltConfig declares no depth of
+    # its own, yet its KV caches are DynamicCache(config=...) of it, which reads one: the
+    # local encoder's self-attention cache and the local decoder's (named cross-attention)
+    # take as many layers as the deeper of the two
+    for sub in (cfg.patcher_config, cfg.encoder_config, cfg.global_config, cfg.decoder_config):
+        sub.num_hidden_layers = min(sub.num_hidden_layers, 2)
+    cfg.num_hidden_layers = max(
+        cfg.encoder_config.num_hidden_layers, cfg.decoder_config.num_hidden_layers
+    )
+    # built again: its __post_init__ derives the global transformer's input projection from
+    # the encoder's width times cross_attn_k, and the encoder's window from
+    # local_attention_window_len
+    return _rederived(cfg)
 
 
 def _override_gemma3n_text(cfg) -> None:
@@ -227,19 +290,29 @@ STANDALONE_REFUSALS = {
 
 def _own_cache(model):
     """The KV cache the walk decodes with: the model's own cache class where it refuses
-    others (MiniMax's ``MiniMaxCache``), else a ``DynamicCache`` of its config."""
-    from transformers import DynamicCache
+    others (MiniMax's ``MiniMaxCache``) or would lose part of it (BLT wraps any other cache
+    in an ``EncoderDecoderCache`` with a new second cache, its local decoder's, on every
+    call), else a ``DynamicCache`` of its config."""
+    from transformers import DynamicCache, EncoderDecoderCache
 
     if model.config.model_type == "minimax":
         from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
         return MiniMaxCache()
+    if model.config.model_type == "blt":
+        return EncoderDecoderCache(
+            DynamicCache(config=model.config), DynamicCache(config=model.config)
+        )
     return DynamicCache(config=model.config)
 
 
 #: model type -> applied to the shrunk config (returns the config to use, or None: the same)
 SHRUNK_OVERRIDES = {
     "zamba2": _rederived,
+    "hrm_text": _rederived,
+    "zamba": _override_zamba,
+    "dory": _override_dory,
+    "blt": _override_blt,
     "bamba": _override_all_mamba,
     "granitemoehybrid": _override_all_mamba,
 }
@@ -454,7 +527,11 @@ def tiny_config(model_type: str):
         # that has every type
         first = {t: derived_types.index(t) for t in derived_types}
         keep = list(range(max(2, max(first.values()) + 1)))
-    cfg.num_hidden_layers = len(keep)
+    for key in STACK_DEPTHS:
+        if _has(cfg, key):
+            setattr(cfg, key, len(keep))
+    if getattr(cfg, "num_hidden_layers", None) != len(keep):
+        cfg.num_hidden_layers = len(keep)
     for key, values in per_layer.items():
         setattr(cfg, key, [values[i] for i in keep])
     if model_type in SHRUNK_OVERRIDES:
@@ -556,6 +633,10 @@ def check_family(model_type: str, class_name: str) -> Outcome:
     signal.alarm(BUILD_SECONDS)
     try:
         model = build(model_type, class_name)
+        # judged on the built model: a family without RoPE is out of scope whether or not
+        # it decodes as the walk does (CPM-Ant takes the whole sequence at every step)
+        if not _computes_rope(model):
+            return outcome("no rope", "no rotary embedding module")
         batch, mask, pos = _inputs()
         ref, ref_steps = _forward_and_decode(model, batch, mask, pos)
     except Exception as err:  # noqa: BLE001 - recorded as the reason it cannot be built
@@ -563,8 +644,6 @@ def check_family(model_type: str, class_name: str) -> Outcome:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    if not _computes_rope(model):
-        return outcome("no rope", "no rotary embedding module")
     try:
         with patch(model, "baseline"):
             base, base_steps = _forward_and_decode(model, batch, mask, pos)
