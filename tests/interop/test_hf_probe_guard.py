@@ -63,3 +63,36 @@ def test_nope_families_pass_the_guard_and_are_exact(model_type):
         pytest.skip(f"transformers has no {model_type} causal LM")
     outcome = hf_families.check_family(*family)
     assert outcome.status == "exact", outcome
+
+
+def two_layers_on_one_layer_idx(shift_second: bool):
+    """A two-layer llama whose second layer also says ``layer_idx`` 0 (as modules that number
+    their layers alike do); with ``shift_second`` that layer is handed the cos / sin of twice
+    its positions, a rotation the first call of ``layer_idx`` 0 does not show."""
+    hf = model("llama", num_hidden_layers=2)
+    second = hf.model.layers[1]
+    second.self_attn.layer_idx = 0
+    if shift_second:
+        forward = second.forward
+
+        def doubled(*args, **kwargs):
+            ids = kwargs["position_ids"] * 2
+            kwargs["position_embeddings"] = hf.model.rotary_emb(args[0], ids)
+            return forward(*args, **kwargs)
+
+        second.forward = doubled
+    return hf
+
+
+def test_calls_that_share_a_layer_idx_but_rotate_otherwise_are_refused_by_name():
+    hf = two_layers_on_one_layer_idx(shift_second=True)
+    message = r"llama layer 0: 2 attention calls share layer_idx 0 .*call 2"
+    with pytest.raises(ValueError, match=message):
+        inspect_model(hf, probe=True)
+    with pytest.raises(ValueError, match=message):
+        patch(hf, "alibi")
+
+
+def test_calls_that_share_a_layer_idx_and_its_rotation_are_probed_as_one_layer():
+    layers = inspect_model(two_layers_on_one_layer_idx(shift_second=False), probe=True).layers
+    assert layers[0] is not None and layers[0].layout == "half"

@@ -294,16 +294,24 @@ def _run(model, ids, pos, rotary: list[nn.Module], identity: bool, seen: list | 
     return records
 
 
-def _layer_of(records, facts: ModelFacts) -> dict[int, tuple[Tensor, Tensor]]:
-    out: dict[int, tuple[Tensor, Tensor]] = {}
+def _calls_of(records, facts: ModelFacts) -> dict[int, list[tuple[Tensor, Tensor]]]:
+    """Every attention call's ``(q, k)`` per ``layer_idx``, in call order: modules that number
+    their layers alike (HRM-Text's two stacks, BLT's four models) call one ``layer_idx`` more
+    than once, and the patch applies one rotation per ``layer_idx``."""
+    out: dict[int, list[tuple[Tensor, Tensor]]] = {}
     for layer_idx, q, k in records:
         if layer_idx is None:
             raise ValueError(
                 f"relpos.interop.hf: the attention modules of {facts.model_type} have no "
                 "layer_idx, so the patch cannot tell its layers apart"
             )
-        out.setdefault(int(layer_idx), (q, k))
+        out.setdefault(int(layer_idx), []).append((q, k))
     return out
+
+
+def _layer_of(records, facts: ModelFacts) -> dict[int, tuple[Tensor, Tensor]]:
+    """The first attention call's ``(q, k)`` per ``layer_idx`` (``_calls_of``)."""
+    return {layer: calls[0] for layer, calls in _calls_of(records, facts).items()}
 
 
 def _rotary_state(module: nn.Module) -> tuple[dict, dict]:
@@ -326,13 +334,51 @@ def _restore(module: nn.Module, state: tuple[dict, dict]) -> None:
         setattr(module, k, v)
 
 
-def _joined(near: dict, far: dict) -> dict[int, tuple[Tensor, Tensor]]:
-    """The records of the near and the far run, one batch per layer."""
+def _joined_calls(near: dict, far: dict) -> dict[int, list[tuple[Tensor, Tensor]]]:
+    """The records of the near and the far run, one batch per call of each layer
+    (``_calls_of``): call i of the near run with call i of the far run; a layer called a
+    different number of times in the two runs keeps the calls both made (never mixed ones)."""
     return {
-        layer: tuple(torch.cat((a, b)) for a, b in zip(near[layer], far[layer], strict=True))
+        layer: [
+            tuple(torch.cat((a, b)) for a, b in zip(n, f, strict=True))
+            for n, f in zip(near[layer], far[layer], strict=False)
+        ]
         for layer in near
         if layer in far
     }
+
+
+def _probe_shared_layer(facts, layer, raw_calls, rot_calls, pos, create) -> LayerRotary | None:
+    """``_probe_layer`` on every attention call of one ``layer_idx``: the first call's
+    rotation, provided every other call of that ``layer_idx`` rotates the same way. Stacks
+    that share layer numbers and rotation (HRM-Text) pass; a second call that rotates
+    otherwise (another position source, another RoPE) is refused by name, since the patch
+    applies one rotation per ``layer_idx`` and would turn that call silently wrong."""
+    if len(raw_calls) != len(rot_calls):
+        raise ValueError(
+            f"relpos.interop.hf: {facts.model_type} layer {layer}: attention is called "
+            f"{len(raw_calls)} times with the model's RoPE switched off and {len(rot_calls)} "
+            "times with it"
+        )
+    shared = (
+        f"relpos.interop.hf: {facts.model_type} layer {layer}: {len(raw_calls)} attention "
+        f"calls share layer_idx {layer} (modules that number their layers alike), and the "
+        "patch applies one rotation per layer_idx"
+    )
+    try:
+        found = _probe_layer(facts, layer, raw_calls[0], rot_calls[0], pos, create)
+    except ValueError as err:
+        if len(raw_calls) == 1:
+            raise
+        raise ValueError(f"{shared}; call 1: {err}") from None
+    for i in range(1, len(raw_calls)):
+        try:
+            other = _probe_layer(facts, layer, raw_calls[i], rot_calls[i], pos, create)
+        except ValueError as err:
+            raise ValueError(f"{shared}; call {i + 1}: {err}") from None
+        if other != found:
+            raise ValueError(f"{shared}; call 1 rotates as {found}, call {i + 1} as {other}")
+    return found
 
 
 def _pairs(raw: Tensor, rot: Tensor, rotated: list[int], what: str) -> list[tuple[int, int]]:
@@ -443,7 +489,7 @@ def _probe(
         seen: list[Tensor | None] = []
         runs = {
             identity: [
-                _layer_of(_run(model, ids[rows], pos[rows], rotary, identity, seen=seen), facts)
+                _calls_of(_run(model, ids[rows], pos[rows], rotary, identity, seen=seen), facts)
                 for rows in (slice(0, len(near)), slice(len(near), None))
             ]
             for identity in (True, False)
@@ -452,7 +498,7 @@ def _probe(
         model.train(was_training)
         for module, state in zip(rotary, saved, strict=True):
             _restore(module, state)
-    raw, rot = (_joined(*runs[identity]) for identity in (True, False))
+    raw, rot = (_joined_calls(*runs[identity]) for identity in (True, False))
     if set(raw) != set(rot) or not raw:
         raise ValueError(
             f"relpos.interop.hf: the {facts.model_type} model called attention in different "
@@ -463,10 +509,12 @@ def _probe(
         if layer not in raw:
             out.append(None)  # no attention in this layer (a recurrent / linear layer)
             continue
-        out.append(_probe_layer(facts, layer, raw[layer], rot[layer], pos, create))
+        out.append(_probe_shared_layer(facts, layer, raw[layer], rot[layer], pos, create))
     nope = [layer for layer in sorted(raw) if out[layer] is None]
     if nope:
-        first = {layer: (q[:1], k[:1]) for layer, (q, k) in runs[True][0].items()}
+        first = {
+            layer: (calls[0][0][:1], calls[0][1][:1]) for layer, calls in runs[True][0].items()
+        }
         there = near[-1] if len(near) > 1 else _far_position(facts)
         _refuse_hidden_positions(model, facts, ids[:1], there, first, nope, rotary)
     axes = max((int(p.shape[0]) for p in seen if p is not None and p.dim() == 3), default=1)
