@@ -359,10 +359,10 @@ def normalise(result: dict) -> dict:
     """Label every relpos result with the init and head it was trained with: results written
     before ``TransformerLM`` took ``init`` (no "init" key) used GPT-2's, the only one then, and
     every result records ``tie_embedding``; a spec without ``init=`` or ``head=`` used the
-    defaults of its day, which the recorded values name. The label lists the knobs in ``KNOBS``
-    order (encoding options last), so two spellings of one model are one row. A peer result without ``peer_options`` was
-    written when ``x-transformers`` meant the tied head and whole-head rotary, today's
-    ``x-transformers-matched``."""
+    defaults of its day, which the recorded values name. The label lists the knobs in
+    ``KNOBS`` order (encoding options last), so two spellings of one model are one row. A peer
+    result without ``peer_options`` was written when ``x-transformers`` meant the tied head and
+    whole-head rotary, today's ``x-transformers-matched``."""
     if result["model"] == "x-transformers" and "peer_options" not in result:
         result["model"] = "x-transformers-matched"
     if not result["model"].startswith("relpos"):
