@@ -1,6 +1,6 @@
 """``relpos extrapolate --qkv-conv K`` (RCMHA's causal depth-wise q/k/v convolutions in every
-layer), ``--qk-norm rms`` (TRA's q/k RMS normalisation) and ``--untied-head`` (an output
-layer of its own): each flag is parsed with the
+layer), ``--qk-norm rms`` (TRA's q/k RMS normalisation), ``--init`` and ``--head`` (the
+model's init and output layer; defaults fan-in and untied): each flag is parsed with the
 flag's name in its errors, recorded in the run's settings and each checkpoint's config, built
 into the model, and a resume with another value is refused."""
 
@@ -93,16 +93,34 @@ def test_a_run_records_the_kernel_and_resume_checks_it(capsys, tmp_path):
     assert code == 2 and "qk_norm None -> 'rms'" in err
 
 
-@pytest.mark.slow  # one tiny training run (seconds)
-def test_untied_head_is_recorded_built_and_checked_on_resume(capsys, tmp_path):
+@pytest.mark.slow  # two tiny training runs (seconds)
+def test_init_and_head_are_recorded_built_and_checked_on_resume(capsys, tmp_path):
     out = tmp_path / "run"
     tiny = [*TINY[2:], "--encodings", "alibi"]
-    assert main(["extrapolate", *tiny, "--untied-head", "--out", str(out)]) == 0
-    assert json.loads((out / "run.json").read_text())["settings"]["tie_embedding"] is False
+    assert main(["extrapolate", *tiny, "--out", str(out)]) == 0  # the defaults
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert (settings["init"], settings["tie_embedding"]) == ("fan-in", False)
     config = json.loads((out / "alibi" / "state.json").read_text())["config"]
-    assert config["tie_embedding"] is False
+    assert (config["init"], config["tie_embedding"]) == ("fan-in", False)
     assert build_model(TrainConfig.from_json(config), 256).head is not None
-    assert "untied head" in capsys.readouterr().out
-    code = main(["extrapolate", *tiny, "--out", str(out), "--resume"])
+    assert "fan-in init, untied head" in capsys.readouterr().out
+    code = main(["extrapolate", *tiny, "--head", "tied", "--out", str(out), "--resume"])
     _, err = capsys.readouterr()
     assert code == 2 and "tie_embedding False -> True" in err
+    earlier = tmp_path / "earlier"  # the earlier default model, by its flags
+    flags = ["--init", "gpt2", "--head", "tied", "--out", str(earlier)]
+    assert main(["extrapolate", *tiny, *flags]) == 0
+    config = json.loads((earlier / "alibi" / "state.json").read_text())["config"]
+    model = build_model(TrainConfig.from_json(config), 256)
+    assert (model.init, model.head) == ("gpt2", None)
+    assert "gpt2 init, tied head" in capsys.readouterr().out
+    code = main(["extrapolate", *tiny, "--init", "fan-in", "--head", "tied", "--out",
+                 str(earlier), "--resume"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 2 and "init 'gpt2' -> 'fan-in'" in err
+
+
+def test_init_and_head_flags_name_themselves_in_their_errors(capsys):
+    for flag, value in (("--init", "xavier"), ("--head", "both")):
+        assert main(["extrapolate", *TINY, flag, value, "--out", "unused"]) == 2
+        assert flag in capsys.readouterr().err
