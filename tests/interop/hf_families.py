@@ -561,24 +561,22 @@ def build(model_type: str, class_name: str):
     return model
 
 
-def _inputs():
+def _inputs(length: int = LENGTH):
+    """A left-padded batch of ``length`` tokens (``hf_tiny.left_padded``, ``PAD`` pads)."""
+    from hf_tiny import left_padded
+
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, SIZES["vocab_size"], (1, LENGTH), generator=gen)
-    row = torch.cat([torch.zeros(PAD, dtype=ids.dtype), ids[0, : LENGTH - PAD]])
-    batch = torch.stack([ids[0], row])
-    mask = torch.ones_like(batch)
-    mask[1, :PAD] = 0
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    return batch, mask, pos
+    return left_padded(torch.randint(3, SIZES["vocab_size"], (1, length), generator=gen), PAD)
 
 
 def _forward_and_decode(model, batch, mask, pos):
     """``(full, steps)``: logits of the full forward, and of the last ``STEPS`` positions
     decoded one at a time with the KV cache after a prefill of the rest."""
+    length = batch.shape[1]
     with torch.no_grad():
         full = model(batch, attention_mask=mask, position_ids=pos).logits
         cache = _own_cache(model)
-        start = LENGTH - STEPS
+        start = length - STEPS
         model(
             batch[:, :start],
             attention_mask=mask[:, :start],
@@ -587,7 +585,7 @@ def _forward_and_decode(model, batch, mask, pos):
             use_cache=True,
         )
         steps = []
-        for t in range(start, LENGTH):
+        for t in range(start, length):
             out = model(
                 batch[:, t : t + 1],
                 attention_mask=mask[:, : t + 1],

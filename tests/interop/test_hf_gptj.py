@@ -19,10 +19,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from hf_families import PAD, STEPS, _forward_and_decode, _inputs  # noqa: E402
+
 from relpos.interop.hf import inspect_model, patch  # noqa: E402
 from relpos.interop.hf.probe import identity_rotation, position_table, table_base  # noqa: E402
 
-LENGTH, PAD, STEPS = 20, 3, 3
 FAMILIES = ("gptj", "codegen")
 
 
@@ -36,44 +37,6 @@ def _model(family: str, n_positions: int = 64):
     torch.manual_seed(0)
     cls = tf.GPTJForCausalLM if family == "gptj" else tf.CodeGenForCausalLM
     return cls(config).float().eval()
-
-
-def _left_padded(length: int = LENGTH):
-    """Two rows: one of ``length`` tokens and one with ``PAD`` pads on the left."""
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 128, (1, length), generator=gen)
-    padded = torch.cat([torch.zeros(PAD, dtype=ids.dtype), ids[0, : length - PAD]])
-    batch = torch.stack([ids[0], padded])
-    mask = torch.ones_like(batch)
-    mask[1, :PAD] = 0
-    pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    return batch, mask, pos
-
-
-def _forward_and_decode(model, batch, mask, pos):
-    """Logits of the full forward and of the last ``STEPS`` tokens decoded one at a time
-    with the KV cache after a prefill of the rest."""
-    from transformers import DynamicCache
-
-    length = batch.shape[1]
-    with torch.no_grad():
-        full = model(batch, attention_mask=mask, position_ids=pos).logits
-        cache = DynamicCache()
-        start = length - STEPS
-        kwargs = dict(cache=cache, use_cache=True)
-        model(
-            batch[:, :start], attention_mask=mask[:, :start], position_ids=pos[:, :start], **kwargs
-        )
-        steps = [
-            model(
-                batch[:, t : t + 1],
-                attention_mask=mask[:, : t + 1],
-                position_ids=pos[:, t : t + 1],
-                **kwargs,
-            ).logits[:, -1]
-            for t in range(start, length)
-        ]
-    return full, torch.stack(steps, 1)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -119,7 +82,7 @@ def test_the_base_is_read_from_the_table_not_assumed():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_baseline_is_bit_identical_and_rope_exact_in_forward_and_decoding(family):
     model = _model(family)
-    inputs = _left_padded()
+    inputs = _inputs()
     ref, ref_steps = _forward_and_decode(model, *inputs)
     with patch(model, "baseline"):
         base, base_steps = _forward_and_decode(model, *inputs)
@@ -140,7 +103,7 @@ def test_baseline_is_bit_identical_and_rope_exact_in_forward_and_decoding(family
 @pytest.mark.parametrize("family", FAMILIES)
 def test_positions_past_the_table_run_under_the_patch(family):
     model = _model(family, n_positions=16)
-    inputs = _left_padded(24)
+    inputs = _inputs(24)
     with pytest.raises(IndexError):  # the model alone indexes its 16-row table
         _forward_and_decode(model, *inputs)
     with patch(model, "self-extend", group_size=4, neighbor_window=6):
@@ -159,7 +122,7 @@ def test_unpatching_puts_back_a_forward_set_on_the_rotary_module_before():
         return type(rotary).forward(rotary, *args, **kwargs)
 
     rotary.forward = wrapped
-    inputs = _left_padded()
+    inputs = _inputs()
     with patch(model, "rope", backend="eager"):
         assert rotary.forward is not wrapped
         calls.clear()
