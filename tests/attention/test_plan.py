@@ -33,10 +33,15 @@ def test_the_facts_auto_reads_are_capabilities_not_names():
     q, k, v = qkv(16, 128, grad=True)
     learned = relpos.create("t5", num_heads=H, head_dim=D)
     f = api.facts(q, k, v, learned, causal=True)
-    assert (f.kind, f.training, f.causal) == ("toeplitz", True, True)
+    # a per-distance table that takes gradients in this call is a kind of its own
+    assert (f.kind, f.training, f.causal) == ("learned-toeplitz", True, True)
     assert f.elements == 16 * H * 128 * 128 and "fold" not in f.candidates
     with torch.no_grad():
-        assert api.facts(q, k, v, learned, causal=True).training is False
+        inference = api.facts(q, k, v, learned, causal=True)
+        assert (inference.kind, inference.training) == ("toeplitz", False)
+    learned.requires_grad_(False)  # trained q, k, v, frozen table: no gradient reaches it
+    assert api.facts(q, k, v, learned, causal=True).kind == "toeplitz"
+    learned.requires_grad_(True)
     fixed = relpos.create("kerple-log", num_heads=H, head_dim=D).requires_grad_(False)
     frozen = [t.detach() for t in (q, k, v)]
     assert api.facts(*frozen, fixed, causal=True).training is False  # nothing takes gradients

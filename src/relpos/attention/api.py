@@ -161,8 +161,7 @@ def _trains(call: AttentionCall) -> bool:
         return False
     if call.q.requires_grad or call.k.requires_grad or call.v.requires_grad:
         return True
-    enc = call.encoding
-    return enc is not None and call.has_bias and any(p.requires_grad for p in enc.parameters())
+    return _bias_takes_gradients(call)
 
 
 def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
@@ -193,14 +192,30 @@ def call_kind(call: AttentionCall, candidates: tuple[str, ...] | None = None) ->
     """The kind of call a policy table distinguishes (``policy.KINDS``): ``plain`` (no
     bias), ``band`` (a two-sided table bias the fold runs as a band), else the chunked
     backend's path (``toeplitz``, ``tile``, ``probabilities``, ``piecewise-sdpa``,
-    ``row-suffix``; calls with softcap or sinks are ``probabilities`` or ``row-suffix``)."""
+    ``row-suffix``; calls with softcap or sinks are ``probabilities`` or ``row-suffix``),
+    with ``toeplitz`` as ``learned-toeplitz`` when the table takes gradients in this call."""
     if not call.needs_probabilities and not call.has_bias and not call.score_features:
         return "plain"
     if folds_disentangled(call.encoding) and "fold" in (
         candidate_backends(call) if candidates is None else candidates
     ):
         return "band"
-    return chunked_path(call)
+    path = chunked_path(call)
+    if path == "toeplitz" and _bias_takes_gradients(call):
+        return "learned-toeplitz"
+    return path
+
+
+def _bias_takes_gradients(call: AttentionCall) -> bool:
+    """Gradients are on and flow into the encoding's parameters (the bias is learned and
+    trained in this call)."""
+    enc = call.encoding
+    return (
+        torch.is_grad_enabled()
+        and enc is not None
+        and call.has_bias
+        and any(p.requires_grad for p in enc.parameters())
+    )
 
 
 def call_facts(call: AttentionCall) -> CallFacts:

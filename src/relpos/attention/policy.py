@@ -4,9 +4,14 @@ measured fastest for calls like it.
 
 A call is reduced to a few facts (``CallFacts``): device type, dtype class, its *kind* (how
 its score term is built: ``plain`` without a bias, ``toeplitz`` for a per-distance table,
-``tile`` for a bias evaluated per pair, ``band`` for DeBERTa-style two-sided tables, and the
-probability paths ``probabilities`` / ``piecewise-sdpa`` / ``row-suffix``), causal or not,
-forward or training step, and its size ``B * H * Lq * Lk``. A ``PolicyTable`` maps the key
+``learned-toeplitz`` for one whose values take gradients in the call (the encoding's
+parameters in a training step: the dense path scatters an ``L x L`` gradient into the
+table, the Toeplitz tiles sum it by antidiagonal, which moves the crossover),
+``row-affine`` for a bias the chunked backend reads from two tables per block of rows
+(FIRE's forward above its threshold), ``tile`` for a bias evaluated per pair, ``band`` for
+DeBERTa-style two-sided tables, and the probability paths ``probabilities`` /
+``piecewise-sdpa`` / ``row-suffix``), causal or not, forward or training step, and its size
+``B * H * Lq * Lk``. A ``PolicyTable`` maps the key
 ``device/dtype/kind/causal|full/forward|train`` to segments of size, each holding the
 backends measured there, fastest first. ``select_backend(facts, table)`` is a pure function
 of the two: the first ranked backend that is a candidate; where the table has no
@@ -64,7 +69,17 @@ __all__ = [
 
 FORMAT = 1
 #: the kinds of call a table distinguishes (``CallFacts.kind``)
-KINDS = ("plain", "toeplitz", "tile", "band", "probabilities", "piecewise-sdpa", "row-suffix")
+KINDS = (
+    "plain",
+    "toeplitz",
+    "learned-toeplitz",
+    "row-affine",
+    "tile",
+    "band",
+    "probabilities",
+    "piecewise-sdpa",
+    "row-suffix",
+)
 #: the softmax backends a table may rank
 BACKEND_NAMES = ("eager", "sdpa", "chunked", "flex", "fold")
 #: the order among candidates where a table has no measurement for a call's key, per device
