@@ -26,6 +26,14 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
   backward; the gradient of the table is the sum of ``dS`` over anti-diagonals (a
   pad-and-reshape, no scatter), and autograd carries it into the encoding's parameters (T5
   table, KERPLE r1/r2, FIRE's MLP, ...).
+* **row-affine** (a bias affine in a per-row scalar over each block, ``Encoding.row_affine``:
+  FIRE above its threshold; positions one batch-shared integer range, no user mask, and no
+  gradient in the call): each block asks the encoding for two tables over the block's
+  distances and the rows' scalars (``row_affine_tables``) and forms its bias as one
+  ``constant + row_scale * slope`` over two zero-copy Hankel views (rows reversed, as on the
+  Toeplitz path; ``-inf`` on future distances when causal); at the few distances where the
+  block's rows do not share one affine form (``exact`` False) the encoding's ``bias`` is
+  evaluated per pair. Training steps take the tile path.
 * **tile** (any other bias, user masks, arbitrary positions): each query block computes its
   ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
@@ -49,6 +57,8 @@ from .piecewise import piecewise_sdpa_attention, runs_piecewise
 FORWARD_BLOCK = 256  # the most query rows of a forward block (Toeplitz), key blocks (row-suffix)
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
 TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
+ROW_AFFINE_ELEMENTS = 1 << 20  # query rows x keys per block of the row-affine path (no autograd)
+ROW_AFFINE_GROUP = 32  # rows sharing one pair of tables inside a row-affine block
 
 
 # ---------------------------------------------------------------------------- Toeplitz path
@@ -190,6 +200,110 @@ def _tile_attention(call: AttentionCall) -> Tensor:
     return run_blocks(block, call.blocks(_tile_rows(call)), call.q, *call.expanded_kv())
 
 
+def _bias_at_pairs(call: AttentionCall, blk: QueryBlock, i: Tensor, j: Tensor) -> Tensor:
+    """The encoding's bias at the query indices ``i (P,)`` and key indices ``j (P,)`` of
+    block ``blk``, as one ``(1, H, 1, P)`` grid row."""
+    assert call.encoding is not None
+    dev = call.q.device
+    ctx = call.bias_context(
+        torch.arange(blk.start, blk.end, device=dev), torch.arange(blk.key_end, device=dev)
+    )
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev)
+    h = torch.arange(call.q.shape[1], device=dev).view(1, -1, 1, 1)
+    return call.encoding.bias(ctx, b, h, i.view(1, 1, 1, -1), j.view(1, 1, 1, -1))
+
+
+def _row_affine_rows(call: AttentionCall) -> int:
+    """Query rows per block of the row-affine path: ``ROW_AFFINE_ELEMENTS / Lk``, at least
+    64 (a longer block is fewer kernel calls; its bias is built in groups of
+    ``ROW_AFFINE_GROUP`` rows, so the distances without one affine form stay few)."""
+    return max(64, ROW_AFFINE_ELEMENTS // max(call.k.shape[2], 1))
+
+
+def _row_affine_attention(call: AttentionCall) -> Tensor:
+    enc = call.encoding
+    assert enc is not None and call.positions is not None
+    q_span, k_span = call.positions.q.span, call.positions.k.span
+    assert q_span is not None and k_span is not None
+    dev, H = call.q.device, call.q.shape[1]
+    offset = call.k.shape[2] - call.q.shape[2]  # causal alignment, bottom-right
+    dtype = next((p.dtype for p in enc.parameters()), call.q.dtype)
+
+    def fill(bias: Tensor, blk: QueryBlock, first: int, groups: int, R: int) -> None:
+        """Reversed rows ``first .. first + groups * R - 1`` of ``bias (1, H, T, S)`` (row
+        ``t'`` is query ``end - 1 - t'``), in ``groups`` groups of ``R`` rows, each group
+        with its own tables: entry ``(t', j)`` of a group reads index ``t' - start + j``."""
+        e, S = blk.end, blk.key_end
+        starts = first + R * torch.arange(groups, device=dev)[:, None]  # (G, 1)
+        m = starts + torch.arange(R + S - 1, device=dev)  # (G, N): t' + j at the group's rows
+        distance = (q_span.start + e - 1 - k_span.start) - m
+        rows = q_span.start + e - 1 - (starts + torch.arange(R, device=dev))  # (G, R)
+        tables = enc.row_affine_tables(call.ctx, rows, distance)
+        constant, slope, exact = tables.constant, tables.slope, tables.exact
+        if call.causal:
+            future = (m > e - 1 + offset)[:, None]
+            constant = constant.masked_fill(future, float("-inf"))
+            slope = slope.masked_fill(future, 0.0)
+            exact = exact | future[:, 0]
+        constant = constant.to(dtype).contiguous()
+        slope = slope.to(dtype).contiguous()
+        scale = tables.row_scale.to(dtype)
+        for g in range(groups):
+            a = first + g * R
+            torch.addcmul(
+                _hankel(constant[g], 0, R, S),
+                _hankel(slope[g], 0, R, S),
+                scale[g].view(1, 1, R, 1),
+                out=bias[:, :, a : a + R],
+            )
+        g, n = (~exact).nonzero(as_tuple=True)
+        if g.numel():  # the distances where a group's rows share no affine form: per pair
+            r = torch.arange(R, device=dev)
+            t = (first + g * R)[:, None] + r  # reversed rows
+            j = n[:, None] - r
+            inside = (j >= 0) & (j < S)
+            t, j = t[inside], j[inside]
+            values = _bias_at_pairs(call, blk, e - 1 - t, j)
+            bias.view(H, -1)[:, t * S + j] = values.view(H, -1).to(dtype)
+
+    def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        s, e, kend = blk.start, blk.end, blk.key_end
+        if kend == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
+            return q.new_zeros(*q.shape[:2], e - s, v.shape[-1])
+        T = e - s
+        bias = torch.empty(1, H, T, kend, dtype=dtype, device=dev)
+        R = min(ROW_AFFINE_GROUP, T)
+        full = T // R
+        fill(bias, blk, 0, full, R)
+        if T > full * R:
+            fill(bias, blk, full * R, 1, T - full * R)
+        qb = q[:, :, s:e].flip(2)
+        out = F.scaled_dot_product_attention(
+            qb, k[:, :, :kend], v[:, :, :kend], attn_mask=bias.to(qb.dtype), scale=call.scale
+        )
+        return out.flip(2)
+
+    return run_blocks(block, call.blocks(_row_affine_rows(call)), call.q, *call.expanded_kv())
+
+
+def _runs_row_affine(call: AttentionCall) -> bool:
+    """A ``row_affine`` bias over batch-shared integer ranges of positions, no user mask and
+    no gradient anywhere in the call (training steps keep the checkpointed tile path)."""
+    enc = call.encoding
+    if enc is None or not enc.row_affine or not call.has_bias or call.has_user_mask:
+        return False
+    if call.positions is None or call.positions.q.span is None or call.positions.k.span is None:
+        return False
+    if torch.is_grad_enabled() and (
+        call.q.requires_grad
+        or call.k.requires_grad
+        or call.v.requires_grad
+        or any(p.requires_grad for p in enc.parameters())
+    ):
+        return False
+    return True
+
+
 def _probability_attention(call: AttentionCall) -> Tensor:
     def block(blk: QueryBlock, *_: Tensor) -> Tensor:
         if blk.key_end == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
@@ -264,6 +378,8 @@ def chunked_path(call: AttentionCall) -> str:
         return "probabilities"
     if not call.has_user_mask and call.distance_delta() is not None:
         return "toeplitz"
+    if _runs_row_affine(call):
+        return "row-affine"
     return "tile"
 
 
@@ -282,4 +398,6 @@ def chunked_attention(call: AttentionCall) -> Tensor:
         table = call.distance_table(causal=call.causal)
         assert table is not None
         return _toeplitz_attention(call, table)
+    if path == "row-affine":
+        return _row_affine_attention(call)
     return _tile_attention(call)

@@ -63,11 +63,11 @@ from typing import Any, ClassVar
 from torch import nn
 
 from ..validation import check_int
-from .context import BiasContext, KeySegment, QueryGroups
+from .context import BiasContext, KeySegment, QueryGroups, RowAffineTables
 from .options import OptionSpec, check_options
 from .roles import BiasRole, InputRole, PieceRole, RotaryRole, WeightRole
 
-__all__ = ["Encoding", "BiasContext", "KeySegment", "QueryGroups"]
+__all__ = ["Encoding", "BiasContext", "KeySegment", "QueryGroups", "RowAffineTables"]
 
 
 class Encoding(RotaryRole, BiasRole, WeightRole, PieceRole, InputRole, nn.Module):

@@ -3,6 +3,8 @@
 * ``BiasContext``: the batch-expanded positions, the encoding's per-call data, the logit
   scale and the call's position facts (read by ``bias``, ``value_term``, ``piece_index`` ...);
 * ``KeySegment``: one key range scored with one piece (piecewise encodings' layout);
+* ``RowAffineTables``: a bias affine in a per-row scalar over one block of query rows
+  (``BiasRole.row_affine_tables``: FIRE above its threshold);
 * ``QueryGroups``: a rotation state per group of queries (query-dependent key encodings).
 """
 
@@ -16,7 +18,7 @@ from torch import Tensor
 
 from ..positions import CallPositions, Positions
 
-__all__ = ["BiasContext", "KeySegment", "QueryGroups"]
+__all__ = ["BiasContext", "KeySegment", "QueryGroups", "RowAffineTables"]
 
 
 @dataclass
@@ -80,6 +82,23 @@ class KeySegment:
         if self.d_max is not None:
             hit = hit & (d <= self.d_max)
         return hit
+
+
+@dataclass(frozen=True)
+class RowAffineTables:
+    """The bias over groups of query rows, each group ``g`` as ``constant[g, h, n] +
+    row_scale[g, t] * slope[g, h, n]`` at the pair of its row ``t`` and its distance
+    ``distance[g, n] = q_pos - k_pos``, for every ``n`` with ``exact[g, n]``; at the other
+    distances the group's rows do not share one affine form and the engine evaluates ``bias``
+    per pair.
+
+    Shapes: ``constant``, ``slope`` ``(G, H, N)``; ``row_scale (G, R)``; ``exact (G, N)`` bool.
+    """
+
+    constant: Tensor
+    slope: Tensor
+    row_scale: Tensor
+    exact: Tensor
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..positions import CallPositions
-from .context import BiasContext, KeySegment
+from .context import BiasContext, KeySegment, RowAffineTables
 
 __all__ = ["RotaryRole", "BiasRole", "WeightRole", "PieceRole", "InputRole"]
 
@@ -92,6 +92,12 @@ class BiasRole(_Sized):
     #: a band around the diagonal it is a query term plus a key term, which the ``fold``
     #: backend folds into q/k channels
     folds_outside_band: bool = False
+    #: over the rows of a block of consecutive integer query positions, the bias is affine in
+    #: a per-row scalar with coefficients per distance, except at a few distances
+    #: (``row_affine_tables``; FIRE above its threshold, where each row has its own
+    #: normaliser): the chunked backend then reads it from two tables per block instead of
+    #: evaluating it per pair
+    row_affine: bool = False
 
     def prepare(
         self,
@@ -168,6 +174,15 @@ class BiasRole(_Sized):
         h = torch.arange(self.num_heads, device=device)[:, None]
         d = torch.arange(low, high + 1, device=device)[None, :]
         return self.bias_at_distance(h, d).expand(self.num_heads, d.shape[1])
+
+    def row_affine_tables(
+        self, ctx: BiasContext, rows: Tensor, distance: Tensor
+    ) -> RowAffineTables:
+        """``row_affine`` encodings: for groups of query positions ``rows (G, R)`` (integers)
+        and position distances ``distance (G, N)``, the tables with ``bias(i, j) =
+        constant[g, h, n] + row_scale[g, t] * slope[g, h, n]`` wherever ``exact[g, n]``
+        (``context.RowAffineTables``); the engine evaluates ``bias`` at the other pairs."""
+        raise RuntimeError(f"encoding {self.name!r} has no row-affine bias")
 
     def row_gates(
         self, ctx: BiasContext, s: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor

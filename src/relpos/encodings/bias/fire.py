@@ -15,7 +15,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from ..base import BiasContext, Encoding
+from ..base import BiasContext, Encoding, RowAffineTables
 from ..options import Float, Int
 from ..registry import register
 from .piecewise_linear import evaluate_pieces, relu_mlp_pieces
@@ -51,6 +51,7 @@ class FIRE(Encoding):
     own_init_modules = ("mlp_in",)  # the scalar-input layer keeps PyTorch's init in models
     relative = False
     continuous = True
+    row_affine = True
 
     def __init__(
         self,
@@ -100,6 +101,27 @@ class FIRE(Encoding):
 
     def bias(self, ctx: BiasContext, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
         return self.readout(self.mlp_input(ctx.q_pos[b, i], ctx.k_pos[b, j]), h)
+
+    def row_affine_tables(
+        self, ctx: BiasContext, rows: Tensor, distance: Tensor
+    ) -> RowAffineTables:
+        """``u = psi(d) r_i`` with ``r_i = 1 / (psi(max(L, i)) + eps)``: where the ``u`` of a
+        group's rows at distance ``d`` all lie on one linear piece ``a`` of ``f_theta``,
+        ``f_h(u) = alpha[h, a] + r_i (beta[h, a] psi(d))`` (``piecewise_linear``): exact, and
+        affine in ``r_i``. ``psi(d) >= 0`` and ``r_i > 0``, so the group's ``u`` span
+        ``[psi(d) min r, psi(d) max r]``: a distance is ``exact`` where both ends fall on
+        one piece. ``rows (G, R)``, ``distance (G, N)`` -> tables ``(G, H, N)``."""
+        dtype = self.c.dtype
+        normaliser = self.psi(torch.maximum(self.threshold(), rows.to(dtype))) + self.eps
+        psi_d = self.psi(distance.to(dtype))
+        knots, alpha, beta = relu_mlp_pieces(
+            self.mlp_in.weight[:, 0], self.mlp_in.bias, self.mlp_out.weight, self.mlp_out.bias
+        )
+        low = torch.bucketize(psi_d / normaliser.amax(-1, keepdim=True), knots, right=True)
+        high = torch.bucketize(psi_d / normaliser.amin(-1, keepdim=True), knots, right=True)
+        constant = alpha[:, low].transpose(0, 1)
+        slope = (beta[:, low] * psi_d).transpose(0, 1)
+        return RowAffineTables(constant, slope, 1.0 / normaliser, low == high)
 
     def readout(self, u: Tensor, h: Tensor) -> Tensor:
         """``f_theta(u)`` for head(s) ``h`` (broadcast against ``u``)."""
