@@ -29,6 +29,7 @@ at ``--flex-lengths`` (none by default), and elsewhere it is listed as not timed
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import math
@@ -119,11 +120,11 @@ FAMILY_CASES = tuple(
 )
 QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
 #: representatives of every kind of call the policy distinguishes (``policy.KINDS``):
-#: plain (rope), toeplitz (alibi with its fold, kerple-log, FIRE below its threshold, T5's
-#: learned bucket table, whose backward through the bucket gather moves the crossover to the
-#: Toeplitz tiles to shorter lengths), tile (FIRE above it, from the first length on with a
-#: threshold of 1; transformer-xl's table reads), band (deberta), probabilities (shaw),
-#: piecewise-sdpa (dca), row-suffix (cope)
+#: plain (rope), toeplitz (alibi with its fold; in the forward also kerple-log, T5 and FIRE
+#: below its threshold), learned-toeplitz (the training steps of those three, whose table
+#: takes gradients), row-affine (FIRE's forward above its threshold, from the first length on
+#: with a threshold of 1), tile (FIRE's training steps above it; transformer-xl's table
+#: reads), band (deberta), probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
 CALIBRATION_CASES = (
     EncodingCase("rope"),
     EncodingCase("alibi"),
@@ -579,6 +580,24 @@ def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ command
+def parse_case(text: str) -> EncodingCase:
+    """``name`` or ``name:option=value[:option=value ...]`` (``fire:init_L=1.0``: FIRE with
+    its threshold at 1, the calibration's representative of FIRE above its threshold); values
+    are Python literals (numbers, booleans, strings), else taken as strings."""
+    name, *items = text.split(":")
+    options = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--encodings: {text!r}: expected name:option=value, got {item!r}")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = raw.strip()
+        options.append((key.strip(), value))
+    return EncodingCase(name.strip(), tuple(options))
+
+
 def grid_plan(args: argparse.Namespace) -> GridPlan:
     """The ``GridPlan`` of ``relpos bench --auto-vs-best`` / ``--calibrate`` (flags checked)."""
     import relpos
@@ -586,7 +605,7 @@ def grid_plan(args: argparse.Namespace) -> GridPlan:
     calibrate = bool(args.calibrate)
     quick = bool(args.quick)
     if args.encodings:
-        cases = tuple(EncodingCase(n) for n in parse_names(args.encodings, "--encodings"))
+        cases = tuple(parse_case(n) for n in parse_names(args.encodings, "--encodings"))
         for c in cases:
             relpos.registry.encoding_class(c.name)  # unknown -> ValueError naming the known
     else:

@@ -336,7 +336,12 @@ def write_plots(out: Path, result: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------ command
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--encodings", default=None, help=f"default {DEFAULTS['encodings']}")
+    parser.add_argument(
+        "--encodings",
+        default=None,
+        help=f"default {DEFAULTS['encodings']}; with --auto-vs-best / --calibrate a name may "
+        "carry options, name:option=value (fire:init_L=1.0)",
+    )
     parser.add_argument(
         "--backends",
         default=None,
