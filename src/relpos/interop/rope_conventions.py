@@ -171,11 +171,14 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        'earlier vLLM\'s `"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`',
-        "-",
-        "not supported: refused as unknown keys of `yarn` (0.34.0's `get_rope` drops them "
-        "silently; use `deepseek_yarn` for the first two)",
-        supported=False,
+        'earlier vLLM\'s `"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`'
+        " (`YaRNScalingRotaryEmbedding` before 0.34.0)",
+        '`scaling={"rope_type": "yarn", "extrapolation_factor": e, "attn_factor": a, '
+        '"apply_yarn_scaling": ...}`: kept weight `(1 - ramp_i) e`, magnitude `(0.1 ln s + 1) a` '
+        "(`a` without YaRN's factor); not together with `attention_factor` / `mscale` / "
+        "`mscale_all_dim` (refused: no stack reads both families; 0.34.0's `get_rope` drops the "
+        "earlier keys silently)",
+        _VLLM + " of the earlier class",
     ),
     Convention(
         "vLLM",
