@@ -232,6 +232,13 @@ def _check_against_llama_cpp(meta: dict, reference: dict, **convention: object):
             {"scaling.type": "linear", "scaling.factor": 2.0, "scaling.yarn_log_multiplier": 1.0},
             {"kind": "linear", "factor": 2.0, "log_mul": 1.0},
         ),
+        (  # betas the other way round (relpos's yarn refuses them; here low = high = 22):
+            # per-pair divisors
+            {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_beta_fast": 2.0,
+             "scaling.yarn_beta_slow": 2.5},
+            {"kind": "yarn", "factor": 4.0, "beta_fast": 2.0, "beta_slow": 2.5,
+             "n_ctx_orig": 8192},
+        ),
         (  # YaRN below factor 1 (a frequency increase): per-pair divisors
             {"scaling.type": "yarn", "scaling.factor": 0.5, "scaling.original_context_length": 512},
             {"kind": "yarn", "factor": 0.5, "n_ctx_orig": 512},
@@ -339,6 +346,8 @@ def test_rope_freqs_with_linear_scaling_fold_the_factor_into_the_divisors():
         ({"freq_base_swa": 1e6}, None, "freq_base_swa.*one rope for every layer"),
         ({"dimension_count_swa": 32}, None, "dimension_count_swa.*one rope for every layer"),
         ({"rope_freqs.weight": None}, {"rope_freqs.weight": [1.0] * 3}, "must hold 32"),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_beta_slow": 0.0}, None,
+         "betas must be > 0"),
         ({"scaling.type": "yarn", "scaling.factor": 4.0,
           "scaling.original_context_length": 4}, None, r"correction range \[0, -1\] is empty"),
     ],

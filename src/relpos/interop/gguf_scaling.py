@@ -54,7 +54,8 @@ As relpos's ``rope`` ``scaling`` (``relpos.rope_scaling``):
 * ``ext_factor != 0``, ``s > 1``, no factors: ``{"rope_type": "yarn", "factor": s,
   "original_max_position_embeddings": L0, "beta_fast", "beta_slow", "attention_factor":
   mscale}`` and ``"extrapolation_factor": ext_factor`` when it is not 1;
-* ``ext_factor != 0`` with factors or ``s < 1``: ``freq_factors`` with ``ff_i / ((1 - m_i) /
+* ``ext_factor != 0`` with factors, ``s < 1`` or ``beta_fast < beta_slow`` (which relpos's
+  ``yarn`` refuses): ``freq_factors`` with ``ff_i / ((1 - m_i) /
   s + m_i)`` (YaRN's blend as one more divisor per pair; ``m_i`` from the same helper as
   relpos's ``yarn``).
 
@@ -284,6 +285,11 @@ def gguf_rope_scaling(
         beta_fast = YARN_BETA_FAST if beta_fast is None else beta_fast
         beta_slow = _number(meta, key("scaling.yarn_beta_slow"))
         beta_slow = YARN_BETA_SLOW if beta_slow is None else beta_slow
+        if beta_fast <= 0 or beta_slow <= 0:
+            raise ValueError(
+                f"GGUF YaRN betas must be > 0 (ggml_rope_yarn_corr_dim divides by them), got "
+                f"yarn_beta_fast={beta_fast:g}, yarn_beta_slow={beta_slow:g}"
+            )
         low = max(0, math.floor(_yarn_pair_index(beta_fast, rotary_dim, base, int(original))))
         high = min(
             rotary_dim - 1, math.ceil(_yarn_pair_index(beta_slow, rotary_dim, base, int(original)))
@@ -293,7 +299,7 @@ def gguf_rope_scaling(
                 f"GGUF YaRN correction range [{low}, {high}] is empty: ggml's rope_yarn_ramp "
                 "divides by max(0.001, high - low), relpos's YaRN ramp by high - low"
             )
-        if per_pair is None and factor > 1.0:
+        if per_pair is None and factor > 1.0 and beta_fast >= beta_slow:
             scaling: dict[str, Any] = {
                 "rope_type": "yarn",
                 "factor": factor,
