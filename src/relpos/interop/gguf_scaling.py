@@ -245,10 +245,10 @@ def gguf_rope_scaling(
     # cos / sin: with ext_factor != 0 the context's 1 / (1 + 0.1 ln s) cancels rope_yarn's
     # 1 + 0.1 ln s, leaving get_mscale(s, m) / get_mscale(s, log_mul) * attn_factor
     if ext_factor != 0.0:
+        # m = log_mul in deepseek2 ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]); get_mscale(s, 0) = 1
+        # gives the context's branch without a log multiplier
         m = log_mul if (arch in KQ_MSCALE_ARCHS and log_mul not in (0.0, 1.0)) else 1.0
-        ratio = _get_mscale(factor, m) / _get_mscale(factor, log_mul) if log_mul else None
-        if ratio is None:
-            ratio = _get_mscale(factor, 1.0)
+        ratio = _get_mscale(factor, m) / _get_mscale(factor, log_mul)
         context_attn = ratio / (1.0 + 0.1 * math.log(factor)) * attn_factor
         mscale = ratio * attn_factor
     else:
@@ -311,8 +311,9 @@ def gguf_rope_scaling(
             if ext_factor != 1.0:
                 scaling["extrapolation_factor"] = ext_factor
             return scaling
-        # per-pair factors (or a frequency increase): rope_yarn blends theta_i / ff_i, so
-        # the blend is one more divisor per pair, s / (1 - w_i + s w_i)
+        # per-pair factors (or a frequency increase, or betas relpos's yarn refuses):
+        # rope_yarn blends theta_i / ff_i, so the blend is one more divisor per pair,
+        # 1 / ((1 - w_i) / s + w_i)
         keep = (
             _yarn_keep_weight(
                 rotary_dim,
