@@ -1,12 +1,15 @@
 """llama.cpp's RoPE scaling read from GGUF metadata (``relpos.interop.gguf_scaling``) gives the
 frequencies and magnitude llama.cpp rotates with, or is refused by name.
 
-The reference is this file's own reimplementation of llama.cpp's arithmetic, in float64:
-``llama_context``'s constructor (``src/llama-context.cpp``: ``ext_factor``, YaRN's
-``get_mscale`` and its cancel, ``rope_attn_factor``), ``ggml_rope_yarn_corr_dims``
-(``ggml/src/ggml.c``) and ``rope_yarn`` / ``rope_yarn_ramp`` / ``ggml_rope_cache_init``
-(``ggml/src/ggml-cpu/ops.cpp``). Small GGUF files are written with the ``gguf`` package's
-``GGUFWriter``; nothing is downloaded.
+The reference is this file's own reimplementation of llama.cpp's arithmetic, in float64
+(ggml-org/llama.cpp): ``llama_context``'s constructor (``src/llama-context.cpp``:
+``yarn_ext_factor`` (negative: unset), ``yarn_attn_factor``, YaRN's ``get_mscale`` with
+``rope_yarn_log_mul`` and its cancel, ``rope_attn_factor``), ``ggml_rope_yarn_corr_dims``
+(``ggml/src/ggml.c``), ``rope_yarn`` / ``rope_yarn_ramp`` / ``ggml_rope_cache_init``
+(``ggml/src/ggml-cpu/ops.cpp``), the ``deepseek2`` graph's softmax scale
+(``src/models/deepseek2.cpp``: ``kq_scale = mscale^2 / sqrt(d)``) and Hunyuan's base
+(``src/models/hunyuan-vl.cpp``: ``base * alpha^(d / (d - 2))``). Small GGUF files are written
+with the ``gguf`` package's ``GGUFWriter``; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from gguf_files import tiny_llama_gguf  # noqa: E402
 
 from relpos.encodings.registry import create  # noqa: E402
 from relpos.interop.gguf import load_gguf, rope_convention  # noqa: E402
-from relpos.interop.gguf_scaling import gguf_rope_scaling  # noqa: E402
+from relpos.interop.gguf_scaling import gguf_rope_base, gguf_rope_scaling  # noqa: E402
 
 # ------------------------------------------------------------------ llama.cpp, reimplemented
 
@@ -34,6 +37,32 @@ def _get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def _corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> float:
     return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+
+def llama_cpp_context_attn(
+    freq_scale: float,
+    ext_factor: float,
+    yarn_attn_factor: float,
+    attn_factor: float,
+    *,
+    log_mul: float = 0.0,
+    arch: str = "llama",
+) -> float:
+    """``cparams.yarn_attn_factor`` of the ``llama_context`` constructor: with ``ext_factor !=
+    0`` YaRN's ``get_mscale(s, m) / get_mscale(s, log_mul)`` (``m = log_mul`` for deepseek2
+    when ``log_mul != 1``, else 1; just ``get_mscale(s, 1)`` without ``log_mul``) times the
+    cancel ``1 / (1 + 0.1 ln s)``, replacing ``yarn_attn_factor``; then times the file's
+    ``rope.scaling.attn_factor``."""
+    attn = yarn_attn_factor
+    if ext_factor != 0.0:
+        scale = 1.0 / freq_scale
+        if log_mul != 0.0:
+            mscale = log_mul if (arch == "deepseek2" and log_mul != 1.0) else 1.0
+            attn = _get_mscale(scale, mscale) / _get_mscale(scale, log_mul)
+        else:
+            attn = _get_mscale(scale, 1.0)
+        attn *= 1.0 / (1.0 + 0.1 * math.log(scale))
+    return attn * attn_factor
 
 
 def llama_cpp_rotation(
@@ -47,17 +76,21 @@ def llama_cpp_rotation(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     freq_factors: np.ndarray | None = None,
+    ext_factor: float = -1.0,
+    yarn_attn_factor: float = 1.0,
+    log_mul: float = 0.0,
+    arch: str = "llama",
 ) -> tuple[np.ndarray, float]:
     """``(per-pair angle per position, mscale)``: what ``ggml_rope_ext`` turns pair ``i`` by
-    per unit of position and the factor on cos / sin, for a context built from the file."""
+    per unit of position and the factor on cos / sin, for a context built from the file
+    (``ext_factor``, ``yarn_attn_factor``, ``log_mul``: the file's ``yarn_*`` keys, as the
+    loader hands them to the context)."""
     freq_scale = 1.0 if (factor == 0.0 or kind == "none") else 1.0 / factor
-    ext_factor = 1.0 if kind == "yarn" else 0.0
-    attn = 1.0
-    if ext_factor != 0.0:
-        scale = 1.0 / freq_scale
-        attn = _get_mscale(scale, 1.0)
-        attn *= 1.0 / (1.0 + 0.1 * math.log(scale))
-    attn *= attn_factor
+    if ext_factor < 0.0:  # not set
+        ext_factor = 1.0 if kind == "yarn" else 0.0
+    attn = llama_cpp_context_attn(
+        freq_scale, ext_factor, yarn_attn_factor, attn_factor, log_mul=log_mul, arch=arch
+    )
     low = max(0.0, math.floor(_corr_dim(n_dims, n_ctx_orig, beta_fast, base)))
     high = min(n_dims - 1.0, math.ceil(_corr_dim(n_dims, n_ctx_orig, beta_slow, base)))
     theta_scale = base ** (-2.0 / n_dims)
@@ -77,6 +110,25 @@ def llama_cpp_rotation(
     return np.array(thetas), mscale
 
 
+def deepseek2_kq_mscale(
+    *, factor: float, attn_factor: float = 1.0, log_mul: float = 0.0, kind: str = "yarn"
+) -> float:
+    """The ``mscale`` of ``deepseek2.cpp``'s ``kq_scale = mscale^2 / sqrt(d)``: the context's
+    attention factor times ``1 + 0.1 ln(1 / freq_scale)`` (undoing its cancel), times ``1 +
+    0.1 rope_yarn_log_mul ln(1 / freq_scale)``."""
+    freq_scale = 1.0 if (factor == 0.0 or kind == "none") else 1.0 / factor
+    ext = 1.0 if kind == "yarn" else 0.0
+    attn = llama_cpp_context_attn(freq_scale, ext, 1.0, attn_factor, log_mul=log_mul,
+                                  arch="deepseek2")  # fmt: skip
+    log_s = math.log(1.0 / freq_scale)
+    return attn * (1.0 + 0.1 * log_s) * (1.0 + 0.1 * log_mul * log_s)
+
+
+def hunyuan_base(base: float, alpha: float, head_dim: int) -> float:
+    """``llama_model_hunyuan_vl::load_arch_hparams``: ``base * alpha^(d / (d - 2))``."""
+    return base * alpha ** (head_dim / (head_dim - 2))
+
+
 def _meta(arch: str = "llama", head_dim: int = 64, **rope: object) -> dict:
     meta = {
         "general.architecture": arch,
@@ -94,7 +146,8 @@ def _check_against_llama_cpp(meta: dict, reference: dict, **convention: object):
     assert encoding == "rope"
     head_dim = meta[f"{meta['general.architecture']}.embedding_length"] // 2
     enc = create("rope", num_heads=1, head_dim=head_dim, **options)
-    thetas, mscale = llama_cpp_rotation(n_dims=enc.rotary_dim, base=1e4, **reference)
+    reference = {"base": 1e4, **reference}
+    thetas, mscale = llama_cpp_rotation(n_dims=enc.rotary_dim, **reference)
     np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6, atol=0)
     assert enc.attention_factor == pytest.approx(mscale, rel=1e-7)
     pos = torch.arange(0, 64)[None]
@@ -134,10 +187,100 @@ def _check_against_llama_cpp(meta: dict, reference: dict, **convention: object):
             {"kind": "linear", "factor": 2.0, "attn_factor": 1.25},
         ),
         ({"scaling.type": "none", "scaling.factor": 4.0}, {"kind": "none", "factor": 4.0}),
+        # yarn_ext_factor: the kept weight of YaRN's ramp scaled by e
+        (
+            {"scaling.type": "yarn", "scaling.factor": 8.0, "scaling.yarn_ext_factor": 0.5,
+             "scaling.original_context_length": 1024},
+            {"kind": "yarn", "factor": 8.0, "ext_factor": 0.5, "n_ctx_orig": 1024},
+        ),
+        (  # a negative one is llama_hparams' "not set" (-1): YaRN's 1
+            {"scaling.type": "yarn", "scaling.factor": 8.0, "scaling.yarn_ext_factor": -1.0},
+            {"kind": "yarn", "factor": 8.0, "n_ctx_orig": 8192},
+        ),
+        (  # 0 on YaRN: position interpolation, magnitude yarn_attn_factor * attn_factor
+            {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_ext_factor": 0.0,
+             "scaling.yarn_attn_factor": 1.3, "scaling.attn_factor": 0.9},
+            {"kind": "yarn", "factor": 4.0, "ext_factor": 0.0, "yarn_attn_factor": 1.3,
+             "attn_factor": 0.9},
+        ),
+        (  # e on a linear file: YaRN's ramp and magnitude
+            {"scaling.type": "linear", "scaling.factor": 4.0, "scaling.yarn_ext_factor": 1.0,
+             "scaling.original_context_length": 2048},
+            {"kind": "linear", "factor": 4.0, "ext_factor": 1.0, "n_ctx_orig": 2048},
+        ),
+        (  # e without a factor: the ramp blends theta with itself
+            {"scaling.type": "none", "scaling.yarn_ext_factor": 1.0, "scaling.attn_factor": 1.1},
+            {"kind": "none", "ext_factor": 1.0, "attn_factor": 1.1},
+        ),
+        # yarn_attn_factor: cos / sin times it without YaRN, replaced by YaRN's with it
+        (
+            {"scaling.type": "linear", "scaling.factor": 2.0, "scaling.yarn_attn_factor": 2.0},
+            {"kind": "linear", "factor": 2.0, "yarn_attn_factor": 2.0},
+        ),
+        (
+            {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_attn_factor": 2.0},
+            {"kind": "yarn", "factor": 4.0, "yarn_attn_factor": 2.0, "n_ctx_orig": 8192},
+        ),
+        # yarn_log_multiplier: get_mscale(s, 1) / get_mscale(s, L) (transformers' mscale ratio)
+        (
+            {"scaling.type": "yarn", "scaling.factor": 16.0, "scaling.yarn_log_multiplier": 0.5,
+             "scaling.attn_factor": 1.2},
+            {"kind": "yarn", "factor": 16.0, "log_mul": 0.5, "attn_factor": 1.2,
+             "n_ctx_orig": 8192},
+        ),
+        (  # read only with YaRN's ext_factor
+            {"scaling.type": "linear", "scaling.factor": 2.0, "scaling.yarn_log_multiplier": 1.0},
+            {"kind": "linear", "factor": 2.0, "log_mul": 1.0},
+        ),
+        (  # betas the other way round (relpos's yarn refuses them; here low = high = 22):
+            # per-pair divisors
+            {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_beta_fast": 2.0,
+             "scaling.yarn_beta_slow": 2.5},
+            {"kind": "yarn", "factor": 4.0, "beta_fast": 2.0, "beta_slow": 2.5,
+             "n_ctx_orig": 8192},
+        ),
+        (  # YaRN below factor 1 (a frequency increase): per-pair divisors
+            {"scaling.type": "yarn", "scaling.factor": 0.5, "scaling.original_context_length": 512},
+            {"kind": "yarn", "factor": 0.5, "n_ctx_orig": 512},
+        ),
     ],
 )  # fmt: skip
 def test_metadata_scaling_matches_llama_cpps_arithmetic(keys, reference):
     _check_against_llama_cpp(_meta(**keys), reference)
+
+
+def test_the_reference_tells_the_yarn_keys_apart():
+    """Each ``yarn_*`` key changes what llama.cpp rotates by more than the comparison's
+    tolerance, so a relpos that dropped or misread it would fail the test above."""
+    plain = llama_cpp_rotation(n_dims=64, base=1e4, kind="yarn", factor=8.0, n_ctx_orig=1024)
+    for changed in (
+        {"ext_factor": 0.5},
+        {"ext_factor": 0.0},
+        {"log_mul": 0.5},
+    ):
+        other = llama_cpp_rotation(
+            n_dims=64, base=1e4, kind="yarn", factor=8.0, n_ctx_orig=1024, **changed
+        )
+        differs = not np.allclose(other[0], plain[0], rtol=1e-4) or abs(other[1] - plain[1]) > 1e-4
+        assert differs, changed
+    linear = llama_cpp_rotation(n_dims=64, base=1e4, kind="linear", factor=2.0)
+    doubled = llama_cpp_rotation(n_dims=64, base=1e4, kind="linear", factor=2.0,
+                                 yarn_attn_factor=2.0)  # fmt: skip
+    assert doubled[1] == pytest.approx(2 * linear[1])
+
+
+def test_pinned_reference_values():
+    """The restatement at hand-checked points: YaRN's magnitude with ``log_mul`` 0.5 and
+    ``s = 16`` is ``(1 + 0.1 ln 16) / (1 + 0.05 ln 16) = 1.2772589 / 1.1386294``; with
+    ``ext_factor`` 0.5, pair 0 keeps half its frequency: ``theta_0 (1/8 + 1/2) / ...``;
+    Hunyuan's base for ``alpha`` 1000 and head size 128 is ``1e4 * 1000^(128/126)``
+    (11158839.925, the figure of llama.cpp's converter)."""
+    _, mscale = llama_cpp_rotation(n_dims=64, base=1e4, kind="yarn", factor=16.0, log_mul=0.5)
+    assert mscale == pytest.approx(1.2772589 / 1.1386294, rel=1e-7)
+    thetas, _ = llama_cpp_rotation(n_dims=64, base=1e4, kind="yarn", factor=8.0, ext_factor=0.5)
+    assert thetas[0] == pytest.approx(1 / 8 * 0.5 + 0.5, rel=1e-12)
+    assert hunyuan_base(1e4, 1000.0, 128) == pytest.approx(11158839.9251, rel=1e-10)
+    assert deepseek2_kq_mscale(factor=40.0, log_mul=1.0) == pytest.approx(1 + 0.1 * math.log(40))
 
 
 def test_each_type_becomes_the_relpos_scaling_that_states_it():
@@ -198,18 +341,15 @@ def test_rope_freqs_with_linear_scaling_fold_the_factor_into_the_divisors():
 @pytest.mark.parametrize(
     ("keys", "factors", "match"),
     [
-        ({"scaling.type": "yarn", "scaling.factor": 4.0}, {"rope_freqs.weight": [1.0] * 32},
-         "YaRN and holds per-pair frequency factors"),
         ({"scaling.type": "dynamic"}, None, "llama.cpp knows"),
-        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_ext_factor": 0.5}, None,
-         "yarn_ext_factor"),
-        ({"scaling.type": "linear", "scaling.yarn_attn_factor": 2.0}, None, "yarn_attn_factor"),
-        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_log_multiplier": 0.1},
-         None, "yarn_log_multiplier"),
-        ({"scaling.alpha": 1000.0}, None, "scaling.alpha"),
-        ({"scaling.type": "yarn", "scaling.factor": 0.5}, None, "factor 0.5 < 1"),
-        ({"freq_base_swa": 1e6}, None, "freq_base_swa"),
+        ({"scaling.alpha": 1000.0}, None, r"scaling.alpha = 1000.*unscaled base"),
+        ({"freq_base_swa": 1e6}, None, "freq_base_swa.*one rope for every layer"),
+        ({"dimension_count_swa": 32}, None, "dimension_count_swa.*one rope for every layer"),
         ({"rope_freqs.weight": None}, {"rope_freqs.weight": [1.0] * 3}, "must hold 32"),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.yarn_beta_slow": 0.0}, None,
+         "betas must be > 0"),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0,
+          "scaling.original_context_length": 4}, None, r"correction range \[0, -1\] is empty"),
     ],
 )  # fmt: skip
 def test_what_llama_cpp_computes_otherwise_is_refused_by_name(keys, factors, match):
@@ -218,10 +358,57 @@ def test_what_llama_cpp_computes_otherwise_is_refused_by_name(keys, factors, mat
         rope_convention(meta, factors=factors)
 
 
-def test_yarn_in_deepseek2_is_refused():
-    meta = _meta("deepseek2", **{"scaling.type": "yarn", "scaling.factor": 40.0})
-    with pytest.raises(ValueError, match="deepseek2 graph"):
-        rope_convention(meta)
+def test_yarn_with_per_pair_factors_divides_by_both():
+    """``rope_yarn`` blends ``theta_i / ff_i`` and ``freq_scale theta_i / ff_i`` with YaRN's
+    ramp: one divisor per pair, ``ff_i / ((1 - w_i) / s + w_i)`` (``freq_factors``)."""
+    ff = np.array([1.0, 1.0, 2.0, 4.0] * 8)
+    for ext in (1.0, 0.25):
+        scaling = _check_against_llama_cpp(
+            _meta(**{"scaling.type": "yarn", "scaling.factor": 4.0,
+                     "scaling.original_context_length": 1024, "scaling.yarn_ext_factor": ext}),
+            {"kind": "yarn", "factor": 4.0, "n_ctx_orig": 1024, "freq_factors": ff,
+             "ext_factor": ext},
+            factors={"rope_freqs.weight": ff},
+        )  # fmt: skip
+        assert scaling["rope_type"] == "freq_factors"
+        assert scaling["attention_factor"] == pytest.approx(1 + 0.1 * math.log(4.0))
+
+
+def test_hunyuan_alpha_scales_the_base_as_llama_cpp_loads_it():
+    """``hunyuan-dense`` (NEOX): ``scaling.alpha`` multiplies the base by ``alpha^(d/(d-2))``
+    before anything else reads it, so a linear factor or YaRN's ramp compose with it."""
+    for keys, reference in (
+        ({}, {"kind": "linear"}),
+        ({"scaling.type": "linear", "scaling.factor": 2.0}, {"kind": "linear", "factor": 2.0}),
+        ({"scaling.type": "yarn", "scaling.factor": 4.0}, {"kind": "yarn", "factor": 4.0,
+                                                           "n_ctx_orig": 8192}),
+    ):  # fmt: skip
+        meta = _meta("hunyuan-dense", **{"scaling.alpha": 1000.0, **keys})
+        base = hunyuan_base(1e4, 1000.0, 64)
+        _check_against_llama_cpp(meta, {"base": base, **reference})
+        assert rope_convention(meta)[1]["base"] == pytest.approx(base, rel=1e-12)
+    # the key's neutral value (llama.cpp applies alpha > 0 only) leaves the base alone
+    assert rope_convention(_meta("hunyuan-dense", **{"scaling.alpha": 0.0}))[1]["base"] == 1e4
+    assert gguf_rope_base(_meta(**{"scaling.alpha": 0.0})) == 1e4
+
+
+def test_deepseek2_is_refused_where_its_graph_rescales_the_softmax():
+    """``deepseek2.cpp`` multiplies ``kq_scale`` (every channel, not only the rotated ones)
+    by ``mscale^2``: refused whenever that is not 1, read as plain RoPE when it is."""
+    for keys, kq in (
+        ({"scaling.type": "yarn", "scaling.factor": 40.0}, deepseek2_kq_mscale(factor=40.0)),
+        ({"scaling.type": "yarn", "scaling.factor": 40.0, "scaling.yarn_log_multiplier": 1.0},
+         deepseek2_kq_mscale(factor=40.0, log_mul=1.0)),
+        ({"scaling.type": "linear", "scaling.factor": 2.0},
+         deepseek2_kq_mscale(factor=2.0, kind="linear")),
+        ({"scaling.attn_factor": 1.5}, deepseek2_kq_mscale(factor=0.0, attn_factor=1.5,
+                                                           kind="linear")),
+    ):  # fmt: skip
+        assert kq != pytest.approx(1.0)
+        with pytest.raises(ValueError, match=f"deepseek2 graph.*mscale\\^2 = {kq**2:.6g}"):
+            rope_convention(_meta("deepseek2", **keys))
+    assert deepseek2_kq_mscale(factor=0.0, kind="linear") == 1.0
+    assert gguf_rope_scaling(_meta("deepseek2"), rotary_dim=64) is None
 
 
 # ------------------------------------------------------------------ the loader
@@ -260,6 +447,26 @@ def test_load_gguf_picks_longrope_factors_by_the_context_length(tmp_path):
         )
         np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
         assert enc.attention_factor == pytest.approx(mscale, rel=1e-6)
+
+
+def test_load_gguf_applies_yarn_keys_and_factors_as_llama_cpp_computes_them(tmp_path):
+    """A file with YaRN, ``yarn_ext_factor`` 0.5 and a ``rope_freqs.weight`` tensor: the
+    loaded model rotates by llama.cpp's angles and magnitude (and not by plain YaRN's)."""
+    ff = [1.0, 2.0, 4.0, 8.0]
+    keys = {"scaling.type": "yarn", "scaling.factor": 4.0, "scaling.original_context_length": 16,
+            "scaling.yarn_ext_factor": 0.5}  # fmt: skip
+    path = tiny_llama_gguf(tmp_path / "yarn_ff.gguf", rope_keys=keys,
+                           tensors={"rope_freqs.weight": ff})  # fmt: skip
+    model, _, _ = load_gguf(path)
+    enc = model.blocks[0].attn.encoding
+    thetas, mscale = llama_cpp_rotation(
+        n_dims=8, base=1e4, kind="yarn", factor=4.0, n_ctx_orig=16, ext_factor=0.5,
+        freq_factors=np.array(ff),
+    )  # fmt: skip
+    np.testing.assert_allclose(enc.inv_freq.double().numpy(), thetas, rtol=1e-6)
+    assert enc.attention_factor == pytest.approx(mscale, rel=1e-7)
+    plain, _ = llama_cpp_rotation(n_dims=8, base=1e4, kind="yarn", factor=4.0, n_ctx_orig=16)
+    assert not np.allclose(plain, thetas, rtol=1e-3)
 
 
 def test_qwen3_vl_sections_read_from_a_file_give_m_rope_with_the_fourth_axis(tmp_path):

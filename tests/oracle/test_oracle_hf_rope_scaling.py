@@ -331,3 +331,32 @@ def test_proportional_partial_rotary_factor_from_the_model_config_matches_hf() -
         _compare("proportional", params, head_dim=256, partial=0.25, max_position_embeddings=8192)
         is None
     )
+
+
+def test_earlier_vllm_yarn_keys_are_dropped_where_transformers_reads_a_config() -> None:
+    """transformers' ``yarn`` ignores earlier vLLM's ``extrapolation_factor`` / ``attn_factor``
+    / ``apply_yarn_scaling`` (Mistral-family configs carry the last); relpos's ``yarn`` reads
+    them, so ``relpos.interop.hf`` drops them from a transformers config: the RoPE it patches
+    in is bit-identical to the model's own."""
+    from relpos.interop.hf.model import rope_facts
+
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 8.0,
+        "original_max_position_embeddings": 1024,
+        "extrapolation_factor": 0.5,
+        "attn_factor": 0.7,
+        "apply_yarn_scaling": False,
+    }
+    hf, hf_af = _hf("yarn", params, head_dim=64, partial=1.0, max_position_embeddings=8192,
+                    seq_len=None)  # fmt: skip
+    config = LlamaConfig(head_dim=64, max_position_embeddings=8192)
+    facts = rope_facts(params, config)
+    ours, ours_af = rope_frequencies(64, base=facts.base, scaling=facts.scaling,
+                                     max_position_embeddings=8192)  # fmt: skip
+    assert torch.equal(ours, hf) and ours_af == hf_af
+    # read as vLLM did, the same dict is another rotation
+    vllm = rope_frequencies(64, base=1e6, scaling={k: v for k, v in params.items()
+                                                   if k != "rope_theta"})  # fmt: skip
+    assert not torch.equal(vllm[0], hf) and vllm[1] != hf_af

@@ -10,7 +10,10 @@ float32 frequencies must agree to float32 rounding and its rotations to float32 
 * ``llama4_vision_rope.py``: ``"mllama4"``, the Llama-4 vision 2-D RoPE;
 * ``dynamic_ntk_scaling_rope.py``: ``"dynamic"`` with ``factor`` and ``max_trained_positions``;
 * ``yarn_scaling_rope.py``: ``"yarn"`` (``attention_factor``, ``mscale``, ``truncate``), and
-  ``telechat3-yarn`` as ``transformers_utils/config.py`` rewrites it;
+  ``telechat3-yarn`` as ``transformers_utils/config.py`` rewrites it; the earlier
+  ``YaRNScalingRotaryEmbedding`` (vllm-project/vllm, same path, and the single
+  ``vllm/model_executor/layers/rotary_embedding.py`` before it), whose ``get_rope`` passed
+  ``extrapolation_factor``, ``attn_factor`` and later ``apply_yarn_scaling``;
 * ``mrope.py``: M-RoPE with GPT-J pairs and partial rotary, and M-RoPE with YaRN;
 * ``phi3_long_rope_scaled_rope.py``: ``"longrope"`` (factors and magnitude fixed at init);
 * ``grok1_scaling_rope.py`` (an earlier vLLM; not in 0.34.0): Grok-1's four methods;
@@ -261,6 +264,76 @@ def test_telechat3_yarn_is_yarn_with_attention_factor() -> None:
     ours, af = rope_frequencies(128, 1e6, scaling)
     _close(ours, _vllm_yarn(128, 1e6, factor, 8192), YARN_RTOL)
     assert af == pytest.approx(1.1455609, rel=1e-7)  # 0.07 * ln 8 + 1
+
+
+def _earlier_vllm_yarn(dim, base, factor, original, *, ext=1.0, attn=1.0, apply=True, **betas):
+    """Earlier vLLM's ``YaRNScalingRotaryEmbedding``: ``inv_freq_mask = (1 -
+    yarn_linear_ramp_mask(...)) * extrapolation_factor`` blends ``theta / s`` and ``theta``;
+    the cache is multiplied by ``mscale = yarn_get_mscale(s) * attn_factor``, or by
+    ``attn_factor`` alone when ``apply_yarn_scaling`` is False."""
+    keep = _yarn_keep(dim, base, original, **betas) * ext
+    plain = _plain(dim, base)
+    return plain / factor * (1 - keep) + plain * keep, (_mscale(factor) if apply else 1.0) * attn
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"extrapolation_factor": 0.5},
+        {"extrapolation_factor": 0.0},  # e = 0: position interpolation of every pair
+        {"attn_factor": 0.8},
+        {"apply_yarn_scaling": False},
+        {"apply_yarn_scaling": False, "attn_factor": 1.3, "extrapolation_factor": 2.0},
+        {"attn_factor": 0.9, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    ],
+)
+def test_earlier_vllm_yarn_keys_are_relpos_yarn(keys: dict) -> None:
+    scaling = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096}
+    ours, af = rope_frequencies(64, 1e6, {**scaling, **keys})
+    names = {"extrapolation_factor": "ext", "attn_factor": "attn", "apply_yarn_scaling": "apply"}
+    expected, mscale = _earlier_vllm_yarn(
+        64, 1e6, 16.0, 4096, **{names.get(k, k): v for k, v in keys.items()}
+    )
+    _close(ours, expected, YARN_RTOL)
+    assert af == pytest.approx(mscale, rel=1e-12)
+    # the keys matter: the same dict without them is another rotation
+    plain, plain_af = rope_frequencies(64, 1e6, scaling)
+    same = np.allclose(plain.numpy(), expected, rtol=1e-4) and plain_af == pytest.approx(mscale)
+    assert not same
+
+
+def test_earlier_vllm_yarn_pinned_values() -> None:
+    """``e = 0.5``, ``a = 0.8``: pair 12 of 32 (``low = floor(6.98) = 6``, ``high =
+    ceil(15.01) = 16`` for base 1e6, 4096 positions) keeps ``(1 - 6/10) * 0.5`` of
+    ``theta_12 = 1e6^(-24/64)``; magnitude ``(0.1 ln 16 + 1) * 0.8``."""
+    scaling = {
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 4096,
+        "extrapolation_factor": 0.5,
+        "attn_factor": 0.8,
+    }
+    ours, af = rope_frequencies(64, 1e6, scaling)
+    w = (1 - 6 / 10) * 0.5
+    theta = 1e6 ** (-24 / 64)
+    assert float(ours[12]) == pytest.approx(theta / 16 * (1 - w) + theta * w, rel=2e-6)
+    assert float(ours[12]) == pytest.approx(0.0014058533, rel=1e-6)
+    assert af == pytest.approx(1.0218071, rel=1e-7)
+
+
+def test_earlier_vllm_and_transformers_magnitude_keys_are_not_mixed() -> None:
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    for theirs in ({"attention_factor": 1.1}, {"mscale": 1.0, "mscale_all_dim": 1.0}):
+        for ours in ({"attn_factor": 0.9}, {"apply_yarn_scaling": False}):
+            with pytest.raises(ValueError, match="no stack reads both"):
+                relpos.create(
+                    "rope", num_heads=1, head_dim=16, scaling={**scaling, **theirs, **ours}
+                )
+    with pytest.raises(ValueError, match="'apply_yarn_scaling' must be True or False"):
+        rope_frequencies(16, 1e4, {**scaling, "apply_yarn_scaling": 0})
+    # extrapolation_factor only shapes the frequencies: it goes with either family
+    both = {**scaling, "extrapolation_factor": 0.5, "attention_factor": 1.25}
+    assert rope_frequencies(16, 1e4, both)[1] == 1.25
 
 
 # ------------------------------------------------------------------------------ mrope

@@ -16,7 +16,9 @@ Both give the same logits (tests/interop/test_gguf.py).
 RoPE conventions: llama.cpp derives the rope type from the architecture
 (``relpos.interop.llama_cpp_rope``); ``rope_convention(meta)`` returns the relpos encoding
 and options that compute it. The file's RoPE scaling (``{arch}.rope.scaling.type`` linear /
-yarn / longrope with its factor, original length, attention factor and YaRN betas; a
+yarn / longrope with its factor, original length, attention factor, YaRN betas and
+``yarn_ext_factor`` / ``yarn_attn_factor`` / ``yarn_log_multiplier``; Hunyuan's base
+``scaling.alpha``; a
 ``rope_freqs.weight`` tensor of per-pair frequency divisors, e.g. Llama 3.1's scaling; Phi-3's
 ``rope_factors_long`` / ``rope_factors_short``) becomes the ``scaling`` of the ``rope``
 encoding exactly as llama.cpp computes it (``relpos.interop.gguf_scaling``); another
@@ -49,7 +51,7 @@ from torch import Tensor
 from ..nn.llama import LlamaConfig, LlamaLM
 from ..optional import require
 from ..validation import check_choice
-from .gguf_scaling import FACTOR_TENSORS, gguf_rope_scaling
+from .gguf_scaling import FACTOR_TENSORS, gguf_rope_base, gguf_rope_scaling
 from .llama_cpp_rope import rope_encoding, rope_type_of
 from .rope_layout import interleaved_to_half
 
@@ -183,7 +185,8 @@ def rope_convention(
     context_length: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(encoding, options)`` of relpos for the file's RoPE as llama.cpp applies it: the
-    rope type of ``general.architecture`` with ``{arch}.rope.freq_base``,
+    rope type of ``general.architecture`` with llama.cpp's base (``{arch}.rope.freq_base``,
+    and Hunyuan's ``scaling.alpha``: ``relpos.interop.gguf_scaling.gguf_rope_base``),
     ``{arch}.rope.dimension_count`` and ``{arch}.rope.dimension_sections``
     (``relpos.interop.llama_cpp_rope.rope_encoding``), and its scaling (``{arch}.rope.scaling.*``
     and the per-pair factor tensors ``factors``, by name: ``gguf_scaling.FACTOR_TENSORS``) as
@@ -207,7 +210,7 @@ def rope_convention(
     encoding, options = rope_encoding(
         rope_type_of(arch),
         head_dim=head_dim,
-        base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        base=gguf_rope_base(meta),
         rotary_dim=rotary_dim,
         sections=None if sections is None else [int(v) for v in sections],
     )

@@ -96,6 +96,7 @@ LLAMA_CPP_ROPE_TYPES: dict[str, int] = {
             "starcoder2",
             "olmo2",
             "olmoe",
+            "hunyuan-dense",
         ),
         NEOX,
     ),

@@ -171,11 +171,14 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "vLLM",
-        'earlier vLLM\'s `"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`',
-        "-",
-        "not supported: refused as unknown keys of `yarn` (0.34.0's `get_rope` drops them "
-        "silently; use `deepseek_yarn` for the first two)",
-        supported=False,
+        'earlier vLLM\'s `"yarn"` keys `extrapolation_factor`, `attn_factor`, `apply_yarn_scaling`'
+        " (`YaRNScalingRotaryEmbedding` before 0.34.0)",
+        '`scaling={"rope_type": "yarn", "extrapolation_factor": e, "attn_factor": a, '
+        '"apply_yarn_scaling": ...}`: kept weight `(1 - ramp_i) e`, magnitude `(0.1 ln s + 1) a` '
+        "(`a` without YaRN's factor); not together with `attention_factor` / `mscale` / "
+        "`mscale_all_dim` (refused: no stack reads both families; 0.34.0's `get_rope` drops the "
+        "earlier keys silently)",
+        _VLLM + " of the earlier class",
     ),
     Convention(
         "vLLM",
@@ -392,13 +395,60 @@ CONVENTIONS: tuple[Convention, ...] = (
     ),
     Convention(
         "llama.cpp",
-        "GGUF `yarn_ext_factor` / `yarn_attn_factor` / `yarn_log_multiplier` / "
-        "`scaling.alpha`, YaRN with per-pair factors, YaRN in `deepseek2`, "
-        "`freq_base_swa`",
+        "GGUF `rope.scaling.yarn_ext_factor` e (negative: unset)",
+        'e != 0: `scaling={"rope_type": "yarn", "extrapolation_factor": e}` (the kept weight '
+        "times e; on any scaling type); e = 0: no ramp, `linear` / `freq_factors`",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope.scaling.yarn_attn_factor` f",
+        'without YaRN\'s ext_factor: `attention_factor` f a (`scaling={"rope_type": '
+        '"freq_factors"}`); with it: replaced by YaRN\'s magnitude (llama-context)',
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope.scaling.yarn_log_multiplier` L",
+        "with YaRN's ext_factor: `attention_factor = get_mscale(s, 1) / get_mscale(s, L) a` "
+        "(transformers' `mscale` / `mscale_all_dim` ratio); without it: not read",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF YaRN with per-pair factors (`rope_freqs.weight`, LongRoPE's), or below factor 1",
+        '`scaling={"rope_type": "freq_factors", "freq_factors": ff_i / ((1 - m_i) / s + m_i), '
+        "\"attention_factor\": ...}` (YaRN's blend as one divisor per pair; m_i from `yarn`'s "
+        "helper)",
+        _GGUF,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope.scaling.alpha` (`hunyuan-dense`, `hunyuan_vl`: `src/models/hunyuan-vl.cpp`)",
+        "`rope` with `base = freq_base alpha^(d / (d - 2))` (d: the key head size; the base "
+        "`ntk_alpha` computes, so llama.cpp's linear / YaRN / factors compose on it); "
+        "`gguf_rope_base`",
+        _GGUF + "; `alpha > 0` on another architecture (whose loader ignores it) is refused",
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF scaling in the `deepseek2` graph with `kq_scale != 1 / sqrt(d)` (YaRN, a linear "
+        "factor, `attn_factor != 1`)",
         "-",
-        "refused by name (`relpos.interop.gguf_scaling`): read by llama.cpp only for some "
-        "architectures whose graphs apply them their own way, or a composition relpos's "
-        "scalings do not state",
+        "refused by name (`relpos.interop.gguf_scaling`): `src/models/deepseek2.cpp` multiplies "
+        "the softmax scale of every channel of the MLA head by mscale^2 (mscale = attn (1 + 0.1 "
+        "ln s) (1 + 0.1 L ln s)); relpos's rope `attention_factor` scales the rotated channels "
+        "only. Neutral files read as plain RoPE",
+        supported=False,
+    ),
+    Convention(
+        "llama.cpp",
+        "GGUF `rope.freq_base_swa` / `rope.dimension_count_swa` (sliding-window layers' own "
+        "base or width)",
+        "-",
+        "refused by name (`relpos.interop.gguf_scaling`): one relpos rope serves every layer "
+        "(`rope_convention` returns one encoding; `load_gguf`'s `LlamaLM` shares one encoding "
+        "across layers and has no sliding-window layers)",
         supported=False,
     ),
 )

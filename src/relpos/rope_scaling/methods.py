@@ -211,6 +211,50 @@ def _yarn_pair_index(rotations: float, dim: int, base: float, original: int) -> 
     return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
+def _yarn_keep_weight(
+    dim: int,
+    base: float,
+    original: int,
+    *,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool = True,
+    extrapolation: float = 1.0,
+) -> Tensor:
+    """YaRN's per-pair weight of the original frequency, float32 of shape ``(ceil(dim/2),)``:
+    ``(1 - ramp_i) * extrapolation`` with ``ramp_i = clamp((i - low) / (high - low), 0, 1)``,
+    ``low = corr(beta_fast)``, ``high = corr(beta_slow)`` (``_yarn_pair_index``; floor / ceil
+    with ``truncate``), clamped to ``[0, dim - 1]``, ``high + 0.001`` when they meet (HF's and
+    vLLM's ``yarn_linear_ramp_mask``). ``extrapolation`` is vLLM's ``extrapolation_factor``
+    (``deepseek_yarn``; earlier vLLM's ``yarn``) and llama.cpp's ``ext_factor``."""
+    low = _yarn_pair_index(beta_fast, dim, base, original)
+    high = _yarn_pair_index(beta_slow, dim, base, original)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid 0 / 0 in the ramp
+    pairs = (dim + 1) // 2
+    ramp = ((torch.arange(pairs, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return keep if extrapolation == 1.0 else keep * extrapolation
+
+
+def _yarn_blend(dim: int, base: float, factor: float, keep_weight: Tensor) -> Tensor:
+    """``theta_i / s * (1 - w_i) + theta_i * w_i`` in float32 (HF's and vLLM's order)."""
+    powers = base ** _exponents(dim)  # 1 / theta_i
+    keep = 1.0 / powers  # extrapolation: the original frequency
+    interpolated = 1.0 / (factor * powers)  # position interpolation by s
+    return interpolated * (1 - keep_weight) + keep * keep_weight
+
+
+#: the magnitude keys of earlier vLLM's ``yarn`` (``YaRNScalingRotaryEmbedding``:
+#: ``attn_factor``, ``apply_yarn_scaling``) and those of transformers' (and vLLM 0.34.0's)
+#: ``yarn``: no stack reads both, so a dict may carry one family only
+_VLLM_YARN_MAGNITUDE = ("attn_factor", "apply_yarn_scaling")
+_HF_YARN_MAGNITUDE = ("attention_factor", "mscale", "mscale_all_dim")
+
+
 def yarn(
     dim: int,
     base: float,
@@ -234,6 +278,15 @@ def yarn(
 
     ``factor`` missing or ``None`` means ``max_position_embeddings / L0``. As HF
     ``_compute_yarn_parameters``.
+
+    Earlier vLLM's ``"yarn"`` keys (vllm-project/vllm,
+    ``vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py``,
+    ``YaRNScalingRotaryEmbedding``, before 0.34.0), which transformers does not read:
+    ``extrapolation_factor`` ``e`` (default 1) multiplies the kept weight ``1 - ramp_i``;
+    ``attn_factor`` ``a`` (default 1) and ``apply_yarn_scaling`` (default True) give the
+    magnitude ``(0.1 ln s + 1) a``, or ``a`` when ``apply_yarn_scaling`` is False. They
+    replace transformers' magnitude keys (``attention_factor``, ``mscale``,
+    ``mscale_all_dim``): a dict with both is refused.
     """
     original = _original_length(params, max_position_embeddings, "yarn")
     factor = params.get("factor")
@@ -246,29 +299,28 @@ def yarn(
         factor = max_position_embeddings / original
 
     attention_factor = params.get("attention_factor")
-    if attention_factor is None:
+    if any(params.get(k) is not None for k in _VLLM_YARN_MAGNITUDE):
+        scaled = params.get("apply_yarn_scaling", True)
+        attention_factor = (_yarn_mscale(factor) if scaled else 1.0) * params.get(
+            "attn_factor", 1.0
+        )
+    elif attention_factor is None:
         mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
         if mscale and mscale_all_dim:
             attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
         else:
             attention_factor = _yarn_mscale(factor)
 
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
-    low = _yarn_pair_index(beta_fast, dim, base, original)
-    high = _yarn_pair_index(beta_slow, dim, base, original)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # avoid 0 / 0 in the ramp
-
-    powers = base ** _exponents(dim)  # 1 / theta_i
-    keep = 1.0 / powers  # extrapolation: the original frequency
-    interpolated = 1.0 / (factor * powers)  # position interpolation by s
-    ramp = ((torch.arange(powers.numel(), dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep_weight = 1 - ramp
-    return interpolated * (1 - keep_weight) + keep * keep_weight, float(attention_factor)
+    keep_weight = _yarn_keep_weight(
+        dim,
+        base,
+        original,
+        beta_fast=params.get("beta_fast") or 32,
+        beta_slow=params.get("beta_slow") or 1,
+        truncate=params.get("truncate", True),
+        extrapolation=params.get("extrapolation_factor", 1.0),
+    )
+    return _yarn_blend(dim, base, factor, keep_weight), float(attention_factor)
 
 
 def llama3(
@@ -380,14 +432,30 @@ def _check_yarn(params: Mapping[str, Any], rope_type: str, **_: Any) -> None:
     check_number(params, "beta_slow", rope_type, minimum=0.0, strict=True)
     check_number(params, "mscale", rope_type, minimum=0.0)
     check_number(params, "mscale_all_dim", rope_type, minimum=0.0)
+    check_number(params, "attn_factor", rope_type, minimum=0.0, strict=True)
+    check_number(params, "extrapolation_factor", rope_type, minimum=0.0)
     beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
     if beta_fast < beta_slow:
         raise ValueError(
             f"rope scaling 'yarn': 'beta_fast' ({beta_fast}) must be >= 'beta_slow' ({beta_slow})"
         )
-    if "truncate" in params and not isinstance(params["truncate"], bool):
+    for key in ("truncate", "apply_yarn_scaling"):
+        if key in params and not isinstance(params[key], bool):
+            raise ValueError(
+                f"rope scaling {rope_type!r}: {key!r} must be True or False, got {params[key]!r}"
+            )
+
+
+def _check_yarn_magnitude(params: Mapping[str, Any], rope_type: str, **kwargs: Any) -> None:
+    """``yarn``'s checks, and one family of magnitude keys (``yarn``'s docstring)."""
+    _check_yarn(params, rope_type, **kwargs)
+    vllm = [k for k in _VLLM_YARN_MAGNITUDE if params.get(k) is not None]
+    hf = [k for k in _HF_YARN_MAGNITUDE if params.get(k) is not None]
+    if vllm and hf:
         raise ValueError(
-            f"rope scaling 'yarn': 'truncate' must be True or False, got {params['truncate']!r}"
+            f"rope scaling {rope_type!r}: {vllm} (earlier vLLM's YaRN magnitude) and {hf} "
+            "(transformers' and vLLM 0.34's) each set the magnitude, and no stack reads both; "
+            "give one family"
         )
 
 
@@ -444,6 +512,10 @@ _YARN_KEYS = {
     "mscale",
     "mscale_all_dim",
     "truncate",
+    # earlier vLLM's (``yarn`` documents them)
+    "extrapolation_factor",
+    "attn_factor",
+    "apply_yarn_scaling",
 }
 
 #: every scaling type, one record each (``relpos.rope_scaling.ScalingType``)
@@ -455,7 +527,10 @@ ROPE_SCALING: dict[str, ScalingType] = {
         dynamic, required=frozenset({"factor"}), length_dependent=True, check=_check_factor
     ),
     "yarn": ScalingType(
-        yarn, optional=frozenset(_YARN_KEYS), needs_original=True, check=_check_yarn
+        yarn,
+        optional=frozenset(_YARN_KEYS),
+        needs_original=True,
+        check=_check_yarn_magnitude,
     ),
     "llama3": ScalingType(
         llama3,

@@ -27,15 +27,18 @@ extrapolation_factor``. DeepSeek-V3 also multiplies its softmax scale by
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any
 
-import torch
 from torch import Tensor
 
-from .methods import _check_yarn, _exponents, _original_length, _yarn_mscale, _yarn_pair_index
-from .scaling_type import ScalingType, check_number
+from .methods import (
+    _check_yarn,
+    _original_length,
+    _yarn_blend,
+    _yarn_keep_weight,
+    _yarn_mscale,
+)
+from .scaling_type import ScalingType
 
 __all__ = ["YARN_VARIANTS", "deepseek_yarn"]
 
@@ -60,25 +63,15 @@ def deepseek_yarn(
     attention_factor = (
         _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim) * attn_factor
     )
-
-    low = math.floor(_yarn_pair_index(params.get("beta_fast", 32), dim, base, original))
-    high = math.ceil(_yarn_pair_index(params.get("beta_slow", 1), dim, base, original))
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # avoid 0 / 0 in the ramp
-
-    powers = base ** _exponents(dim)
-    extrapolated = 1.0 / powers
-    interpolated = 1.0 / (factor * powers)
-    ramp = ((torch.arange(powers.numel(), dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    weight = (1 - ramp) * extrapolation
-    return interpolated * (1 - weight) + extrapolated * weight, float(attention_factor)
-
-
-def _check_deepseek_yarn(params: Mapping[str, Any], rope_type: str, **kwargs: Any) -> None:
-    _check_yarn(params, rope_type, **kwargs)
-    check_number(params, "attn_factor", rope_type, minimum=0.0, strict=True)
-    check_number(params, "extrapolation_factor", rope_type, minimum=0.0)
+    keep_weight = _yarn_keep_weight(
+        dim,
+        base,
+        original,
+        beta_fast=params.get("beta_fast", 32),
+        beta_slow=params.get("beta_slow", 1),
+        extrapolation=extrapolation,
+    )
+    return _yarn_blend(dim, base, factor, keep_weight), float(attention_factor)
 
 
 _DEEPSEEK_YARN = ScalingType(
@@ -96,7 +89,7 @@ _DEEPSEEK_YARN = ScalingType(
         }
     ),
     needs_original=True,
-    check=_check_deepseek_yarn,
+    check=_check_yarn,
 )
 
 #: the records this module adds to ``ROPE_SCALING`` (vLLM's two names for one class)

@@ -61,6 +61,12 @@ MODEL_APPLIED_KEYS = frozenset({"llama_4_scaling_beta"})
 #: the length from ``config.max_position_embeddings``; Ministral-3's dicts carry a copy)
 UNREAD_KEYS = frozenset({"max_position_embeddings"})
 
+#: keys of one scaling type that transformers' function for it does not read but relpos's
+#: type does: earlier vLLM's YaRN keys (``relpos.rope_scaling.yarn``), which
+#: ``_compute_yarn_parameters`` (``modeling_rope_utils.py``) ignores with a warning; the
+#: patch drops them to rotate as the transformers model does
+UNREAD_BY_TYPE = {"yarn": frozenset({"extrapolation_factor", "attn_factor", "apply_yarn_scaling"})}
+
 
 def _read(config: Any, key: str) -> Any:
     """``config.key``, or None where the config has none or no single value (transformers'
@@ -98,6 +104,8 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     for key in UNREAD_KEYS:
         params.pop(key, None)
     rope_type = params.get("rope_type", params.get("type", "default"))
+    for key in UNREAD_BY_TYPE.get(rope_type, ()):
+        params.pop(key, None)
     scaling = None if rope_type == "default" else params
     return RopeFacts(
         base=float(base),
