@@ -64,7 +64,8 @@ def test_the_facts_auto_reads_are_capabilities_not_names():
         ("dca", {"pretraining_length": 16}, 64, "piecewise-sdpa"),
         ("deberta", {}, 512, "band"),
         ("fire", {}, 64, "toeplitz"),  # below its threshold: a function of the distance
-        ("fire", {"init_L": 8.0}, 64, "tile"),  # above it: evaluated per pair
+        # above it: two tables per group of rows in a forward, per pair in a training step
+        ("fire", {"init_L": 8.0}, 64, "row-affine"),
     ],
 )
 def test_the_kind_follows_the_path_of_the_call(name, options, length, kind):
@@ -72,6 +73,12 @@ def test_the_kind_follows_the_path_of_the_call(name, options, length, kind):
     q, k, v = qkv(1, length)
     with torch.no_grad():
         assert api.facts(q, k, v, enc, causal=True).kind == kind
+
+
+def test_fire_above_its_threshold_is_a_tile_call_in_a_training_step():
+    enc = relpos.create("fire", num_heads=H, head_dim=D, init_L=8.0)
+    q, k, v = qkv(1, 64, grad=True)
+    assert api.facts(q, k, v, enc, causal=True).kind == "tile"
 
 
 def test_candidates_keep_memory_and_precision():

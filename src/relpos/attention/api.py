@@ -33,8 +33,8 @@ otherwise and the softmax backends refuse ``feature_map``.
 
 ``plan(q, k, v, encoding, **same keywords as attention)`` says which backend and which path
 inside it a call takes (``"fused"``, ``"dense-bias"``, ``"dense"``, ``"score-mod"``,
-``"toeplitz"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``, ``"row-suffix"``,
-``"fold-sdpa"``, ``"fold-passes"``, ``"fold-band"``; the linear backend's
+``"toeplitz"``, ``"row-affine"``, ``"tile"``, ``"probabilities"``, ``"piecewise-sdpa"``,
+``"row-suffix"``, ``"fold-sdpa"``, ``"fold-passes"``, ``"fold-band"``; the linear backend's
 ``"linear-scan"``, ``"linear-sum"``, ``"linear-decay"``, ``"linear-fft"``), without running
 it: the same dispatch as ``attention``, so in the same grad mode it is what runs.
 ``facts(...)`` gives the facts the choice read. Calls of one shape whose preparation depends
@@ -191,9 +191,10 @@ def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
 def call_kind(call: AttentionCall, candidates: tuple[str, ...] | None = None) -> str:
     """The kind of call a policy table distinguishes (``policy.KINDS``): ``plain`` (no
     bias), ``band`` (a two-sided table bias the fold runs as a band), else the chunked
-    backend's path (``toeplitz``, ``tile``, ``probabilities``, ``piecewise-sdpa``,
-    ``row-suffix``; calls with softcap or sinks are ``probabilities`` or ``row-suffix``),
-    with ``toeplitz`` as ``learned-toeplitz`` when the table takes gradients in this call."""
+    backend's path (``toeplitz``, ``row-affine``, ``tile``, ``probabilities``,
+    ``piecewise-sdpa``, ``row-suffix``; calls with softcap or sinks are ``probabilities``
+    or ``row-suffix``), with ``toeplitz`` as ``learned-toeplitz`` when the table takes
+    gradients in this call."""
     if not call.needs_probabilities and not call.has_bias and not call.score_features:
         return "plain"
     if folds_disentangled(call.encoding) and "fold" in (
@@ -243,7 +244,7 @@ def backend_path(call: AttentionCall, backend: str) -> str:
     """The path ``backend`` takes for this call: ``"fused"`` (sdpa, no bias) or
     ``"dense-bias"`` (sdpa, materialised bias), ``"dense"`` (eager), ``"score-mod"`` (flex),
     or the chunked backend's ``"piecewise-sdpa"`` / ``"row-suffix"`` / ``"probabilities"`` /
-    ``"toeplitz"`` / ``"tile"``."""
+    ``"toeplitz"`` / ``"row-affine"`` / ``"tile"``."""
     if backend == "chunked":
         return chunked_path(call)
     if backend == "linear":
