@@ -57,7 +57,6 @@ from .piecewise import piecewise_sdpa_attention, runs_piecewise
 FORWARD_BLOCK = 256  # the most query rows of a forward block (Toeplitz), key blocks (row-suffix)
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
 TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
-ROW_AFFINE_ELEMENTS = 1 << 20  # query rows x keys per block of the row-affine path (no autograd)
 ROW_AFFINE_GROUP = 32  # rows sharing one pair of tables inside a row-affine block
 
 
@@ -213,13 +212,6 @@ def _bias_at_pairs(call: AttentionCall, blk: QueryBlock, i: Tensor, j: Tensor) -
     return call.encoding.bias(ctx, b, h, i.view(1, 1, 1, -1), j.view(1, 1, 1, -1))
 
 
-def _row_affine_rows(call: AttentionCall) -> int:
-    """Query rows per block of the row-affine path: ``ROW_AFFINE_ELEMENTS / Lk``, at least
-    64 (a longer block is fewer kernel calls; its bias is built in groups of
-    ``ROW_AFFINE_GROUP`` rows, so the distances without one affine form stay few)."""
-    return max(64, ROW_AFFINE_ELEMENTS // max(call.k.shape[2], 1))
-
-
 def _row_affine_attention(call: AttentionCall) -> Tensor:
     enc = call.encoding
     assert enc is not None and call.positions is not None
@@ -283,7 +275,9 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         )
         return out.flip(2)
 
-    return run_blocks(block, call.blocks(_row_affine_rows(call)), call.q, *call.expanded_kv())
+    return run_blocks(
+        block, call.blocks(forward_rows(call.k.shape[2])), call.q, *call.expanded_kv()
+    )
 
 
 def _runs_row_affine(call: AttentionCall) -> bool:
