@@ -47,7 +47,14 @@ from torch import nn
 
 from .dispatch import check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
-from .probe import is_rotary_module, position_table, probe_model, rotary_modules, table_base
+from .probe import (
+    hidden_width,
+    is_rotary_module,
+    position_table,
+    probe_model,
+    rotary_modules,
+    table_base,
+)
 
 __all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
 
@@ -148,11 +155,13 @@ def _rope_per_type(
     return {FULL: rope_facts(params, config)}, False
 
 
-def _has_rotary_child(module: nn.Module) -> bool:
-    return any(is_rotary_module(name, child) for name, child in module.named_children())
+def _has_rotary_child(module: nn.Module, hidden_size: int | None) -> bool:
+    return any(
+        is_rotary_module(name, child, hidden_size) for name, child in module.named_children()
+    )
 
 
-def _decoder(model: nn.Module) -> nn.Module:
+def _decoder(model: nn.Module, hidden_size: int | None = None) -> nn.Module:
     """The module that runs the decoder layers and computes their RoPE, found by the rotary
     modules it holds (``probe.is_rotary_module``), not by an attribute name:
 
@@ -162,21 +171,24 @@ def _decoder(model: nn.Module) -> nn.Module:
     * otherwise (ModernBERT's decoder returns its LM head) the shallowest module of ``model``
       that has a rotary module as a child, the one with the most attention layers
       (``layer_idx``) among equally shallow ones;
-    * without any rotary module, ``model.get_decoder()`` (or ``model``)."""
+    * without any rotary module, ``model.get_decoder()`` (or ``model``).
+
+    ``hidden_size``: the model's (``probe.hidden_width``), for rotary position tables
+    (``probe.is_rotary_table``: RoFormer)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     if not isinstance(decoder, nn.Module):
         decoder = model
-    rotary = rotary_modules(decoder)
+    rotary = rotary_modules(decoder, hidden_size)
     if rotary:
         for _, module in decoder.named_modules():
-            if _has_rotary_child(module):
+            if _has_rotary_child(module, hidden_size):
                 inside = {id(m) for m in module.modules()}
                 if all(id(r) in inside for r in rotary):
                     return module
         return decoder
     best: tuple[tuple[int, int], nn.Module] | None = None
     for name, module in model.named_modules():
-        if _has_rotary_child(module):
+        if _has_rotary_child(module, hidden_size):
             layers = sum(1 for m in module.modules() if hasattr(m, "layer_idx"))
             rank = (name.count(".") + bool(name), -layers)
             if best is None or rank < best[0]:
@@ -215,8 +227,9 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         raise ValueError(
             f"relpos.interop.hf runs decoder-only models; {model_type} is an encoder-decoder"
         )
-    decoder = _decoder(model)
-    rotary = tuple(rotary_modules(decoder))
+    hidden_size = hidden_width(model)
+    decoder = _decoder(model, hidden_size)
+    rotary = tuple(rotary_modules(decoder, hidden_size))
     config = decoder_config(config)
     heads = int(_need(config, "num_attention_heads", model_type))
     kv_heads = int(_read(config, "num_key_value_heads") or heads)

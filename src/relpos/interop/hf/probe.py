@@ -62,6 +62,8 @@ __all__ = [
     "TableAtPositionZero",
     "rotary_modules",
     "is_rotary_module",
+    "is_rotary_table",
+    "hidden_width",
     "holds_inverse_frequencies",
     "PROBE_POSITIONS",
 ]
@@ -78,30 +80,69 @@ def holds_inverse_frequencies(module: nn.Module) -> bool:
     return any(name.endswith("inv_freq") and torch.is_tensor(value) for name, value in own)
 
 
-def is_rotary_module(name: str, module: nn.Module) -> bool:
+def is_rotary_module(name: str, module: nn.Module, hidden_size: int | None = None) -> bool:
     """Whether the submodule ``name`` computes RoPE, judged by what it is, not where it sits:
     it holds inverse frequencies (``holds_inverse_frequencies``), its class is a
-    ``*RotaryEmbedding``, or it is named ``rotary_emb``. transformers 5.25 also keeps them
-    under other names: LFM2-MoE's ``pos_emb``; ModernBERT's decoder, whose ``get_decoder()``
-    is its LM head."""
+    ``*RotaryEmbedding``, it is named ``rotary_emb``, or, given the model's ``hidden_size``,
+    it indexes a rotary position table (``is_rotary_table``: RoFormer). transformers 5.25
+    also keeps them under other names: LFM2-MoE's ``pos_emb``; ModernBERT's decoder, whose
+    ``get_decoder()`` is its LM head; RoFormer's ``embed_positions``."""
     return (
         name.rsplit(".", 1)[-1] == "rotary_emb"
         or type(module).__name__.endswith("RotaryEmbedding")
         or holds_inverse_frequencies(module)
+        or (hidden_size is not None and is_rotary_table(module, hidden_size))
     )
 
 
-def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
-    """The modules under ``decoder`` that compute its RoPE (``is_rotary_module``; the
-    outermost of nested ones): the decoder's own rotary module and per-layer ones (Moshi,
-    DeepSeek-V4's compressors). Whether each returns a rotation the patch can switch off is
-    checked when it runs (``identity_rotation``)."""
+def is_rotary_table(module: nn.Module, hidden_size: int) -> bool:
+    """Whether ``module`` indexes a table of sines and cosines by position
+    (``position_table``) whose rows are narrower than the model's hidden states. An absolute
+    sinusoidal embedding (Vaswani et al. 2017; transformers' Marian, BART-family and
+    XGLM ``*SinusoidalPositionalEmbedding``) is added to the hidden states, so its rows are
+    as wide as they are; a narrower row of ``sin | cos`` is the rotation of one attention
+    head: RoFormer's ``RoFormerSinusoidalPositionalEmbedding`` (Su et al. 2021, "RoFormer:
+    Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864; rows of
+    ``hidden_size / num_attention_heads``, which its self-attention turns interleaved pairs
+    by)."""
+    table = position_table(module)
+    return table is not None and int(table.shape[-1]) < int(hidden_size)
+
+
+def hidden_width(module: nn.Module) -> int | None:
+    """The width of the hidden states of a transformers model (its text config's
+    ``hidden_size``, or ``d_model`` / ``n_embd``), None for a module without a config."""
+    config = getattr(module, "config", None)
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            config = get(decoder=True) or config
+        except TypeError:
+            config = get() or config
+    for key in ("hidden_size", "d_model", "n_embd"):
+        try:
+            value = getattr(config, key, None)
+        except Exception:  # noqa: BLE001 - per-layer attributes raise on the global read
+            value = None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def rotary_modules(decoder: nn.Module, hidden_size: int | None = None) -> list[nn.Module]:
+    """The modules under ``decoder`` that compute its RoPE (``is_rotary_module``, with the
+    model's ``hidden_size``, read from ``decoder.config`` when not given; the outermost of
+    nested ones): the decoder's own rotary module and per-layer ones (Moshi, DeepSeek-V4's
+    compressors). Whether each returns a rotation the patch can switch off is checked when it
+    runs (``identity_rotation``)."""
+    if hidden_size is None:
+        hidden_size = hidden_width(decoder)
     found: list[nn.Module] = []
     inside: list[str] = []
     for name, module in decoder.named_modules():
         if not name or any(name.startswith(prefix) for prefix in inside):
             continue
-        if is_rotary_module(name, module) and all(module is not m for m in found):
+        if is_rotary_module(name, module, hidden_size) and all(module is not m for m in found):
             found.append(module)
             inside.append(name + ".")
     return found
@@ -109,16 +150,20 @@ def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
 
 def position_table(module: nn.Module) -> Tensor | None:
     """The table of sines and cosines by position that a rotary module indexes instead of
-    keeping inverse frequencies, or None: a 2-D floating buffer (positions x 2m) whose row 0,
+    keeping inverse frequencies, or None: a 2-D floating buffer or frozen parameter
+    (``requires_grad`` False: RoFormer's ``nn.Embedding`` weight) (positions x 2m) whose row 0,
     the rotation at position 0, is ``sin 0 = 0`` in one half of the row and ``cos 0 = 1`` in
     the other. GPT-J's and CodeGen's rotary modules keep such a table, ``embed_positions``
     (``sin | cos`` of ``p * 10000^(-2i/r)``, EleutherAI's mesh-transformer-jax layout;
     transformers ``models/gptj/modeling_gptj.py``, ``create_sinusoidal_positions``), and
-    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules."""
+    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules;
+    RoFormer's ``RoFormerSinusoidalPositionalEmbedding`` is such a table (``sin | cos``, one
+    attention head wide) and returns its rows."""
     if holds_inverse_frequencies(module):
         return None
-    for table in module._buffers.values():
-        if table is None or table.dim() != 2 or not table.is_floating_point():
+    frozen = (p for p in module._parameters.values() if p is not None and not p.requires_grad)
+    for table in itertools.chain(module._buffers.values(), frozen):
+        if table is None or table.dim() != 2 or not table.is_floating_point() or table.is_meta:
             continue
         rows, width = table.shape
         if rows < 2 or width % 2:
