@@ -23,6 +23,10 @@ missing), the facts every part of the integration needs:
   from a table of model types. Every non-baseline patch, ``from_hf`` and ``HFCausalLM`` use
   these facts.
 
+Keys of a RoPE dict that place channels on position axes (``AXIS_KEYS``: ``mrope_section``,
+``mrope_interleaved``) are kept out of the scaling dict; the sections are kept in
+``RopeFacts.mrope_section`` for the probe to check (HunYuanVL's per-channel split).
+
 Keys of a RoPE dict that the model's attention applies itself, outside the rotation, are
 left to the model (``RopeFacts.model_applied``): Ministral-3's ``llama_4_scaling_beta``
 (Llama-4's attention temperature, ``q * (1 + beta log(1 + floor(p / original_length)))``
@@ -56,13 +60,27 @@ from .probe import (
     table_base,
 )
 
-__all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
+__all__ = [
+    "RopeFacts",
+    "ModelFacts",
+    "inspect_model",
+    "rope_facts",
+    "MODEL_APPLIED_KEYS",
+    "AXIS_KEYS",
+]
 
 
 #: RoPE-dict keys whose effect the model's attention module applies itself, outside the
 #: rotation (transformers ``models/ministral3/modeling_ministral3.py``:
 #: ``get_llama_4_attn_scale`` multiplies q after RoPE)
 MODEL_APPLIED_KEYS = frozenset({"llama_4_scaling_beta"})
+
+#: RoPE-dict keys that say which position axis each rotated pair or channel of a multi-axis
+#: RoPE (M-RoPE) follows, not its frequencies (Qwen2-VL's ``mrope_section``, Qwen3-VL's
+#: ``mrope_interleaved``; HunYuanVL's ``mrope_section``, the ``xdrope_section`` its config
+#: renames): kept out of the scaling dict, whose frequency functions do not take them. The
+#: probe reads the axes from the model (``probe.probe_position_axes``)
+AXIS_KEYS = frozenset({"mrope_section", "mrope_interleaved"})
 
 #: RoPE-dict keys transformers' RoPE functions do not read (``modeling_rope_utils`` takes
 #: the length from ``config.max_position_embeddings``; Ministral-3's dicts carry a copy)
@@ -104,6 +122,9 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     applied = {k: v for k, v in applied.items() if v is not None}
     for key in UNREAD_KEYS:
         params.pop(key, None)
+    sections = params.pop("mrope_section", None)
+    for key in AXIS_KEYS:
+        params.pop(key, None)
     rope_type = params.get("rope_type", params.get("type", "default"))
     scaling = None if rope_type == "default" else params
     return RopeFacts(
@@ -112,6 +133,7 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
         scaling=scaling,
         max_position_embeddings=_read(config, "max_position_embeddings"),
         model_applied=applied,
+        mrope_section=None if sections is None else tuple(int(n) for n in sections),
     )
 
 
