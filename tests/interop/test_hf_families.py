@@ -105,6 +105,21 @@ def test_roformer_rotary_table_is_found_and_its_own_attention_refused():
     assert rotary_modules(marian) == []
 
 
+def test_zamba2_shared_attention_with_rope_is_refused_by_name():
+    """Zamba2 with ``use_mem_rope`` (its default config, which the walk builds, has no RoPE)
+    rotates q and k in its shared attention block, whose ``layer_idx`` is -1 (the calling
+    layer reaches it as a forward argument): refused by name, not as a model without RoPE;
+    ``baseline`` stays bit-identical."""
+    hf = _tiny("zamba2", use_mem_rope=True)
+    ids = tokens(12)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        with patch(hf, "baseline"):
+            assert torch.equal(hf(ids).logits, ref)
+    with pytest.raises(ValueError, match=r"layer_idx \(-1\) is not one of its 3 layers"):
+        patch(hf, "rope")
+
+
 def test_the_probe_finds_llama4_nope_layers():
     hf = _tiny("llama4_text")  # chunked-attention RoPE layers 0-2, a NoPE layer 3
     assert hf.config.no_rope_layers == [1, 1, 1, 0]

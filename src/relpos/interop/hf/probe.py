@@ -549,13 +549,14 @@ def _probe(
             f"relpos.interop.hf: the {facts.model_type} model called attention in different "
             "layers with and without its RoPE"
         )
+    _refuse_unnumbered_rotation(facts, raw, rot)
     out: list[LayerRotary | None] = []
     for layer in range(facts.num_layers):
         if layer not in raw:
             out.append(None)  # no attention in this layer (a recurrent / linear layer)
             continue
         out.append(_probe_shared_layer(facts, layer, raw[layer], rot[layer], pos, create))
-    nope = [layer for layer in sorted(raw) if out[layer] is None]
+    nope = [layer for layer in sorted(raw) if 0 <= layer < len(out) and out[layer] is None]
     if nope:
         first = {
             layer: (calls[0][0][:1], calls[0][1][:1]) for layer, calls in runs[True][0].items()
@@ -564,6 +565,32 @@ def _probe(
         _refuse_hidden_positions(model, facts, ids[:1], there, first, nope, rotary)
     axes = max((int(p.shape[0]) for p in seen if p is not None and p.dim() == 3), default=1)
     return tuple(out), tuple(sorted(raw)), axes
+
+
+def _refuse_unnumbered_rotation(facts: ModelFacts, raw: dict, rot: dict) -> None:
+    """Refuse attention calls that rotate q and k from a module whose ``layer_idx`` is not
+    one of the model's layers (``0 .. num_layers - 1``): Zamba2's shared attention block
+    (``Zamba2Attention(layer_idx=-1)``, told the calling layer by a forward argument the
+    attention function does not receive) rotates with RoPE when ``use_mem_rope`` is set.
+    The patch applies one rotation per ``layer_idx``, so it cannot tell which layer such a
+    call belongs to; calls that do not rotate are left alone."""
+    for layer in sorted(raw):
+        if 0 <= layer < facts.num_layers or layer not in rot:
+            continue
+        for (q_raw, k_raw), (q_rot, k_rot) in zip(raw[layer], rot[layer], strict=False):
+            tol = max(_tolerance(q_rot), _tolerance(k_rot))
+            moved = max(
+                float((q_rot - q_raw).abs().max()) if q_rot.shape == q_raw.shape else math.inf,
+                float((k_rot - k_raw).abs().max()) if k_rot.shape == k_raw.shape else math.inf,
+            )
+            if moved > tol:
+                raise ValueError(
+                    f"relpos.interop.hf: the {facts.model_type} model rotates q and k in an "
+                    f"attention module whose layer_idx ({layer}) is not one of its "
+                    f"{facts.num_layers} layers (an attention block shared by several layers "
+                    "that is told the calling layer in its forward, e.g. Zamba2's with "
+                    "use_mem_rope), so the patch cannot tell which layer a call belongs to"
+                )
 
 
 def _off_scale(before: Tensor, after: Tensor) -> float:
