@@ -116,6 +116,7 @@ REPRESENTATIVES = (
     "gpt_oss",  # attention sinks (s_aux)
     "falcon",  # _supports_attention_backend False, yet its attention calls the interface
     "gpt_neox_japanese",  # computes attention itself: refused, naming the layer
+    "roformer",  # a sin | cos table per head, attention computed without the interface: refused
     "cohere_compass_text",  # interleaved M-RoPE sections per layer type, text positions
     "dory",  # a recurrent section run twice per forward, one KV cache per loop
     "hrm_text",  # two stacks called in several cycles per forward, a cache slot per call

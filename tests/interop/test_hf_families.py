@@ -18,6 +18,9 @@ from relpos.interop.hf import inspect_model, patch  # noqa: E402
 REFUSED = {
     "gpt_neox_japanese": "GPTNeoXJapaneseAttention) of the gpt_neox_japanese model uses its "
     "RoPE outside transformers' attention interface",
+    "roformer": "the roformer model calls no function of transformers' attention interface (0 "
+    "calls in a forward): its attention layers (RoFormerSelfAttention) compute their scores "
+    "themselves",
 }
 
 
@@ -77,6 +80,44 @@ def test_the_probe_reads_each_convention_from_the_model():
     # NanoChat rotates by -p: its half-split pairs with their two channels swapped
     nanochat = inspect_model(_tiny("nanochat"), probe=True).layers[0]
     assert nanochat.permutation == (*range(8, 16), *range(8))
+
+
+def test_roformer_rotary_table_is_found_and_its_own_attention_refused():
+    """RoFormer (Su et al. 2021, arXiv:2104.09864) turns q and k by a frozen table of
+    ``sin | cos`` one head wide (``RoFormerSinusoidalPositionalEmbedding``, an
+    ``nn.Embedding``): discovery finds it (its base is RoFormer's 10000), and the patch
+    refuses every method because RoFormer's self-attention computes its scores itself,
+    never through the attention interface. Marian's table of the same layout is as wide as
+    the hidden states, an absolute embedding added to them: not taken for RoPE."""
+    from relpos.interop.hf.probe import position_table, rotary_modules, table_base
+
+    hf = _tiny("roformer")
+    table = hf.roformer.encoder.embed_positions
+    assert rotary_modules(hf) == [table]
+    assert position_table(table) is table.weight
+    assert table_base(table.weight) == pytest.approx(10000.0, rel=1e-4)
+    for method in ("baseline", "rope"):
+        with pytest.raises(ValueError, match=r"calls no function of transformers' attention"):
+            patch(hf, method)
+    assert hf.config._attn_implementation == "eager"  # left as it was
+    marian = _tiny("marian")
+    assert position_table(marian.model.decoder.embed_positions) is not None
+    assert rotary_modules(marian) == []
+
+
+def test_zamba2_shared_attention_with_rope_is_refused_by_name():
+    """Zamba2 with ``use_mem_rope`` (its default config, which the walk builds, has no RoPE)
+    rotates q and k in its shared attention block, whose ``layer_idx`` is -1 (the calling
+    layer reaches it as a forward argument): refused by name, not as a model without RoPE;
+    ``baseline`` stays bit-identical."""
+    hf = _tiny("zamba2", use_mem_rope=True)
+    ids = tokens(12)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        with patch(hf, "baseline"):
+            assert torch.equal(hf(ids).logits, ref)
+    with pytest.raises(ValueError, match=r"layer_idx \(-1\) is not one of its 3 layers"):
+        patch(hf, "rope")
 
 
 def test_the_probe_finds_llama4_nope_layers():

@@ -22,7 +22,7 @@ def test_a_rotary_module_hidden_from_discovery_is_refused_by_name(monkeypatch):
     ids through the real (missed) rotary module."""
     hf = model("llama")
     decoy = type(hf.model.rotary_emb)(hf.config)
-    monkeypatch.setattr(hf_model, "rotary_modules", lambda decoder: [decoy])
+    monkeypatch.setattr(hf_model, "rotary_modules", lambda decoder, hidden_size=None: [decoy])
     message = (
         r"llama layer 0's queries/keys depend on position ids through a module the probe "
         r"did not find"

@@ -109,7 +109,9 @@ CONVENTIONS: tuple[Convention, ...] = (
         "dict with `alpha` resolves to it)",
         "transformers' `HunYuanVLRotaryEmbedding` and `apply_rotary_pos_emb` on text and image "
         "positions, 3 and 4 axes (tests/encodings/rotary/test_mrope_channel_sections.py); "
-        "vLLM's XD-RoPE splits per pair (below)",
+        "through `relpos.interop.hf.patch`: text positions exact, image positions refused "
+        "(the model normalizes q and k after RoPE), exact without that norm "
+        "(tests/interop/test_hf_hunyuan_vl.py); vLLM's XD-RoPE splits per pair (below)",
     ),
     Convention(
         "transformers (Ministral 3)",

@@ -19,7 +19,11 @@ the interface, every attention output is zero in both runs and nothing else read
 so the model's output is the same in both runs (inside a layer, q and k after RoPE differ, and
 so may what a layer computes from them on the way to the interface: NanoChat normalizes q and
 k after RoPE). Where the output differs, the check refuses and names the first layer (a module
-with ``layer_idx``, in the order they finish) whose output differs.
+with ``layer_idx``, in the order they finish) whose output differs. A model that calls the
+interface not at all (RoFormer: ``RoFormerSelfAttention`` computes its scores with
+``torch.matmul`` itself and ``set_attn_implementation`` leaves it as it is) is refused for
+that where its output does not show the rotation (a tiny random model's nearly uniform
+attention hides it below the check's tolerance).
 """
 
 from __future__ import annotations
@@ -141,7 +145,21 @@ def check_attention_dispatch(
             "its RoPE, so where it uses the rotation cannot be checked"
         )
     if not normal or not _differs(normal[-1][1], switched[-1][1]):
-        return  # the rotation reaches the output (the last to finish) only through the interface
+        # the rotation reaches the output (the last to finish) only through the interface, or
+        # the model calls the interface not at all (then nothing runs through the patch)
+        if calls == 0:
+            layers = dict.fromkeys(
+                type(m).__name__ for m in model.modules() if hasattr(m, "layer_idx")
+            )
+            found = ", ".join(type(m).__name__ for m in rotary)
+            raise ValueError(
+                f"relpos.interop.hf: the {model_type} model calls no function of transformers' "
+                f"attention interface (0 calls in a forward): its attention layers "
+                f"({', '.join(layers) or type(model).__name__}) compute their scores themselves, "
+                "so a registered attention function would never run and could neither see nor "
+                f"replace the RoPE its rotary module ({found}) computes"
+            )
+        return
     changed = [name for (name, a), (_, b) in zip(normal, switched, strict=True) if _differs(a, b)]
     where = _attention_layer(model, changed[0]) if changed[0] else "a module outside its layers"
     raise ValueError(

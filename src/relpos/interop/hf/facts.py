@@ -35,6 +35,10 @@ class LayerRotary:
         axis_of_pair: for a model whose RoPE takes multi-axis positions (M-RoPE), the axis
             (0 = time, 1 = height, 2 = width) each of relpos's pairs follows (relpos's
             ``m-rope`` option of that name); None for 1-D RoPE.
+        channel_sections: for a multi-axis RoPE whose sections split the doubled vector
+            ``cat(theta, theta)`` per channel (HunYuanVL: the two channels of a pair may follow
+            different axes), its ``mrope_section`` (relpos's ``m-rope`` with
+            ``section_split="channels"``); None otherwise.
     """
 
     layer_type: str
@@ -44,6 +48,7 @@ class LayerRotary:
     permutation: tuple[int, ...] | None = field(default=None)
     num_heads: int = 1
     axis_of_pair: tuple[int, ...] | None = None
+    channel_sections: tuple[int, ...] | None = None
 
     @property
     def partial_rotary_factor(self) -> float:
@@ -58,6 +63,7 @@ class LayerRotary:
             self.permutation,
             self.num_heads,
             self.axis_of_pair,
+            self.channel_sections,
         )
 
 
@@ -72,6 +78,9 @@ class RopeFacts:
         max_position_embeddings: ``config.max_position_embeddings`` (HF's reference length).
         model_applied: keys of the RoPE dict the model's attention applies itself
             (``MODEL_APPLIED_KEYS``), kept out of ``scaling``.
+        mrope_section: the dict's M-RoPE sections (``mrope_section``: which position axis
+            the channels follow, not their frequencies), kept out of ``scaling``; the probe
+            checks them against the model (``probe.probe_position_axes``). None without.
     """
 
     base: float
@@ -79,6 +88,7 @@ class RopeFacts:
     scaling: dict[str, Any] | None = None
     max_position_embeddings: int | None = None
     model_applied: dict[str, Any] = field(default_factory=dict)
+    mrope_section: tuple[int, ...] | None = None
 
     def options(self) -> dict[str, Any]:
         """The keyword options of relpos's ``RoPE`` constructor that state this RoPE."""

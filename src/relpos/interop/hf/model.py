@@ -23,6 +23,10 @@ missing), the facts every part of the integration needs:
   from a table of model types. Every non-baseline patch, ``from_hf`` and ``HFCausalLM`` use
   these facts.
 
+Keys of a RoPE dict that place channels on position axes (``AXIS_KEYS``: ``mrope_section``,
+``mrope_interleaved``) are kept out of the scaling dict; the sections are kept in
+``RopeFacts.mrope_section`` for the probe to check (HunYuanVL's per-channel split).
+
 Keys of a RoPE dict that the model's attention applies itself, outside the rotation, are
 left to the model (``RopeFacts.model_applied``): Ministral-3's ``llama_4_scaling_beta``
 (Llama-4's attention temperature, ``q * (1 + beta log(1 + floor(p / original_length)))``
@@ -47,15 +51,36 @@ from torch import nn
 
 from .dispatch import check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
-from .probe import is_rotary_module, position_table, probe_model, rotary_modules, table_base
+from .probe import (
+    hidden_width,
+    is_rotary_module,
+    position_table,
+    probe_model,
+    rotary_modules,
+    table_base,
+)
 
-__all__ = ["RopeFacts", "ModelFacts", "inspect_model", "rope_facts", "MODEL_APPLIED_KEYS"]
+__all__ = [
+    "RopeFacts",
+    "ModelFacts",
+    "inspect_model",
+    "rope_facts",
+    "MODEL_APPLIED_KEYS",
+    "AXIS_KEYS",
+]
 
 
 #: RoPE-dict keys whose effect the model's attention module applies itself, outside the
 #: rotation (transformers ``models/ministral3/modeling_ministral3.py``:
 #: ``get_llama_4_attn_scale`` multiplies q after RoPE)
 MODEL_APPLIED_KEYS = frozenset({"llama_4_scaling_beta"})
+
+#: RoPE-dict keys that say which position axis each rotated pair or channel of a multi-axis
+#: RoPE (M-RoPE) follows, not its frequencies (Qwen2-VL's ``mrope_section``, Qwen3-VL's
+#: ``mrope_interleaved``; HunYuanVL's ``mrope_section``, the ``xdrope_section`` its config
+#: renames): kept out of the scaling dict, whose frequency functions do not take them. The
+#: probe reads the axes from the model (``probe.probe_position_axes``)
+AXIS_KEYS = frozenset({"mrope_section", "mrope_interleaved"})
 
 #: RoPE-dict keys transformers' RoPE functions do not read (``modeling_rope_utils`` takes
 #: the length from ``config.max_position_embeddings``; Ministral-3's dicts carry a copy)
@@ -103,6 +128,9 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     applied = {k: v for k, v in applied.items() if v is not None}
     for key in UNREAD_KEYS:
         params.pop(key, None)
+    sections = params.pop("mrope_section", None)
+    for key in AXIS_KEYS:
+        params.pop(key, None)
     rope_type = params.get("rope_type", params.get("type", "default"))
     for key in UNREAD_BY_TYPE.get(rope_type, ()):
         params.pop(key, None)
@@ -113,6 +141,7 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
         scaling=scaling,
         max_position_embeddings=_read(config, "max_position_embeddings"),
         model_applied=applied,
+        mrope_section=None if sections is None else tuple(int(n) for n in sections),
     )
 
 
@@ -156,11 +185,13 @@ def _rope_per_type(
     return {FULL: rope_facts(params, config)}, False
 
 
-def _has_rotary_child(module: nn.Module) -> bool:
-    return any(is_rotary_module(name, child) for name, child in module.named_children())
+def _has_rotary_child(module: nn.Module, hidden_size: int | None) -> bool:
+    return any(
+        is_rotary_module(name, child, hidden_size) for name, child in module.named_children()
+    )
 
 
-def _decoder(model: nn.Module) -> nn.Module:
+def _decoder(model: nn.Module, hidden_size: int | None = None) -> nn.Module:
     """The module that runs the decoder layers and computes their RoPE, found by the rotary
     modules it holds (``probe.is_rotary_module``), not by an attribute name:
 
@@ -170,21 +201,24 @@ def _decoder(model: nn.Module) -> nn.Module:
     * otherwise (ModernBERT's decoder returns its LM head) the shallowest module of ``model``
       that has a rotary module as a child, the one with the most attention layers
       (``layer_idx``) among equally shallow ones;
-    * without any rotary module, ``model.get_decoder()`` (or ``model``)."""
+    * without any rotary module, ``model.get_decoder()`` (or ``model``).
+
+    ``hidden_size``: the model's (``probe.hidden_width``), for rotary position tables
+    (``probe.is_rotary_table``: RoFormer)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     if not isinstance(decoder, nn.Module):
         decoder = model
-    rotary = rotary_modules(decoder)
+    rotary = rotary_modules(decoder, hidden_size)
     if rotary:
         for _, module in decoder.named_modules():
-            if _has_rotary_child(module):
+            if _has_rotary_child(module, hidden_size):
                 inside = {id(m) for m in module.modules()}
                 if all(id(r) in inside for r in rotary):
                     return module
         return decoder
     best: tuple[tuple[int, int], nn.Module] | None = None
     for name, module in model.named_modules():
-        if _has_rotary_child(module):
+        if _has_rotary_child(module, hidden_size):
             layers = sum(1 for m in module.modules() if hasattr(m, "layer_idx"))
             rank = (name.count(".") + bool(name), -layers)
             if best is None or rank < best[0]:
@@ -223,8 +257,9 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
         raise ValueError(
             f"relpos.interop.hf runs decoder-only models; {model_type} is an encoder-decoder"
         )
-    decoder = _decoder(model)
-    rotary = tuple(rotary_modules(decoder))
+    hidden_size = hidden_width(model)
+    decoder = _decoder(model, hidden_size)
+    rotary = tuple(rotary_modules(decoder, hidden_size))
     config = decoder_config(config)
     heads = int(_need(config, "num_attention_heads", model_type))
     kv_heads = int(_read(config, "num_key_value_heads") or heads)

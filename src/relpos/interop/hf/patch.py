@@ -68,7 +68,11 @@ among those that can (``relpos.attention.api.BACKEND_FEATURES``).
   (Qwen4-Exp: its attention's indexer rotates blocks of cached keys again, and the model
   keeps those positions with its cache) gives them directly. 1-D
   encodings (the schedules, biases) run on text positions (equal on every axis) and refuse
-  ids that differ between axes. A composite model's other towers (the vision encoder) keep
+  ids that differ between axes. HunYuanVL splits its sections per channel (3 or 4 axes):
+  ``"rope"`` runs relpos's ``m-rope`` with ``section_split="channels"`` and the config's
+  ``mrope_section`` where the probe finds it reproduces the model; HunYuanVL as built
+  normalizes q and k after RoPE, so only its text positions are exact (the probe's
+  ``axes_refusal`` names the norm). A composite model's other towers (the vision encoder) keep
   the attention implementation they had.
 
 Positions: transformers passes the query positions ``position_ids (B, Lq)`` only (where the
@@ -221,6 +225,10 @@ def _encoding_for(
     if method == "rope" and spec.axis_of_pair is not None:
         # M-RoPE: relpos's m-rope with the probed axis of every pair (positions (B, L, 3))
         method, extra = "m-rope", {"axis_of_pair": spec.axis_of_pair}
+    elif method == "rope" and spec.channel_sections is not None:
+        # HunYuanVL's split of the doubled vector per channel (positions (B, L, axes))
+        method = "m-rope"
+        extra = {"mrope_section": list(spec.channel_sections), "section_split": "channels"}
     cls = encoding_class(method)
     if cls.adds_to_input:
         raise ValueError(

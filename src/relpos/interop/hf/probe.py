@@ -62,6 +62,8 @@ __all__ = [
     "TableAtPositionZero",
     "rotary_modules",
     "is_rotary_module",
+    "is_rotary_table",
+    "hidden_width",
     "holds_inverse_frequencies",
     "PROBE_POSITIONS",
 ]
@@ -78,30 +80,69 @@ def holds_inverse_frequencies(module: nn.Module) -> bool:
     return any(name.endswith("inv_freq") and torch.is_tensor(value) for name, value in own)
 
 
-def is_rotary_module(name: str, module: nn.Module) -> bool:
+def is_rotary_module(name: str, module: nn.Module, hidden_size: int | None = None) -> bool:
     """Whether the submodule ``name`` computes RoPE, judged by what it is, not where it sits:
     it holds inverse frequencies (``holds_inverse_frequencies``), its class is a
-    ``*RotaryEmbedding``, or it is named ``rotary_emb``. transformers 5.25 also keeps them
-    under other names: LFM2-MoE's ``pos_emb``; ModernBERT's decoder, whose ``get_decoder()``
-    is its LM head."""
+    ``*RotaryEmbedding``, it is named ``rotary_emb``, or, given the model's ``hidden_size``,
+    it indexes a rotary position table (``is_rotary_table``: RoFormer). transformers 5.25
+    also keeps them under other names: LFM2-MoE's ``pos_emb``; ModernBERT's decoder, whose
+    ``get_decoder()`` is its LM head; RoFormer's ``embed_positions``."""
     return (
         name.rsplit(".", 1)[-1] == "rotary_emb"
         or type(module).__name__.endswith("RotaryEmbedding")
         or holds_inverse_frequencies(module)
+        or (hidden_size is not None and is_rotary_table(module, hidden_size))
     )
 
 
-def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
-    """The modules under ``decoder`` that compute its RoPE (``is_rotary_module``; the
-    outermost of nested ones): the decoder's own rotary module and per-layer ones (Moshi,
-    DeepSeek-V4's compressors). Whether each returns a rotation the patch can switch off is
-    checked when it runs (``identity_rotation``)."""
+def is_rotary_table(module: nn.Module, hidden_size: int) -> bool:
+    """Whether ``module`` indexes a table of sines and cosines by position
+    (``position_table``) whose rows are narrower than the model's hidden states. An absolute
+    sinusoidal embedding (Vaswani et al. 2017; transformers' Marian, BART-family and
+    XGLM ``*SinusoidalPositionalEmbedding``) is added to the hidden states, so its rows are
+    as wide as they are; a narrower row of ``sin | cos`` is the rotation of one attention
+    head: RoFormer's ``RoFormerSinusoidalPositionalEmbedding`` (Su et al. 2021, "RoFormer:
+    Enhanced Transformer with Rotary Position Embedding", arXiv:2104.09864; rows of
+    ``hidden_size / num_attention_heads``, which its self-attention turns interleaved pairs
+    by)."""
+    table = position_table(module)
+    return table is not None and int(table.shape[-1]) < int(hidden_size)
+
+
+def hidden_width(module: nn.Module) -> int | None:
+    """The width of the hidden states of a transformers model (its text config's
+    ``hidden_size``, or ``d_model`` / ``n_embd``), None for a module without a config."""
+    config = getattr(module, "config", None)
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            config = get(decoder=True) or config
+        except TypeError:
+            config = get() or config
+    for key in ("hidden_size", "d_model", "n_embd"):
+        try:
+            value = getattr(config, key, None)
+        except Exception:  # noqa: BLE001 - per-layer attributes raise on the global read
+            value = None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def rotary_modules(decoder: nn.Module, hidden_size: int | None = None) -> list[nn.Module]:
+    """The modules under ``decoder`` that compute its RoPE (``is_rotary_module``, with the
+    model's ``hidden_size``, read from ``decoder.config`` when not given; the outermost of
+    nested ones): the decoder's own rotary module and per-layer ones (Moshi, DeepSeek-V4's
+    compressors). Whether each returns a rotation the patch can switch off is checked when it
+    runs (``identity_rotation``)."""
+    if hidden_size is None:
+        hidden_size = hidden_width(decoder)
     found: list[nn.Module] = []
     inside: list[str] = []
     for name, module in decoder.named_modules():
         if not name or any(name.startswith(prefix) for prefix in inside):
             continue
-        if is_rotary_module(name, module) and all(module is not m for m in found):
+        if is_rotary_module(name, module, hidden_size) and all(module is not m for m in found):
             found.append(module)
             inside.append(name + ".")
     return found
@@ -109,16 +150,20 @@ def rotary_modules(decoder: nn.Module) -> list[nn.Module]:
 
 def position_table(module: nn.Module) -> Tensor | None:
     """The table of sines and cosines by position that a rotary module indexes instead of
-    keeping inverse frequencies, or None: a 2-D floating buffer (positions x 2m) whose row 0,
+    keeping inverse frequencies, or None: a 2-D floating buffer or frozen parameter
+    (``requires_grad`` False: RoFormer's ``nn.Embedding`` weight) (positions x 2m) whose row 0,
     the rotation at position 0, is ``sin 0 = 0`` in one half of the row and ``cos 0 = 1`` in
     the other. GPT-J's and CodeGen's rotary modules keep such a table, ``embed_positions``
     (``sin | cos`` of ``p * 10000^(-2i/r)``, EleutherAI's mesh-transformer-jax layout;
     transformers ``models/gptj/modeling_gptj.py``, ``create_sinusoidal_positions``), and
-    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules."""
+    return ``(sin, cos)``, the reverse of the ``(cos, sin)`` of the other rotary modules;
+    RoFormer's ``RoFormerSinusoidalPositionalEmbedding`` is such a table (``sin | cos``, one
+    attention head wide) and returns its rows."""
     if holds_inverse_frequencies(module):
         return None
-    for table in module._buffers.values():
-        if table is None or table.dim() != 2 or not table.is_floating_point():
+    frozen = (p for p in module._parameters.values() if p is not None and not p.requires_grad)
+    for table in itertools.chain(module._buffers.values(), frozen):
+        if table is None or table.dim() != 2 or not table.is_floating_point() or table.is_meta:
             continue
         rows, width = table.shape
         if rows < 2 or width % 2:
@@ -504,13 +549,14 @@ def _probe(
             f"relpos.interop.hf: the {facts.model_type} model called attention in different "
             "layers with and without its RoPE"
         )
+    _refuse_unnumbered_rotation(facts, raw, rot)
     out: list[LayerRotary | None] = []
     for layer in range(facts.num_layers):
         if layer not in raw:
             out.append(None)  # no attention in this layer (a recurrent / linear layer)
             continue
         out.append(_probe_shared_layer(facts, layer, raw[layer], rot[layer], pos, create))
-    nope = [layer for layer in sorted(raw) if out[layer] is None]
+    nope = [layer for layer in sorted(raw) if 0 <= layer < len(out) and out[layer] is None]
     if nope:
         first = {
             layer: (calls[0][0][:1], calls[0][1][:1]) for layer, calls in runs[True][0].items()
@@ -519,6 +565,32 @@ def _probe(
         _refuse_hidden_positions(model, facts, ids[:1], there, first, nope, rotary)
     axes = max((int(p.shape[0]) for p in seen if p is not None and p.dim() == 3), default=1)
     return tuple(out), tuple(sorted(raw)), axes
+
+
+def _refuse_unnumbered_rotation(facts: ModelFacts, raw: dict, rot: dict) -> None:
+    """Refuse attention calls that rotate q and k from a module whose ``layer_idx`` is not
+    one of the model's layers (``0 .. num_layers - 1``): Zamba2's shared attention block
+    (``Zamba2Attention(layer_idx=-1)``, told the calling layer by a forward argument the
+    attention function does not receive) rotates with RoPE when ``use_mem_rope`` is set.
+    The patch applies one rotation per ``layer_idx``, so it cannot tell which layer such a
+    call belongs to; calls that do not rotate are left alone."""
+    for layer in sorted(raw):
+        if 0 <= layer < facts.num_layers or layer not in rot:
+            continue
+        for (q_raw, k_raw), (q_rot, k_rot) in zip(raw[layer], rot[layer], strict=False):
+            tol = max(_tolerance(q_rot), _tolerance(k_rot))
+            moved = max(
+                float((q_rot - q_raw).abs().max()) if q_rot.shape == q_raw.shape else math.inf,
+                float((k_rot - k_raw).abs().max()) if k_rot.shape == k_raw.shape else math.inf,
+            )
+            if moved > tol:
+                raise ValueError(
+                    f"relpos.interop.hf: the {facts.model_type} model rotates q and k in an "
+                    f"attention module whose layer_idx ({layer}) is not one of its "
+                    f"{facts.num_layers} layers (an attention block shared by several layers "
+                    "that is told the calling layer in its forward, e.g. Zamba2's with "
+                    "use_mem_rope), so the patch cannot tell which layer a call belongs to"
+                )
 
 
 def _off_scale(before: Tensor, after: Tensor) -> float:
@@ -587,49 +659,71 @@ def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
     One row per axis sits at the far position on that axis and 0 on the others: the pairs
     that turn in it follow that axis. Then relpos's ``m-rope`` with those axes and the
     layer's probed options must reproduce the model's q and k at near positions that differ
-    between axes (constant rows and an image-like grid). Where it cannot (or the model
-    takes other than 3 axes), ``facts.axes_refusal`` says why, and the patch refuses position
-    ids that differ between axes; text positions (equal on every axis) stay exact."""
+    between axes (constant rows and an image-like grid).
+
+    A layer whose pairs do not each follow one axis (or a model with 4 axes), where the
+    config's RoPE dict has ``mrope_section``, is tried as a split of the doubled vector
+    ``cat(theta, theta)`` per channel (HunYuanVL, transformers
+    ``models/hunyuan_vl/modeling_hunyuan_vl.py``, ``recomposition_frequencies``: bands of
+    ``2 * section`` channels, the two channels of a pair possibly on different axes):
+    relpos's ``m-rope`` with ``section_split="channels"`` and those sections must reproduce
+    the model's q and k at the near rows, into ``LayerRotary.channel_sections``.
+    Where it reproduces them only up to one scale per head vector, the model normalizes q and
+    k after its RoPE (HunYuanVL's ``query_layernorm`` / ``key_layernorm``, an RMSNorm of each
+    head after ``apply_rotary_pos_emb``): on positions that differ between axes that channel
+    map is not a rotation, so it changes the vector's norm and the norm the model divides by
+    is not the one of the q and k the patch receives, which relpos would turn after it.
+
+    Where no m-rope reproduces the model (or the model takes other than 3 or 4 axes),
+    ``facts.axes_refusal`` says why, and the patch refuses position ids that differ between
+    axes; text positions (equal on every axis) stay exact."""
     from ...encodings.registry import create
 
     name = f"relpos.interop.hf: {facts.model_type}"
-    if facts.position_axes != 3:
+    n_axes = facts.position_axes
+    if n_axes not in (3, 4):
         return replace(
             facts,
-            axes_refusal=f"{name}'s rotary module takes {facts.position_axes} position axes; "
-            "relpos's m-rope takes 3 (time, height, width)",
+            axes_refusal=f"{name}'s rotary module takes {n_axes} position axes; relpos's "
+            "m-rope takes 3 (time, height, width) or 4 (sections of 4 axes)",
         )
     rotary = list(facts.rotary_modules)
     device = next(iter(model.parameters())).device
     last = int(getattr(_config(model, facts), "max_position_embeddings", 64) or 64) - 2
     near = sorted({p for p in (*PROBE_POSITIONS, last) if p <= last} or {0})
     tokens = facts.head_dim + 8
-    far = torch.zeros(3, 3, tokens, dtype=torch.long)
-    for axis in range(3):
+    far = torch.zeros(n_axes, n_axes, tokens, dtype=torch.long)
+    for axis in range(n_axes):
         far[axis, axis] = _far_position(facts)
     grid = torch.arange(tokens)
-    rows = [[near[(i + shift) % len(near)] for i in range(3)] for shift in range(1, len(near) + 1)]
+    rows = [
+        [near[(i + shift) % len(near)] for i in range(n_axes)] for shift in range(1, len(near) + 1)
+    ]
     close = torch.tensor(rows)[:, :, None].expand(-1, -1, tokens).permute(1, 0, 2).clone()
     side = max(2, int(math.isqrt(tokens)))  # an image-like grid: one time, rows, columns
-    image = torch.stack([torch.full_like(grid, near[-1] // 2), grid // side, grid % side])
+    image = [torch.full_like(grid, near[-1] // 2), grid // side, grid % side]
+    image += [torch.full_like(grid, 1)] * (n_axes - 3)  # an image index
+    image = torch.stack(image)
     close = torch.cat([close, image[:, None].clamp(max=last)], dim=1).to(device)
     far = far.to(device)
     vocab = int(getattr(_config(model, facts), "vocab_size", 2) or 2)
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (close.shape[1] + 3, tokens), generator=gen).to(device)
+    ids = torch.randint(0, vocab, (close.shape[1] + n_axes, tokens), generator=gen).to(device)
     was_training = model.training
     model.eval()
     saved = [_rotary_state(module) for module in rotary]
     try:
         runs = {
             identity: [
-                _layer_of(_run(model, ids[:3], far, rotary, identity), facts),
-                _layer_of(_run(model, ids[3:], close, rotary, identity), facts),
+                _layer_of(_run(model, ids[:n_axes], far, rotary, identity), facts),
+                _layer_of(_run(model, ids[n_axes:], close, rotary, identity), facts),
             ]
             for identity in (True, False)
         }
     except (RuntimeError, ValueError) as err:
-        return replace(facts, axes_refusal=f"{name} does not run on (3, B, L) position ids ({err})")
+        return replace(
+            facts, axes_refusal=f"{name} does not run on ({n_axes}, B, L) position ids ({err})"
+        )
     finally:
         model.train(was_training)
         for module, state in zip(rotary, saved, strict=True):
@@ -640,11 +734,19 @@ def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
             continue
         what = f"{name} layer {layer}"
         (q_far, _), (q_far_rot, _) = runs[True][0][layer], runs[False][0][layer]
-        axes = _axes_of_pairs(spec, q_far, q_far_rot, what)
-        if isinstance(axes, str):
-            return replace(facts, axes_refusal=axes)
+        if n_axes == 3:
+            axes = _axes_of_pairs(spec, q_far, q_far_rot, what)
+        else:
+            axes = f"{what}: the rotary module takes 4 position axes; relpos's m-rope turns "
+            axes += "pairs by 3 (axis_of_pair)"
         options = facts.rope[spec.layer_type].options()
         options.update(layout=spec.layout, partial_rotary_factor=spec.partial_rotary_factor)
+        if isinstance(axes, str):
+            channels = _channel_sections(facts, spec, runs, layer, far, close, options, what)
+            if isinstance(channels, str):
+                return replace(facts, axes_refusal=f"{axes}; {channels}")
+            layers[layer] = replace(spec, channel_sections=channels)
+            continue
         try:
             enc = create(
                 "m-rope",
@@ -669,6 +771,73 @@ def probe_position_axes(model: nn.Module, facts: ModelFacts) -> ModelFacts:
             )
         layers[layer] = replace(spec, axis_of_pair=tuple(axes))
     return replace(facts, layers=tuple(layers))
+
+
+def _channel_sections(facts, spec, runs, layer, far, close, options, what) -> tuple | str:
+    """The config's ``mrope_section`` where relpos's ``m-rope`` with
+    ``section_split="channels"`` and those sections reproduces the layer's q and k at the
+    near rows, positions that differ between axes (``probe_position_axes``); else the reason
+    (str), naming a match up to one scale per head vector (a norm of q and k after RoPE)."""
+    from ...encodings.registry import create
+
+    sections = facts.rope[spec.layer_type].mrope_section
+    if sections is None:
+        return "the config's RoPE dict has no mrope_section to split its channels by"
+    if spec.layout != "half" or spec.permutation is not None:
+        return (
+            f"the config's mrope_section {list(sections)} splits the half layout's doubled "
+            f"vector per channel, but the layer's pairs are {spec.layout!r}"
+            f"{' permuted' if spec.permutation is not None else ''}"
+        )
+    if len(sections) != far.shape[0]:
+        return (
+            f"the config's mrope_section {list(sections)} names {len(sections)} axes, the "
+            f"rotary module takes {far.shape[0]}"
+        )
+    try:
+        enc = create(
+            "m-rope",
+            num_heads=spec.num_heads,
+            head_dim=spec.head_dim,
+            mrope_section=list(sections),
+            section_split="channels",
+            **options,
+        )
+    except (TypeError, ValueError) as err:
+        return f"relpos's m-rope with section_split='channels' refuses ({err})"
+    worst, worst_scaled, tol = 0.0, 0.0, 0.0
+    # the near rows (the far ones have float32 angle error in the model; probe_rotary)
+    for run, positions in ((1, close),):
+        (q_raw, k_raw), (q_rot, k_rot) = runs[True][run][layer], runs[False][run][layer]
+        tol = max(tol, _tolerance(q_rot), _tolerance(k_rot))
+        pos = positions.permute(1, 2, 0)  # (B, L, axes)
+        every = slice(0, pos.shape[0])
+        enc = enc.to(q_raw.device)
+        worst = max(worst, _rotation_error(enc, spec, q_raw, q_rot, k_raw, k_rot, pos, every))
+        worst_scaled = max(
+            worst_scaled,
+            _rotation_error(enc, spec, q_raw, q_rot, k_raw, k_rot, pos, every, scaled=True),
+        )
+    if worst <= tol:
+        return tuple(sections)
+    described = (
+        f"relpos's m-rope with section_split='channels' and the config's mrope_section "
+        f"{list(sections)}"
+    )
+    if worst_scaled <= tol:
+        return (
+            f"{described} gives the model's multi-axis q and k only up to one scale per head "
+            f"vector (off by {worst:.3g}, rescaled {worst_scaled:.3g}; tolerance {tol:.3g}): "
+            "the model normalizes q and k after its RoPE (an RMSNorm of each head, e.g. "
+            "HunYuanVL's query_layernorm / key_layernorm after apply_rotary_pos_emb), and on "
+            "positions that differ between axes that channel map is not a rotation, so it "
+            "changes the norm the model divides by; the patch receives q and k normalized "
+            "before any rotation"
+        )
+    return (
+        f"{described} differs from the model's multi-axis rotation by {worst:.3g} "
+        f"(tolerance {tol:.3g})"
+    )
 
 
 def _axes_of_pairs(spec: LayerRotary, raw: Tensor, rot: Tensor, what: str) -> list[int] | str:
@@ -868,18 +1037,25 @@ def _turning_channels(enc) -> int:
     return 2 * int(torch.count_nonzero(enc.inv_freq))
 
 
-def _rotation_error(enc, spec, q_raw, q_rot, k_raw, k_rot, pos, rows) -> float:
+def _rotation_error(enc, spec, q_raw, q_rot, k_raw, k_rot, pos, rows, scaled=False) -> float:
+    """The largest entry of relpos's rotation of ``q_raw`` / ``k_raw`` minus the model's
+    ``q_rot`` / ``k_rot`` over ``rows``; ``scaled``: after one least-squares scale per head
+    vector of relpos's (what a norm of q and k after the rotation would leave)."""
     perm = list(spec.permutation) if spec.permutation is not None else None
 
     def ordered(x: Tensor) -> Tensor:
         x = x[rows]
         return x if perm is None else x[..., perm]
 
+    def off(mine: Tensor, theirs: Tensor) -> float:
+        if scaled:
+            mine, theirs = mine.double(), theirs.double()
+            c = (mine * theirs).sum(-1, keepdim=True) / (mine * mine).sum(-1, keepdim=True)
+            mine = c.nan_to_num(1.0) * mine
+        return float((mine - theirs).abs().max())
+
     with torch.no_grad():
         q_mine = enc.rotate(ordered(q_raw).float(), pos[rows], "q")
         k_mine = enc.rotate(ordered(k_raw).float(), pos[rows], "k")
-    err = max(
-        float((q_mine - ordered(q_rot).float()).abs().max()),
-        float((k_mine - ordered(k_rot).float()).abs().max()),
-    )
+    err = max(off(q_mine, ordered(q_rot).float()), off(k_mine, ordered(k_rot).float()))
     return err if math.isfinite(err) else math.inf
