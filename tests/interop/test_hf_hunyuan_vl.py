@@ -25,25 +25,20 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from test_hf_mrope import STEPS, forward_and_decode, relative, tokens  # noqa: E402
+from test_hf_mrope import (  # noqa: E402
+    QK_SCALE,
+    STEPS,
+    TEXT_SIZES,
+    forward_and_decode,
+    relative,
+    tokens,
+)
 
 from relpos import create  # noqa: E402
 from relpos.interop.hf import inspect_model, patch  # noqa: E402
 
 #: float32 rounding, relative to the largest logit
 RTOL = 1e-5
-#: q and k scale (peaked attention: the logits depend on the positions)
-QK_SCALE = 6.0
-TEXT_SIZES = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-)
 #: (mrope_section over the 8 pairs of a 16-channel head, the checkpoints' NTK alpha)
 CASES = [((2, 3, 3), None), ((2, 2, 2, 2), 1000.0)]
 
