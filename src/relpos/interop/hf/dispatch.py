@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .probe import _capture, identity_rotation
 
-__all__ = ["check_attention_dispatch", "DISPATCH_TOKENS"]
+__all__ = ["check_attention_dispatch", "attention_output_refusal", "DISPATCH_TOKENS"]
 
 #: tokens of the check's input (positions 1 .. DISPATCH_TOKENS: every one rotates)
 DISPATCH_TOKENS = 8
@@ -57,11 +57,17 @@ def _first_tensor(output: Any) -> Tensor | None:
 
 
 def _outputs(
-    model: nn.Module, ids: Tensor, pos: Tensor, rotary: Sequence[nn.Module], identity: bool
+    model: nn.Module,
+    ids: Tensor,
+    pos: Tensor,
+    rotary: Sequence[nn.Module],
+    identity: bool,
+    output: str = "zeros",
 ) -> tuple[list[tuple[str, Tensor]], int]:
     """The outputs of the model (name ``""``) and of its layers (modules with a ``layer_idx``,
     rotary modules left out) in the order they finish, and the number of attention-interface
-    calls, with every interface call returning zeros."""
+    calls, with every interface call returning ``output`` (``probe._capture``: zeros by
+    default)."""
     rotary_ids = {id(m) for m in rotary}
     finished: list[tuple[str, Tensor]] = []
     hooks = []
@@ -87,7 +93,7 @@ def _outputs(
             )
     records: list[tuple[Any, Tensor, Tensor]] = []
     try:
-        with _capture(model, records), torch.no_grad():
+        with _capture(model, records, output), torch.no_grad():
             model(input_ids=ids, position_ids=pos, use_cache=False)
     finally:
         for hook in hooks:
@@ -115,6 +121,81 @@ def _attention_layer(model: nn.Module, name: str) -> str:
         if module is not None and hasattr(module, "layer_idx"):
             return f"{candidate} ({type(module).__name__})"
     return f"{name or '<model>'} ({type(modules.get(name, model)).__name__})"
+
+
+def _check_input(model: nn.Module) -> tuple[Tensor, Tensor]:
+    """The checks' input: ``DISPATCH_TOKENS`` random tokens (seed 0) at positions 1, 2, ..."""
+    params = next(iter(model.parameters()), None)
+    device = params.device if params is not None else torch.device("cpu")
+    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, DISPATCH_TOKENS), generator=gen).to(device)
+    pos = torch.arange(1, DISPATCH_TOKENS + 1, device=device)[None]
+    return ids, pos
+
+
+def _changed(
+    model: nn.Module, ids: Tensor, pos: Tensor, rotary: Sequence[nn.Module], output: str
+) -> list[str]:
+    """The modules (``_outputs``) whose output changes when the rotary modules return the
+    identity rotation, every attention call returning ``output``, in the order they finish
+    (``[""]`` where the two runs finish different modules)."""
+    was_training = model.training
+    model.eval()
+    try:
+        (normal, _), (switched, _) = (
+            _outputs(model, ids, pos, rotary, identity, output) for identity in (False, True)
+        )
+    finally:
+        model.train(was_training)
+    if [n for n, _ in normal] != [n for n, _ in switched]:
+        return [""]
+    return [name for (name, a), (_, b) in zip(normal, switched, strict=True) if _differs(a, b)]
+
+
+def attention_output_refusal(
+    model: nn.Module, rotary: Sequence[nn.Module], model_type: str
+) -> str | None:
+    """Why the patch cannot replace the RoPE of a model whose layers turn the attention
+    output with it after the attention call, or None when none does.
+
+    ``check_attention_dispatch`` returns zeros from every attention call, which hides a
+    rotation of the output (it turns zeros into zeros). Here every call returns one fixed
+    nonzero output instead; where a layer's output then still changes with the rotation, the
+    layer transforms what attention returned by its RoPE, and the patch, which turns q and
+    k only (with the model's rotary modules returning the identity), would lose that. A
+    second pair of runs returns each query's own value: where the layer's output then does
+    not change, the layer turns the output back by exactly the rotation its values carry at
+    the query's own position, i.e. it computes ``sum_j p_ij R(p_j - p_i) v_j`` (the
+    rotation of RoVE, rotary value embedding). transformers' DeepSeek-V4
+    (``models/deepseek_v4/modeling_deepseek_v4.py``, ``DeepseekV4Attention.forward``) reads
+    its one rotated key-value head as key and value and applies
+    ``apply_rotary_pos_emb(attn_output, cos, -sin)`` to the output."""
+    if not rotary:
+        return None
+    ids, pos = _check_input(model)
+    changed = _changed(model, ids, pos, rotary, "fixed")
+    if not changed:
+        return None
+    where = _attention_layer(model, changed[0]) if changed[0] else "a module outside its layers"
+    seen = (
+        f"relpos.interop.hf: {where} of the {model_type} model turns the attention output by "
+        "its RoPE after the attention call: with every attention call returning one fixed "
+        "output, its output still changes with the rotation"
+    )
+    if _changed(model, ids, pos, rotary, "own value"):
+        return (
+            f"{seen}. relpos's patch turns q and k only, so with the model's RoPE switched "
+            "off that transformation of the output would be lost"
+        )
+    return (
+        f"{seen}, and with every call returning each query's own value it does not: the "
+        "layer turns the output back by the query's angle, so its values carry their keys' "
+        "rotation: it attends as sum_j p_ij R(p_j - p_i) v_j (e.g. DeepSeek-V4, which reads "
+        "its one rotated key-value head as key and value and applies "
+        "apply_rotary_pos_emb(attn_output, cos, -sin)). relpos's patch turns q and k only, "
+        "not values and outputs"
+    )
 
 
 def check_attention_dispatch(

@@ -106,8 +106,10 @@ class ModelFacts:
     """The sizes and RoPE of a transformers decoder (see the module docstring).
 
     ``rope`` maps a layer type to its RoPE; ``per_layer_type`` says that the config keys its
-    ``rope_parameters`` by ``layer_types`` (a type absent from ``rope`` has no RoPE),
-    otherwise ``rope`` holds the one RoPE of every layer under ``FULL``. ``rotary_modules``:
+    ``rope_parameters`` by ``layer_types`` (a type absent from ``rope`` has no RoPE) or by
+    RoPE labels that the attention modules name (``layer_types`` then holds each layer's
+    label: DeepSeek-V4's ``"main"`` / ``"compress"``, ``model.rope_labels``), otherwise
+    ``rope`` holds the one RoPE of every layer under ``FULL``. ``rotary_modules``:
     the decoder's modules that compute RoPE (``probe.rotary_modules``; ``rotary``: the first,
     None when it has none). From the probe: ``layers``, ``attention_layers`` (the layers that
     call attention), ``position_axes`` (the axes of the position ids the rotary modules

@@ -11,7 +11,8 @@ missing), the facts every part of the integration needs:
   (Llama, Qwen2, Mistral, Phi-3) have one type, ``"full_attention"``; Gemma-3-style configs
   nest ``rope_parameters[layer_type]`` and name each layer's type in ``config.layer_types``
   (an entry None, or a type the dict does not name, is a layer type without RoPE: Beam's and
-  Ergo's full-attention layers, LFM-3's convolution layers);
+  Ergo's full-attention layers, LFM-3's convolution layers); DeepSeek-V4 keys it by RoPE
+  labels that its attention modules name (``rope_labels``: ``"main"``, ``"compress"``);
 * the decoder and its rotary module(s), which compute the rotation every layer applies,
   found by what they are (``probe.rotary_modules``: modules that hold inverse frequencies,
   ``*RotaryEmbedding`` classes), not by their attribute name (LFM2-MoE's ``pos_emb``;
@@ -38,8 +39,11 @@ that uses its RoPE outside transformers' attention interface (``dispatch.py``: r
 the layers compute, not from the ``_supports_attention_backend`` flag, which is False for
 models whose attention does dispatch, e.g. Falcon and the linear-attention hybrids) and
 encoder-decoder models (attention-logit softcapping and sinks reach ``relpos.attention``
-through the attention call: ``patch``). A decoder without a rotary module runs ``baseline``
-only (the probe's refusal names why). Read against transformers 5.25.
+through the attention call: ``patch``). With ``probe=True`` it also refuses a model whose
+layers turn the attention output by their RoPE (``dispatch.attention_output_refusal``:
+DeepSeek-V4 turns it back by the query's angle), naming what the probe finds besides. A
+decoder without a rotary module runs ``baseline`` only (the probe's refusal names why). Read
+against transformers 5.25.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from typing import Any
 
 from torch import nn
 
-from .dispatch import check_attention_dispatch
+from .dispatch import attention_output_refusal, check_attention_dispatch
 from .facts import FULL, ModelFacts, RopeFacts
 from .probe import (
     hidden_width,
@@ -65,6 +69,7 @@ __all__ = [
     "ModelFacts",
     "inspect_model",
     "rope_facts",
+    "rope_labels",
     "MODEL_APPLIED_KEYS",
     "AXIS_KEYS",
 ]
@@ -145,8 +150,34 @@ def rope_facts(params: Mapping[str, Any], config: Any) -> RopeFacts:
     )
 
 
+def rope_labels(decoder: nn.Module, params: Any, num_layers: int) -> tuple[str, ...] | None:
+    """The key of ``rope_parameters`` each attention layer rotates with, where the dict is
+    keyed by RoPE labels that the modeling code assigns to layers instead of by
+    ``config.layer_types``, or None. transformers' DeepSeek-V4
+    (``models/deepseek_v4/modeling_deepseek_v4.py``) keys it ``"main"`` (``rope_theta``, no
+    scaling) and ``"compress"`` (``compress_rope_theta``, with the config's YaRN), and each
+    ``DeepseekV4Attention`` names its label in ``rope_layer_type``: ``"main"`` for
+    ``sliding_attention`` layers, ``"compress"`` for the compressed ones (CSA, HCA), whose
+    compressors rotate their compressed keys with it too. Read from the attention modules
+    (a ``layer_idx`` and a ``rope_layer_type`` that names a nested entry of the dict); None
+    unless every layer ``0 .. num_layers - 1`` names one, and for two labels on one layer."""
+    if not isinstance(params, Mapping):
+        return None
+    labels = {k for k, v in params.items() if isinstance(v, Mapping)}
+    found: dict[int, str] = {}
+    for module in decoder.modules():
+        layer, label = getattr(module, "layer_idx", None), getattr(module, "rope_layer_type", None)
+        if not isinstance(layer, int) or not isinstance(label, str) or label not in labels:
+            continue
+        if found.setdefault(layer, label) != label:
+            return None
+    if not labels or sorted(found) != list(range(num_layers)):
+        return None
+    return tuple(found[i] for i in range(num_layers))
+
+
 def _rope_per_type(
-    config: Any, rotary: tuple[nn.Module, ...] = ()
+    config: Any, rotary: tuple[nn.Module, ...] = (), labels: tuple[str, ...] | None = None
 ) -> tuple[dict[str, RopeFacts], bool]:
     """The RoPE of each layer type and whether ``rope_parameters`` is keyed by layer type.
 
@@ -178,6 +209,8 @@ def _rope_per_type(
             "relpos.interop.hf: the config has no rope_parameters dict; the patch runs RoPE "
             "decoders (transformers >= 5)"
         )
+    if labels is not None:  # keyed by the layers' RoPE labels (rope_labels: DeepSeek-V4)
+        return {t: rope_facts(params[t], config) for t in sorted(set(labels))}, True
     layer_types = _read(config, "layer_types") or ()
     typed = sorted({t for t in layer_types if t in params})
     if typed and all(params[t] is None or isinstance(params[t], Mapping) for t in typed):
@@ -265,8 +298,10 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     kv_heads = int(_read(config, "num_key_value_heads") or heads)
     head_dim = _read(config, "head_dim") or (int(_need(config, "hidden_size", model_type)) // heads)
     layers = int(_need(config, "num_hidden_layers", model_type))
-    rope, per_layer_type = _rope_per_type(config, rotary)
-    layer_types = tuple(_read(config, "layer_types") or (FULL,) * layers)
+    params = _read(config, "rope_parameters")
+    labels = rope_labels(decoder, params, layers)
+    rope, per_layer_type = _rope_per_type(config, rotary, labels)
+    layer_types = labels or tuple(_read(config, "layer_types") or (FULL,) * layers)
     facts = ModelFacts(
         model_type=model_type,
         num_heads=heads,
@@ -285,5 +320,16 @@ def inspect_model(model: nn.Module, *, probe: bool = False) -> ModelFacts:
     if facts.rotary_modules:  # nothing to switch off without one: baseline only
         check_attention_dispatch(model, facts.rotary_modules, model_type)
     if probe:
-        facts = probe_model(model, facts)
+        # a layer that turns the attention output by its RoPE (dispatch.py): refused, with
+        # what the probe finds besides (the probe's calls return zeros, which it leaves be)
+        refusal = attention_output_refusal(model, facts.rotary_modules, model_type)
+        try:
+            facts = probe_model(model, facts)
+        except ValueError as err:
+            if refusal is None:
+                raise
+            besides = str(err).removeprefix("relpos.interop.hf: ")
+            raise ValueError(f"{refusal}. Besides, {besides}") from None
+        if refusal is not None:
+            raise ValueError(refusal)
     return facts

@@ -34,7 +34,9 @@ with that scaling dict computes the same frequencies, and the probe counts the c
 nonzero frequencies turn).
 
 A layer whose ``q_rot`` / ``k_rot`` are not a rotation of ``q_raw`` / ``k_raw`` relpos can
-state exactly raises ``ValueError`` naming the model, the layer and what was found.
+state exactly raises ``ValueError`` naming the model, the layer and what was found. A layer
+that attends with keys of its own after its tokens' keys (DeepSeek-V4's compressed keys) is
+refused with the positions relpos's rope reproduces them at (``_probe_appended_keys``).
 """
 
 from __future__ import annotations
@@ -278,9 +280,14 @@ def _table_identity(output: Any, first: Tensor, where: str) -> Any:
 
 
 @contextmanager
-def _capture(model: nn.Module, records: list[tuple[Any, Tensor, Tensor]]) -> Iterator[None]:
+def _capture(
+    model: nn.Module, records: list[tuple[Any, Tensor, Tensor]], output: str = "zeros"
+) -> Iterator[None]:
     """A temporary attention implementation that records ``(layer_idx, q, k)`` per call and
-    returns zeros."""
+    returns, per query: zeros (``output="zeros"``), one fixed nonzero pattern of heads and
+    channels that depends on no input (``"fixed"``), or the value of the query's own token
+    (``"own value"``: query ``i`` of a forward without a cache gets value ``i``, its
+    key-value head's; keys a layer appends after its tokens' are not read)."""
     import transformers
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -288,8 +295,15 @@ def _capture(model: nn.Module, records: list[tuple[Any, Tensor, Tensor]]) -> Ite
 
     def record(module, query, key, value, attention_mask, **kwargs):
         records.append((getattr(module, "layer_idx", None), query.detach(), key.detach()))
-        b, _, lq, _ = query.shape
-        out = query.new_zeros(b, lq, query.shape[1], value.shape[-1])
+        b, heads, lq, _ = query.shape
+        out = query.new_zeros(b, lq, heads, value.shape[-1])
+        if output == "fixed":
+            pattern = torch.arange(heads * value.shape[-1], device=query.device)
+            pattern = (0.7 * pattern.to(query.dtype) + 0.3).sin().view(heads, -1)
+            out = out + pattern
+        elif output == "own value":
+            own = value[:, :, :lq].repeat_interleave(heads // value.shape[1], dim=1)
+            out = own.transpose(1, 2).to(out.dtype)
         return out, None
 
     transformers.AttentionInterface.register(name, record)
@@ -913,6 +927,8 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
     if k_raw.shape[-1] != head_dim:
         raise ValueError(f"{what}: q has {head_dim} channels and k {k_raw.shape[-1]}")
     tokens = pos.shape[-1]
+    if q_raw.shape[-2] == tokens and k_raw.shape[-2] > tokens:
+        return _probe_appended_keys(facts, layer, raw_qk, rot_qk, pos, create)
     if q_raw.shape[-2] != tokens or k_raw.shape[-2] != tokens:
         raise ValueError(
             f"{what}: attends with {k_raw.shape[-2]} keys for {tokens} tokens, keys that are "
@@ -990,6 +1006,81 @@ def _probe_layer(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | Non
         f"{what}: {best[1]} differs from the model's rotation by {best[0]:.3g} (tolerance "
         f"{tol:.3g}); found {_describe(pairs)}{measured}. The model's RoPE is not one relpos "
         "computes"
+    )
+
+
+def _probe_appended_keys(facts, layer, raw_qk, rot_qk, pos, create) -> LayerRotary | None:
+    """A layer that attends with more keys than tokens, its tokens' keys first and then keys
+    of its own (transformers' DeepSeek-V4, ``models/deepseek_v4/modeling_deepseek_v4.py``:
+    the compressor of a compressed layer appends one key per ``compress_rate`` tokens,
+    ``DeepseekV4HCACompressor`` / ``DeepseekV4CSACompressor``, rotated at the position of
+    its window's first token, ``window * compress_rate``, counted in tokens from the start
+    of the cache, not taken from ``position_ids``). The tokens' keys are probed as any
+    layer's; the appended keys' positions are then read as the integer position (up to the
+    probe's last near position plus its tokens) at which relpos's rope with the found facts
+    turns each raw appended key into the model's, per near row. Always ``ValueError``: the
+    patch places a call's keys one per token before the queries' positions (``patch``), so
+    it cannot place keys the layer adds; None where neither the tokens' keys nor the
+    appended ones turn (nothing to place)."""
+    (q_raw, k_raw), (q_rot, k_rot) = raw_qk, rot_qk
+    tokens = pos.shape[-1]
+    extra_raw, extra_rot = k_raw[..., tokens:, :], k_rot[..., tokens:, :]
+    count = extra_raw.shape[-2]
+    what = f"relpos.interop.hf: {facts.model_type} layer {layer}"
+    found = (
+        f"{what}: attends with {k_raw.shape[-2]} keys for {tokens} tokens: after its tokens' "
+        f"keys it appends {count} keys of its own (e.g. DeepSeek-V4's compressed keys)"
+    )
+    try:
+        spec = _probe_layer(
+            facts,
+            layer,
+            (q_raw, k_raw[..., :tokens, :]),
+            (q_rot, k_rot[..., :tokens, :]),
+            pos,
+            create,
+        )
+    except ValueError as err:
+        raise ValueError(f"{found}; {str(err).removeprefix('relpos.interop.hf: ')}") from None
+    tol = _tolerance(extra_rot)
+    if spec is None:
+        if float((extra_rot - extra_raw).abs().max()) <= tol:
+            return None
+        raise ValueError(f"{found}, which turn with the model's RoPE while its tokens' do not")
+    options = facts.rope[spec.layer_type].options()
+    options.update(layout=spec.layout, partial_rotary_factor=spec.partial_rotary_factor)
+    enc = create("rope", num_heads=extra_raw.shape[1], head_dim=spec.head_dim, **options)
+    enc = enc.to(extra_raw.device)
+    perm = list(spec.permutation) if spec.permutation is not None else slice(None)
+    near = pos.shape[0] - 1  # the far row has float32 angle error in the model
+    raw, rot = extra_raw[:near][..., perm].float(), extra_rot[:near][..., perm].float()
+    last = int(pos[:near].max()) + tokens
+    candidates = torch.arange(last + 1, device=raw.device)
+    # every candidate position for every key of every row, in one call
+    at = candidates[:, None, None].expand(-1, near, count).flatten(0, 1)
+    with torch.no_grad():
+        mine = enc.rotate(raw.repeat(last + 1, 1, 1, 1), at, "k")
+    errors = (mine - rot.repeat(last + 1, 1, 1, 1)).abs().amax(dim=(1, 3))
+    best, where = errors.view(last + 1, near, count).min(dim=0)
+    rows = [int(p) for p in pos[:near, 0]]
+    if not bool((best <= tol).all()):
+        raise ValueError(
+            f"{found}, which relpos's rope with the layer's facts turns into the model's at no "
+            f"position 0 .. {last} (off by {float(best.max()):.3g}, tolerance {tol:.3g}); the "
+            "patch places a call's keys one per token and cannot place them"
+        )
+    at_rows = [[int(p) for p in row] for row in where]
+    if all(row == at_rows[0] for row in at_rows):
+        placed = f"at positions {at_rows[0]} in every row, whatever its position ids"
+    else:
+        placed = "at positions " + "; ".join(
+            f"{row} in the row at {r}" for r, row in zip(rows, at_rows, strict=True)
+        )
+    raise ValueError(
+        f"{found}, rotated with the layer's RoPE {placed} (the probe's rows sit at positions "
+        f"{rows}): positions counted in tokens, not the position ids the queries turn by. "
+        "The patch places a call's keys one per token before the queries' positions and "
+        "cannot place keys a layer appends"
     )
 
 
