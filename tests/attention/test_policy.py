@@ -233,3 +233,27 @@ def test_segment_bounds_compare_as_integers():
     t = table((2**40, ("sdpa",)), (None, ("chunked",)))
     assert t.ranking(KEY, 2**40) == ("sdpa",) and t.ranking(KEY, 2**40 + 1) == ("chunked",)
     assert math.isinf(t._bounds[KEY][-1])
+
+
+def test_a_size_measured_between_two_replaces_the_ranking_between_their_geometric_means():
+    sizes = (64, 256, 1024)
+    rankings = (("sdpa", "chunked"), ("chunked", "sdpa"), ("sdpa", "chunked"))
+    pts = [
+        Point(KEY, 8 * n * n, "a", {b: 1.0 + i for i, b in enumerate(r)})
+        for n, r in zip(sizes, rankings, strict=True)
+    ]
+    table = derive_table(pts)
+    # measuring 512 as well, with its own ranking, from all the points ...
+    middle = Point(KEY, 8 * 512 * 512, "a", {"chunked": 1.0, "sdpa": 2.0})
+    want = derive_table([*pts, middle]).entries[KEY]
+    # ... equals splicing it between its neighbours' geometric means
+    low, high = 8 * 256 * 512, 8 * 512 * 1024
+    got = table.with_size_measured(KEY, low, high, ("chunked", "sdpa")).entries[KEY]
+    assert got == want
+    # a size beyond the longest measured one takes over from its geometric mean on
+    beyond = Point(KEY, 8 * 4096 * 4096, "a", {"chunked": 1.0, "sdpa": 3.0})
+    want = derive_table([*pts, beyond]).entries[KEY]
+    got = table.with_size_measured(KEY, 8 * 1024 * 4096, None, ("chunked", "sdpa"))
+    assert got.entries[KEY] == want
+    with pytest.raises(ValueError, match="must exceed"):
+        table.with_size_measured(KEY, 10, 10, ("sdpa",))

@@ -181,3 +181,23 @@ def test_calibration_runs_merge_with_the_latest_row_of_each_call():
     segs = policy.derive_table(calibration_points(rows)).entries[key]
     # L = 64: t5's 9x rules sdpa out (worst ratio); 128 and 256 measured chunked first
     assert segs == (policy.Segment(None, ("chunked", "sdpa")),)
+
+
+def test_auto_grid_encodings_carry_options_as_name_colon_option_equals_value():
+    from relpos_lab.auto_bench import EncodingCase, parse_case
+
+    case = parse_case("fire:init_L=1.0")
+    assert case == EncodingCase("fire", (("init_L", 1.0),))
+    assert case.label == "fire(init_L=1.0)"  # the label the reports print
+    assert parse_case("t5") == EncodingCase("t5")
+    assert parse_case("kerple:kind='log':init_r=2").options == (("kind", "log"), ("init_r", 2))
+    with pytest.raises(ValueError, match="name:option=value"):
+        parse_case("fire:init_L")
+
+
+def test_auto_grid_runs_an_encoding_with_options(capsys, tmp_path):
+    argv = ["bench", "--auto-vs-best", "--encodings", "fire:init_L=1.0", "--lengths", "16"]
+    argv += ["--masks", "causal", "--modes", "forward", "--dtypes", "float32", "--repeats", "1"]
+    code, out, err = run(capsys, *argv, "--threads", "1", "--out", str(tmp_path / "g"))
+    assert code == 0, err
+    assert "fire(init_L=1.0)" in (tmp_path / "g" / "report.md").read_text()

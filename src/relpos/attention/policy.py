@@ -171,6 +171,39 @@ class PolicyTable:
             {"base": dict(self.meta), "override": dict(other.meta)},
         )
 
+    def with_size_measured(
+        self, key: str, low: int, high: int | None, ranking: Sequence[str]
+    ) -> PolicyTable:
+        """This table with ``ranking`` for calls of ``key`` above ``low`` and up to ``high``
+        elements (None: no bound), the rest of the key's segments as they were: what
+        ``derive_table`` gives when a size is measured between two measured neighbours,
+        ``low`` and ``high`` being the geometric means to them."""
+        if high is not None and high <= low:
+            raise ValueError(f"with_size_measured: high {high} must exceed low {low}")
+        old = self.entries.get(key, ())
+        segments: list[Segment] = []
+        previous = 0
+        for seg in old:  # the old segments up to low
+            if previous >= low:
+                break
+            bound = low if seg.up_to is None else min(seg.up_to, low)
+            segments.append(Segment(bound, seg.ranking))
+            previous = bound
+        segments.append(Segment(high, tuple(ranking)))
+        if high is not None:  # the old segments above high
+            for seg in old:
+                if seg.up_to is None or seg.up_to > high:
+                    segments.append(seg)
+            if not old or old[-1].up_to is not None:
+                segments[-1] = Segment(None, segments[-1].ranking)
+        merged: list[Segment] = []
+        for seg in segments:  # neighbours with one ranking merge, as in derive_table
+            if merged and merged[-1].ranking == seg.ranking:
+                merged[-1] = Segment(seg.up_to, seg.ranking)
+            else:
+                merged.append(seg)
+        return PolicyTable({**self.entries, key: tuple(merged)}, self.source, self.meta)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
