@@ -154,16 +154,6 @@ def _fold_is_candidate(call: AttentionCall) -> bool:
     return call.q.device.type == "cpu" or fold_path(call) == "fold-sdpa"
 
 
-def _trains(call: AttentionCall) -> bool:
-    """Gradients are on and flow into q, k, v or the encoding's parameters (a training
-    step, not inference)."""
-    if not torch.is_grad_enabled():
-        return False
-    if call.q.requires_grad or call.k.requires_grad or call.v.requires_grad:
-        return True
-    return _bias_takes_gradients(call)
-
-
 def candidate_backends(call: AttentionCall) -> tuple[str, ...]:
     """The backends ``auto`` may run for this call: those that compute it exactly (``fold``
     within its rounding tolerance, ``flex`` where it compiles and, on CPU, only without
@@ -202,21 +192,9 @@ def call_kind(call: AttentionCall, candidates: tuple[str, ...] | None = None) ->
     ):
         return "band"
     path = chunked_path(call)
-    if path == "toeplitz" and _bias_takes_gradients(call):
+    if path == "toeplitz" and call.bias_takes_gradients:
         return "learned-toeplitz"
     return path
-
-
-def _bias_takes_gradients(call: AttentionCall) -> bool:
-    """Gradients are on and flow into the encoding's parameters (the bias is learned and
-    trained in this call)."""
-    enc = call.encoding
-    return (
-        torch.is_grad_enabled()
-        and enc is not None
-        and call.has_bias
-        and any(p.requires_grad for p in enc.parameters())
-    )
 
 
 def call_facts(call: AttentionCall) -> CallFacts:
@@ -228,7 +206,7 @@ def call_facts(call: AttentionCall) -> CallFacts:
         dtype=dtype_class(call.q.dtype),
         kind=call_kind(call, candidates),
         causal=call.causal,
-        training=_trains(call),
+        training=call.takes_gradients,
         elements=B * H * Lq * call.k.shape[2],
         candidates=candidates,
     )

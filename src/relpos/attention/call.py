@@ -177,6 +177,28 @@ class AttentionCall:
         return self.mask is not None or self.mask_mod is not None
 
     @property
+    def bias_takes_gradients(self) -> bool:
+        """Gradients are on and flow into the encoding's parameters (its bias is trained in
+        this call)."""
+        enc = self.encoding
+        return (
+            torch.is_grad_enabled()
+            and enc is not None
+            and self.has_bias
+            and any(p.requires_grad for p in enc.parameters())
+        )
+
+    @property
+    def takes_gradients(self) -> bool:
+        """Gradients are on and flow into q, k, v or the encoding's parameters (a training
+        step, not inference)."""
+        if not torch.is_grad_enabled():
+            return False
+        if self.q.requires_grad or self.k.requires_grad or self.v.requires_grad:
+            return True
+        return self.bias_takes_gradients
+
+    @property
     def has_bias(self) -> bool:
         """The encoding adds a bias (``bias`` hook) to the logits of this call."""
         return self.ctx is not None and self.encoding is not None and self.encoding.has_bias

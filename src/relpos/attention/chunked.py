@@ -288,14 +288,7 @@ def _runs_row_affine(call: AttentionCall) -> bool:
         return False
     if call.positions is None or call.positions.q.span is None or call.positions.k.span is None:
         return False
-    if torch.is_grad_enabled() and (
-        call.q.requires_grad
-        or call.k.requires_grad
-        or call.v.requires_grad
-        or any(p.requires_grad for p in enc.parameters())
-    ):
-        return False
-    return True
+    return not call.takes_gradients
 
 
 def _probability_attention(call: AttentionCall) -> Tensor:
