@@ -206,12 +206,7 @@ def check_attention_dispatch(
     see (or replace) it; see the module docstring. Nothing to check without rotary modules."""
     if not rotary:
         return
-    params = next(iter(model.parameters()), None)
-    device = params.device if params is not None else torch.device("cpu")
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, DISPATCH_TOKENS), generator=gen).to(device)
-    pos = torch.arange(1, DISPATCH_TOKENS + 1, device=device)[None]
+    ids, pos = _check_input(model)
     was_training = model.training
     model.eval()
     try:
