@@ -26,15 +26,6 @@ SLIDING, CSA, HCA = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one intra-op thread (more only contend)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _deepseek_v4(layer_types: list[str], yarn: dict | None = None):
     """The walk's tiny DeepSeek-V4 (``hf_families``) with ``layer_types``, its query and
     output ranks and its indexer shrunk too (the probe's runs stay fast); ``yarn``: the

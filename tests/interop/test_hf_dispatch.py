@@ -18,15 +18,6 @@ from hf_tiny import model, tokens  # noqa: E402
 from relpos.interop.hf import inspect_model, patch  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one intra-op thread (more only contend)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _tiny(model_type: str):
     import transformers
 

@@ -43,14 +43,6 @@ RTOL = 1e-5
 CASES = [((2, 3, 3), None), ((2, 2, 2, 2), 1000.0)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def hunyuan_vl(sections, alpha=None, *, post_norm=True):
     """The tiny HunYuanVL (seed 0, eval): a 2-layer text decoder of 4 query / 2 key-value
     heads of 16 channels, a 1-block vision tower. ``alpha``: the checkpoints' ``"dynamic"``

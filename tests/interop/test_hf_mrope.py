@@ -57,15 +57,6 @@ VL_MODELS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread (threads only contend on a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def vl_model(model_type: str):
     """The tiny vision-language model (float32, eval, seed 0): a 2-layer text decoder of 4
     query / 2 key-value heads of 16 channels (8 rotated pairs), a 1-block vision tower."""
