@@ -201,3 +201,52 @@ def test_auto_grid_runs_an_encoding_with_options(capsys, tmp_path):
     code, out, err = run(capsys, *argv, "--threads", "1", "--out", str(tmp_path / "g"))
     assert code == 0, err
     assert "fire(init_L=1.0)" in (tmp_path / "g" / "report.md").read_text()
+
+
+def _scripted_rounds(monkeypatch, first: dict[str, float], later: float):
+    """``measure.time_round_robin`` replaced: the first call's rounds read ``first`` (a time
+    per backend, default 1.0), every later call's read ``later``; the calls are recorded."""
+    from relpos_lab import measure
+
+    calls: list[tuple[list[str], int]] = []
+
+    def fake(fns, *, warmup, repeats, clock):
+        calls.append((list(fns), repeats))
+        value = (lambda b: first.get(b, 1.0)) if len(calls) == 1 else (lambda b: later)
+        return {b: {"samples_s": [value(b)] * repeats} for b in fns}
+
+    monkeypatch.setattr(measure, "time_round_robin", fake)
+    return calls
+
+
+@pytest.mark.parametrize("auto_first", [2.0, 1.05])
+def test_a_call_above_the_target_is_timed_again_and_its_medians_span_every_round(
+    monkeypatch, auto_first
+):
+    from relpos_lab import auto_bench
+
+    plan = auto_bench.GridPlan(
+        cases=(auto_bench.EncodingCase("alibi"),), lengths=(32,), dtypes=("float32",),
+        masks=(True,), modes=(False,), heads=2, head_dim=8, repeats=3, warmup=0, confirm=4,
+    )  # fmt: skip
+    calls = _scripted_rounds(monkeypatch, {"auto": auto_first}, later=1.0)
+    row = auto_bench.run_case(plan, plan.cases[0], 32, True, False, "float32", lambda m: None)
+    if auto_first < auto_bench.TARGET:  # within the target: measured once
+        assert len(calls) == 1 and "confirmed" not in row
+        assert row["auto_over_best"] == pytest.approx(1.05)
+        return
+    (first_names, _), (again_names, rounds) = calls
+    ran = row["auto_plan"][0]
+    # the second rounds time the baseline, auto, the best and the backend auto ran, no more
+    assert set(again_names) == {auto_bench.BASELINE, "auto", row["best"], ran}
+    assert rounds == 4 and len(row["samples"]["auto"]) == 7
+    assert row["confirmed"] == {"rounds": 4, "first_auto_over_best": 2.0}
+    # median over 7 rounds: [2, 2, 2, 1, 1, 1, 1] -> 1
+    assert row["auto_over_best"] == pytest.approx(1.0)
+    from relpos_lab import measure
+
+    machine = measure.machine_info()
+    report = auto_bench.markdown(
+        {"machine": machine, "settings": plan.settings(), "rows": [row]}, "relpos bench"
+    )
+    assert "2.00 -> 1.00" in report and "(1 timed again)" in report

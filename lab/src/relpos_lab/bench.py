@@ -396,6 +396,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lengths at which compiled flex is timed on CPU (it compiles per shape); default none",
     )
     grid.add_argument(
+        "--confirm",
+        default=None,
+        help="--auto-vs-best: rounds more for a call whose auto / best is above the target "
+        "after --repeats rounds (auto, the best, the backend auto ran, the baseline; medians "
+        "over every round); default 6, 0 for none",
+    )
+    grid.add_argument(
         "--clock",
         default=None,
         choices=("cpu", "wall"),
