@@ -41,3 +41,9 @@ def test_int_list_and_names_refuse_empty_items():
     assert parse_names("rope, alibi,rope", "--encodings") == ["rope", "alibi"]
     with pytest.raises(ValueError, match="--encodings has an empty name"):
         parse_names("rope,,alibi", "--encodings")
+
+
+def test_a_comma_inside_brackets_belongs_to_its_name():
+    names = parse_names("prope:image_size=(32, 32),rope", "--encodings")
+    assert names == ["prope:image_size=(32, 32)", "rope"]
+    assert parse_names("a:x=[1,2],b:y={'k': 1}", "--encodings") == ["a:x=[1,2]", "b:y={'k': 1}"]

@@ -250,3 +250,16 @@ def test_a_call_above_the_target_is_timed_again_and_its_medians_span_every_round
         {"machine": machine, "settings": plan.settings(), "rows": [row]}, "relpos bench"
     )
     assert "2.00 -> 1.00" in report and "(1 timed again)" in report
+
+
+def test_the_family_grid_holds_an_encoding_of_every_family_the_registry_has():
+    import relpos
+    from relpos_lab.auto_bench import FAMILY_CASES
+
+    def family(name: str) -> str:  # relpos.encodings.<family>.<module>
+        return relpos.registry.encoding_class(name).__module__.split(".")[2]
+
+    families = {family(n) for n in relpos.available()}
+    assert {family(c.name) for c in FAMILY_CASES} == families
+    for case in FAMILY_CASES:
+        case.create(heads=8, head_dim=64)  # each builds with the grid's sizes

@@ -88,10 +88,18 @@ def parse_float_list(
 
 def parse_names(text: str, flag: str) -> list[str]:
     """Comma-separated names (``"rope, alibi"``), stripped, duplicates dropped (first kept).
+    A comma inside brackets belongs to its name (``"prope:image_size=(32, 32),rope"`` is
+    two names).
 
     An empty value (``--encodings ""``) or an empty item (``"rope,,alibi"``) is a
     ``ValueError``: an empty flag never means "the defaults"."""
-    items = [v.strip() for v in str(text).split(",")]
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(str(text)):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(str(text)[start:i].strip())
+            start = i + 1
+    items.append(str(text)[start:].strip())
     if not str(text).strip():
         raise ValueError(f"{flag} is empty; give comma-separated names")
     if any(not v for v in items):

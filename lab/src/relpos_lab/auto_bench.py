@@ -98,7 +98,9 @@ class EncodingCase:
 #: one encoding per family of ``relpos.encodings`` and per path of the engine: biases (the
 #: fold, per-distance tables, FIRE's table below its threshold and pairs above), rotary,
 #: piecewise RoPE schedules, value-term tables, row-dependent terms, DeBERTa's band,
-#: contextual / spatial / document / graph tables, absolute and no encoding
+#: contextual / spatial / document / graph tables, absolute and no encoding, a spatial
+#: bias that is not a table (gaussian-shift), camera rotations (GTA's per-token transforms,
+#: PRoPE's projective ones), echo and the orthogonal-function rotations (legendre)
 FAMILY_CASES = tuple(
     EncodingCase(n)
     for n in (
@@ -117,8 +119,12 @@ FAMILY_CASES = tuple(
         "graph-spd",
         "learned",
         "nope",
+        "gaussian-shift",
+        "gta",
+        "echo",
+        "legendre",
     )
-)
+) + (EncodingCase("prope", (("image_size", (32.0, 32.0)),)),)
 QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
 #: representatives of every kind of call the policy distinguishes (``policy.KINDS``):
 #: plain (rope), toeplitz (alibi with its fold; in the forward also kerple-log, T5 and FIRE
