@@ -696,7 +696,9 @@ def grid_plan(args: argparse.Namespace) -> GridPlan:
         head_dim=parse_int(args.head_dim, "--head-dim"),
         repeats=parse_int(args.repeats or ("3" if quick else "5"), "--repeats"),
         warmup=parse_int(args.warmup or "1", "--warmup", minimum=0),
-        confirm=0 if calibrate else parse_int(
+        confirm=0
+        if calibrate
+        else parse_int(
             CONFIRM_ROUNDS if args.confirm is None else args.confirm, "--confirm", minimum=0
         ),
         flex_lengths=tuple(flex),
