@@ -98,6 +98,7 @@ GRID = ["--heads", "2", "--head-dim", "8", "--lengths", "16", "--repeats", "1", 
         (["--modes", "sideways"], "--modes: unknown mode 'sideways'"),
         (["--flex-lengths", "x"], "--flex-lengths"),
         (["--dtypes", "float8"], "--dtypes: unknown dtype 'float8'"),
+        (["--merge"], "--merge: only with --calibrate"),
     ],
 )
 def test_auto_vs_best_flags_are_checked_first(capsys, tmp_path, flags, message):
@@ -263,3 +264,39 @@ def test_the_family_grid_holds_an_encoding_of_every_family_the_registry_has():
     assert {family(c.name) for c in FAMILY_CASES} == families
     for case in FAMILY_CASES:
         case.create(heads=8, head_dim=64)  # each builds with the grid's sizes
+
+
+def test_calibrate_merge_refuses_a_missing_table_before_any_work(capsys, tmp_path):
+    argv = ["bench", "--calibrate", *GRID, "--merge", "--table", str(tmp_path / "none.json")]
+    code, out, err = run(capsys, *argv, "--out", str(tmp_path / "o"))
+    assert code == 2 and out == "" and "none.json: cannot be read" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_merged_table_replaces_the_measured_keys_whole_and_keeps_the_rest():
+    from relpos.attention import policy
+    from relpos_lab.auto_bench import merged_table
+
+    seg = policy.Segment
+    base = policy.PolicyTable(
+        {
+            "cpu/float32/tile/full/forward": (seg(4096, ("eager", "sdpa")), seg(None, ("sdpa",))),
+            "cpu/float32/plain/full/forward": (seg(None, ("sdpa", "chunked")),),
+        },
+        "shipped",
+        {"command": "the first run"},
+    )
+    measured = policy.PolicyTable({"cpu/float32/tile/full/forward": (seg(None, ("sdpa",)),)})
+    table = merged_table(base, measured, {"command": "relpos bench --calibrate --merge"})
+    assert table.entries["cpu/float32/tile/full/forward"] == (seg(None, ("sdpa",)),)
+    assert (
+        table.entries["cpu/float32/plain/full/forward"]
+        == base.entries["cpu/float32/plain/full/forward"]
+    )
+    assert table.meta["command"] == "the first run"  # the base's own record stays
+    (record,) = table.meta["merged"]
+    assert record["changed"] == ["cpu/float32/tile/full/forward"]
+    assert record["command"] == "relpos bench --calibrate --merge"
+    again = merged_table(table, measured, {"command": "again"})  # nothing changes: recorded
+    assert [r["changed"] for r in again.meta["merged"]] == [["cpu/float32/tile/full/forward"], []]
+    policy.parse_table(again.to_json(), "merged")  # a valid table file

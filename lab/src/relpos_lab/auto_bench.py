@@ -131,7 +131,9 @@ QUICK_CASES = tuple(EncodingCase(n) for n in ("alibi", "fire", "t5", "rope"))
 #: below its threshold), learned-toeplitz (the training steps of those three, whose table
 #: takes gradients), row-affine (FIRE's forward above its threshold, from the first length on
 #: with a threshold of 1), tile (FIRE's training steps above it; transformer-xl's table
-#: reads), band (deberta), probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
+#: reads; swin-2d's and gaussian-shift's spatial biases, whose bias costs differ, so the
+#: ranking holds for each: ``policy.derive_table`` ranks by the worst ratio), band (deberta),
+#: probabilities (shaw), piecewise-sdpa (dca), row-suffix (cope)
 CALIBRATION_CASES = (
     EncodingCase("rope"),
     EncodingCase("alibi"),
@@ -140,6 +142,8 @@ CALIBRATION_CASES = (
     EncodingCase("fire"),
     EncodingCase("fire", (("init_L", 1.0),)),
     EncodingCase("transformer-xl"),
+    EncodingCase("swin-2d"),
+    EncodingCase("gaussian-shift"),
     EncodingCase("deberta"),
     EncodingCase("shaw"),
     EncodingCase("dca"),
@@ -628,6 +632,20 @@ def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
     }
 
 
+def merged_table(base, measured, meta: dict[str, Any]):
+    """``base`` (a ``policy.PolicyTable``) with every key ``measured`` has replaced by the
+    measured segments, whole (a key is measured over its lengths, not spliced); the other
+    keys and ``base``'s meta kept, and ``meta`` with the keys that changed appended to its
+    ``merged`` list."""
+    from relpos.attention import policy
+
+    entries = {**base.entries, **measured.entries}
+    changed = sorted(k for k, segs in measured.entries.items() if base.entries.get(k) != segs)
+    record = {**meta, "keys": sorted(measured.entries), "changed": changed}
+    merged = [*base.meta.get("merged", []), record]
+    return policy.PolicyTable(entries, "merged", {**base.meta, "merged": merged})
+
+
 # ------------------------------------------------------------------------------ command
 def parse_case(text: str) -> EncodingCase:
     """``name`` or ``name:option=value[:option=value ...]`` (``fire:init_L=1.0``: FIRE with
@@ -729,6 +747,10 @@ def run_command(args: argparse.Namespace, command: str) -> int:
             raise ValueError(
                 f"--calibrate: ${policy.TABLE_ENV} is empty (no machine table); pass --table PATH"
             )
+        if args.merge:
+            policy.load_table(table_path)  # a missing or broken table is named before any work
+    elif args.merge:
+        raise ValueError("--merge: only with --calibrate (it merges measured keys into --table)")
     if args.threads is not None:
         torch.set_num_threads(parse_int(args.threads, "--threads"))
     out.mkdir(parents=True, exist_ok=True)
@@ -761,9 +783,10 @@ def run_command(args: argparse.Namespace, command: str) -> int:
     if table_path is not None:
         from relpos.attention import policy
 
-        table = policy.derive_table(
-            calibration_points(result["rows"]), calibration_meta(result, command)
-        )
+        meta = calibration_meta(result, command)
+        table = policy.derive_table(calibration_points(result["rows"]), meta)
+        if args.merge:
+            table = merged_table(policy.load_table(table_path), table, meta)
         policy.write_table(table, table_path)
         policy.reload()
         written.append(f"{table_path} (policy table, {len(table.entries)} keys)")

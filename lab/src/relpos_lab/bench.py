@@ -420,6 +420,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--calibrate: where to write the table (default: this machine's table path, "
         "relpos.attention.policy.machine_table_path())",
     )
+    grid.add_argument(
+        "--merge",
+        action="store_true",
+        help="--calibrate: the keys this run measures replace those of the table at --table "
+        "(each key whole), the other keys are kept, and the run is recorded in its meta",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
