@@ -242,7 +242,7 @@ def auto_vs_best(lengths: list[int], dtypes: list[str], repeats: int) -> dict:
         modes=(False, True),
         repeats=repeats,
         warmup=2,
-        confirm=int(auto_bench.CONFIRM_ROUNDS),
+        confirm=auto_bench.CONFIRM_ROUNDS,
         device=DEVICE,
         clock="wall",
     )

@@ -70,7 +70,7 @@ CLOCK_TEXT = {
 BACKENDS = ("eager", "sdpa", "chunked", "flex", "fold")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TARGET = 1.10  # auto within this factor of the best eligible backend
-CONFIRM_ROUNDS = "6"  # --auto-vs-best: rounds more for a call above TARGET (GridPlan.confirm)
+CONFIRM_ROUNDS = 6  # --auto-vs-best: rounds more for a call above TARGET (GridPlan.confirm)
 BATCH_S = 0.004  # a sample of a short call lasts at least this long (the baseline's time)
 MAX_BATCH = 64
 
@@ -716,9 +716,9 @@ def grid_plan(args: argparse.Namespace) -> GridPlan:
         warmup=parse_int(args.warmup or "1", "--warmup", minimum=0),
         confirm=0
         if calibrate
-        else parse_int(
-            CONFIRM_ROUNDS if args.confirm is None else args.confirm, "--confirm", minimum=0
-        ),
+        else CONFIRM_ROUNDS
+        if args.confirm is None
+        else parse_int(args.confirm, "--confirm", minimum=0),
         flex_lengths=tuple(flex),
         with_auto=not calibrate,
         calibrate=calibrate,

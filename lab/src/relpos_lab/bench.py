@@ -38,6 +38,7 @@ from relpos.optional import missing_plot_note
 
 from . import measure
 from .arguments import parse_int, parse_int_list, parse_names
+from .auto_bench import CONFIRM_ROUNDS
 from .io import atomic_write, check_output_dir
 
 __all__ = ["add_arguments", "run_command", "run_bench", "BenchPlan"]
@@ -400,7 +401,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="--auto-vs-best: rounds more for a call whose auto / best is above the target "
         "after --repeats rounds (auto, the best, the backend auto ran, the baseline; medians "
-        "over every round); default 6, 0 for none",
+        f"over every round); default {CONFIRM_ROUNDS}, 0 for none",
     )
     grid.add_argument(
         "--clock",
