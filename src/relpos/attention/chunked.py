@@ -258,18 +258,17 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             values = _bias_at_pairs(call, blk, e - 1 - t, j)
             bias.view(H, -1)[:, t * S + j] = values.view(H, -1).to(dtype)
 
+    rows, Lk = forward_rows(call.k.shape[2]), call.k.shape[2]
     # one buffer for every block's bias: a fresh one per block (tens of MB at L = 4096) costs
     # the page faults of new memory each time
-    scratch: list[Tensor] = []
+    scratch = torch.empty(H * min(rows, call.q.shape[2]) * Lk, dtype=dtype, device=dev)
 
     def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         s, e, kend = blk.start, blk.end, blk.key_end
         if kend == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
             return q.new_zeros(*q.shape[:2], e - s, v.shape[-1])
         T = e - s
-        if not scratch or scratch[0].numel() < H * T * kend:
-            scratch[:] = [torch.empty(H * T * call.k.shape[2], dtype=dtype, device=dev)]
-        bias = scratch[0][: H * T * kend].view(1, H, T, kend)
+        bias = scratch[: H * T * kend].view(1, H, T, kend)
         R = min(ROW_AFFINE_GROUP, T)
         full = T // R
         fill(bias, blk, 0, full, R)
@@ -281,9 +280,7 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         )
         return out.flip(2)
 
-    return run_blocks(
-        block, call.blocks(forward_rows(call.k.shape[2])), call.q, *call.expanded_kv()
-    )
+    return run_blocks(block, call.blocks(rows), call.q, *call.expanded_kv())
 
 
 def _runs_row_affine(call: AttentionCall) -> bool:
