@@ -56,6 +56,7 @@ def test_fire_above_its_threshold_takes_the_row_affine_path_only_without_gradien
         (1, 1, 513, True, H),  # one decoding step
         (2, 257, 257, True, 2),  # grouped keys and values
         (1, 400, 120, True, H),  # more queries than keys: the first rows see no key
+        (1, 300, 50, True, H),  # a block whose last groups of rows see no key
     ],
 )
 def test_equals_the_dense_reference_in_float64(B, Lq, Lk, causal, kv_heads):
@@ -122,8 +123,9 @@ def test_fire_tables_reproduce_its_bias_wherever_they_say_exact():
     rows = torch.stack([torch.arange(40, 72), torch.arange(500, 532)])  # (G, R)
     distance = rows[:, -1:] - torch.arange(-5, 600)[None]  # future distances included
     t = enc.row_affine_tables(None, rows, distance)
-    assert t.constant.shape == t.slope.shape == (2, H, distance.shape[1])
-    affine = t.constant[:, :, None, :] + t.row_scale[:, None, :, None] * t.slope[:, :, None, :]
+    assert t.constant.shape == t.slope.shape == (H, 2, distance.shape[1])
+    constant, slope = t.constant.transpose(0, 1), t.slope.transpose(0, 1)  # (G, H, N)
+    affine = constant[:, :, None, :] + t.row_scale[:, None, :, None] * slope[:, :, None, :]
     i = rows[:, :, None].double()  # (G, R, 1)
     u = enc.mlp_input(i, i - distance[:, None, :].double())  # (G, R, N)
     per_pair = enc.readout(u[:, None], torch.arange(H).view(1, H, 1, 1))  # (G, H, R, N)
@@ -132,3 +134,39 @@ def test_fire_tables_reproduce_its_bias_wherever_they_say_exact():
     assert t.exact[1].float().mean() > 0.8 and (~t.exact[0]).any()
     torch.testing.assert_close(affine[exact], per_pair[exact], rtol=0, atol=1e-12)
     assert (affine[~exact] - per_pair[~exact]).abs().max() > 1e-9  # not exact there
+
+
+def test_a_group_of_one_row_is_one_affine_form_at_every_distance():
+    """The engine evaluates the distances where a group's rows cross a knot as groups of one
+    row: there the tables are exact and equal the per-pair bias."""
+    enc = fire()
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randint(0, 4000, (500, 1), generator=g)
+    distance = rows - torch.randint(0, 4000, (500, 1), generator=g)
+    t = enc.row_affine_tables(None, rows, distance)
+    assert bool(t.exact.all())
+    values = t.constant[:, :, 0] + t.row_scale[:, 0] * t.slope[:, :, 0]  # (H, P)
+    i = rows[:, 0].double()
+    u = enc.mlp_input(i, i - distance[:, 0].double())
+    per_pair = enc.readout(u.view(1, 1, 1, -1), torch.arange(H).view(1, H, 1, 1))
+    torch.testing.assert_close(values, per_pair.view(H, -1), rtol=0, atol=1e-12)
+
+
+def test_pairs_whose_one_row_tables_are_not_exact_take_the_encodings_bias(monkeypatch):
+    """Where even a group of one row is not declared exact, the engine falls back to the
+    encoding's per-pair ``bias``: the result is still the dense one."""
+    enc = fire()
+    q, k, v = qkv(1, 600, 600)
+    original = FIRE.row_affine_tables
+
+    def one_row_never_exact(self, ctx, rows, distance):
+        t = original(self, ctx, rows, distance)
+        if rows.shape[1] == 1:  # the engine's per-pair groups: claim nothing, give garbage
+            return type(t)(t.constant + 1.0, t.slope, t.row_scale, torch.zeros_like(t.exact))
+        return t
+
+    monkeypatch.setattr(FIRE, "row_affine_tables", one_row_never_exact)
+    with torch.no_grad():
+        want = relpos.attention(q, k, v, enc, causal=True, backend="eager")
+        got = relpos.attention(q, k, v, enc, causal=True, backend="chunked")
+    assert (got - want).abs().max() < 1e-12

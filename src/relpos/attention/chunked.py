@@ -31,9 +31,10 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
   gradient in the call): each block asks the encoding for two tables over the block's
   distances and the rows' scalars (``row_affine_tables``) and forms its bias as one
   ``constant + row_scale * slope`` over two zero-copy Hankel views (rows reversed, as on the
-  Toeplitz path; ``-inf`` on future distances when causal); at the few distances where the
-  block's rows do not share one affine form (``exact`` False) the encoding's ``bias`` is
-  evaluated per pair. Training steps take the tile path.
+  Toeplitz path; ``-inf`` written into the tables' future distances when causal); at the
+  few distances where the block's rows do not share one affine form (``exact`` False) each
+  pair is asked for as a group of one row (one affine form), the encoding's ``bias`` only
+  where even that is not exact. Training steps take the tile path.
 * **tile** (any other bias, user masks, arbitrary positions): each query block computes its
   ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
@@ -75,9 +76,11 @@ def forward_rows(length_k: int) -> int:
 
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
-    """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of a contiguous ``w (H, N)``."""
-    n = w.shape[1]
-    return w.as_strided((1, w.shape[0], rows, cols), (0, n, 1, 1), w.storage_offset() + offset)
+    """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of ``w (H, N)`` whose last
+    dimension is contiguous (its heads at any stride)."""
+    return w.as_strided(
+        (1, w.shape[0], rows, cols), (0, w.stride(0), 1, 1), w.storage_offset() + offset
+    )
 
 
 def _antidiagonal_sums(a: Tensor) -> Tensor:
@@ -218,8 +221,19 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
     q_span, k_span = call.positions.q.span, call.positions.k.span
     assert q_span is not None and k_span is not None
     dev, H = call.q.device, call.q.shape[1]
-    offset = call.k.shape[2] - call.q.shape[2]  # causal alignment, bottom-right
     dtype = next((p.dtype for p in enc.parameters()), call.q.dtype)
+    shift = q_span.start - k_span.start  # position distance - index distance
+
+    def at_pairs(blk: QueryBlock, i: Tensor, j: Tensor) -> Tensor:
+        """The bias at query indices ``i (P,)`` and key indices ``j (P,)``: ``(H, P)``.
+        Each pair is a group of one row at one distance, where a row-affine bias is one
+        affine form; the encoding's ``bias`` where its tables say otherwise."""
+        one = enc.row_affine_tables(call.ctx, (q_span.start + i)[:, None], (i - j + shift)[:, None])
+        values = torch.addcmul(one.constant[:, :, 0], one.slope[:, :, 0], one.row_scale[:, 0])
+        if not bool(one.exact.all()):
+            odd = ~one.exact[:, 0]
+            values[:, odd] = _bias_at_pairs(call, blk, i[odd], j[odd]).view(H, -1)
+        return values
 
     def fill(bias: Tensor, blk: QueryBlock, first: int, groups: int, R: int) -> None:
         """Reversed rows ``first .. first + groups * R - 1`` of ``bias (1, H, T, S)`` (row
@@ -228,23 +242,23 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         e, S = blk.end, blk.key_end
         starts = first + R * torch.arange(groups, device=dev)[:, None]  # (G, 1)
         m = starts + torch.arange(R + S - 1, device=dev)  # (G, N): t' + j at the group's rows
-        distance = (q_span.start + e - 1 - k_span.start) - m
+        distance = (e - 1 + shift) - m
         rows = q_span.start + e - 1 - (starts + torch.arange(R, device=dev))  # (G, R)
         tables = enc.row_affine_tables(call.ctx, rows, distance)
-        constant, slope, exact = tables.constant, tables.slope, tables.exact
-        if call.causal:
-            future = (m > e - 1 + offset)[:, None]
-            constant = constant.masked_fill(future, float("-inf"))
-            slope = slope.masked_fill(future, 0.0)
-            exact = exact | future[:, 0]
-        constant = constant.to(dtype).contiguous()
-        slope = slope.to(dtype).contiguous()
+        constant, slope, exact = tables.constant.to(dtype), tables.slope.to(dtype), tables.exact
+        if call.causal:  # bottom-right: key S - 1 is the block's last query's own, so the
+            # future keys are t' + j > S - 1, the tail of each group's tables: -inf there
+            for g in range(groups):
+                tail = max(0, S - int(starts[g]))  # 0: the group's rows see no key
+                constant[:, g, tail:] = float("-inf")
+                slope[:, g, tail:] = 0.0
+                exact[g, tail:] = True
         scale = tables.row_scale.to(dtype)
         for g in range(groups):
             a = first + g * R
             torch.addcmul(
-                _hankel(constant[g], 0, R, S),
-                _hankel(slope[g], 0, R, S),
+                _hankel(constant[:, g], 0, R, S),
+                _hankel(slope[:, g], 0, R, S),
                 scale[g].view(1, 1, R, 1),
                 out=bias[:, :, a : a + R],
             )
@@ -255,8 +269,7 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             j = n[:, None] - r
             inside = (j >= 0) & (j < S)
             t, j = t[inside], j[inside]
-            values = _bias_at_pairs(call, blk, e - 1 - t, j)
-            bias.view(H, -1)[:, t * S + j] = values.view(H, -1).to(dtype)
+            bias.view(H, -1).index_copy_(1, t * S + j, at_pairs(blk, e - 1 - t, j).to(dtype))
 
     rows, Lk = forward_rows(call.k.shape[2]), call.k.shape[2]
     # one buffer for every block's bias: a fresh one per block (tens of MB at L = 4096) costs

@@ -86,13 +86,18 @@ class KeySegment:
 
 @dataclass(frozen=True)
 class RowAffineTables:
-    """The bias over groups of query rows, each group ``g`` as ``constant[g, h, n] +
-    row_scale[g, t] * slope[g, h, n]`` at the pair of its row ``t`` and its distance
+    """The bias over groups of query rows, each group ``g`` as ``constant[h, g, n] +
+    row_scale[g, t] * slope[h, g, n]`` at the pair of its row ``t`` and its distance
     ``distance[g, n] = q_pos - k_pos``, for every ``n`` with ``exact[g, n]``; at the other
     distances the group's rows do not share one affine form and the engine evaluates ``bias``
-    per pair.
+    per pair. A group of one row is one affine form at every distance (the engine evaluates
+    the other pairs as such groups).
 
-    Shapes: ``constant``, ``slope`` ``(G, H, N)``; ``row_scale (G, R)``; ``exact (G, N)`` bool.
+    Shapes: ``constant``, ``slope`` ``(H, G, N)``, their last dimension contiguous (the
+    engine reads each group's ``(H, N)`` slice as a Hankel view, without a copy);
+    ``row_scale (G, R)``; ``exact (G, N)`` bool. The tensors are the call's own: in causal
+    calls the engine writes ``-inf`` (and a zero slope, ``exact`` True) at future keys in
+    place, without a copy.
     """
 
     constant: Tensor

@@ -180,7 +180,7 @@ class BiasRole(_Sized):
     ) -> RowAffineTables:
         """``row_affine`` encodings: for groups of query positions ``rows (G, R)`` (integers)
         and position distances ``distance (G, N)``, the tables with ``bias(i, j) =
-        constant[g, h, n] + row_scale[g, t] * slope[g, h, n]`` wherever ``exact[g, n]``
+        constant[h, g, n] + row_scale[g, t] * slope[h, g, n]`` wherever ``exact[g, n]``
         (``context.RowAffineTables``); the engine evaluates ``bias`` at the other pairs."""
         raise RuntimeError(f"encoding {self.name!r} has no row-affine bias")
 

@@ -110,7 +110,7 @@ class FIRE(Encoding):
         ``f_h(u) = alpha[h, a] + r_i (beta[h, a] psi(d))`` (``piecewise_linear``): exact, and
         affine in ``r_i``. ``psi(d) >= 0`` and ``r_i > 0``, so the group's ``u`` span
         ``[psi(d) min r, psi(d) max r]``: a distance is ``exact`` where both ends fall on
-        one piece. ``rows (G, R)``, ``distance (G, N)`` -> tables ``(G, H, N)``."""
+        one piece. ``rows (G, R)``, ``distance (G, N)`` -> tables ``(H, G, N)``."""
         dtype = self.c.dtype
         normaliser = self.psi(torch.maximum(self.threshold(), rows.to(dtype))) + self.eps
         psi_d = self.psi(distance.to(dtype))
@@ -119,8 +119,9 @@ class FIRE(Encoding):
         )
         low = torch.bucketize(psi_d / normaliser.amax(-1, keepdim=True), knots, right=True)
         high = torch.bucketize(psi_d / normaliser.amin(-1, keepdim=True), knots, right=True)
-        constant = alpha[:, low].transpose(0, 1)
-        slope = (beta[:, low] * psi_d).transpose(0, 1)
+        pieces = low.flatten()  # index_select: a few times faster than alpha[:, low]
+        constant = alpha.index_select(1, pieces).view(-1, *low.shape)  # (H, G, N)
+        slope = beta.index_select(1, pieces).view(-1, *low.shape) * psi_d
         return RowAffineTables(constant, slope, 1.0 / normaliser, low == high)
 
     def readout(self, u: Tensor, h: Tensor) -> Tensor:
