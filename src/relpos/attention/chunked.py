@@ -29,9 +29,10 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
 * **row-affine** (a bias affine in a per-row scalar over each block, ``Encoding.row_affine``:
   FIRE above its threshold; positions one batch-shared integer range, no user mask, and no
   gradient in the call): each block asks the encoding for two tables over the block's
-  distances and the rows' scalars (``row_affine_tables``) and forms its bias as one
-  ``constant + row_scale * slope`` over two zero-copy Hankel views (rows reversed, as on the
-  Toeplitz path; ``-inf`` written into the tables' future distances when causal); at the
+  distances and the rows' scalars (``row_affine_tables``) and forms its bias, one head at a
+  time (read by SDPA while in cache), as one ``constant + row_scale * slope`` over two
+  zero-copy Hankel views (rows reversed, as on the Toeplitz path; ``-inf`` written into the
+  tables' future distances when causal); at the
   few distances where the block's rows do not share one affine form (``exact`` False) each
   pair is asked for as a group of one row (one affine form), the encoding's ``bias`` only
   where even that is not exact. Training steps take the tile path.
@@ -46,6 +47,8 @@ Every loop walks ``relpos.attention.call.query_blocks``; the checkpointed ones r
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +80,8 @@ def forward_rows(length_k: int) -> int:
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
     """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of ``w (H, N)`` whose last
-    dimension is contiguous (its heads at any stride)."""
+    dimension is contiguous (its rows at any stride): one Hankel matrix per row of ``w``
+    (per head, or per group of rows of one head)."""
     return w.as_strided(
         (1, w.shape[0], rows, cols), (0, w.stride(0), 1, 1), w.storage_offset() + offset
     )
@@ -215,6 +219,38 @@ def _bias_at_pairs(call: AttentionCall, blk: QueryBlock, i: Tensor, j: Tensor) -
     return call.encoding.bias(ctx, b, h, i.view(1, 1, 1, -1), j.view(1, 1, 1, -1))
 
 
+@dataclass
+class RowAffineRows:
+    """The bias of ``groups`` groups of ``R`` consecutive (reversed) rows of a row-affine
+    block from ``first`` on: ``constant``, ``slope (H, G, N)``, ``scale (G, R)``, and the
+    pairs where the groups share no affine form (``pairs``: flat indices into the block's
+    ``(T, S)`` bias, ``values (H, P)``), written one head at a time."""
+
+    first: int
+    groups: int
+    R: int
+    constant: Tensor
+    slope: Tensor
+    scale: Tensor
+    pairs: Tensor | None = None
+    values: Tensor | None = None
+
+    def write(self, bias: Tensor, h: int) -> None:
+        """Head ``h``'s rows into ``bias (T, S)``: one ``addcmul`` of two zero-copy Hankel
+        views over every group (group ``g`` reads row ``g`` of the head's tables), then the
+        pairs."""
+        S, a, b = bias.shape[1], self.first, self.first + self.groups * self.R
+        torch.addcmul(
+            _hankel(self.constant[h], 0, self.R, S),
+            _hankel(self.slope[h], 0, self.R, S),
+            self.scale.view(1, self.groups, self.R, 1),
+            out=bias[a:b].view(1, self.groups, self.R, S),
+        )
+        if self.pairs is not None:
+            assert self.values is not None
+            bias.view(-1).index_copy_(0, self.pairs, self.values[h])
+
+
 def _row_affine_attention(call: AttentionCall) -> Tensor:
     enc = call.encoding
     assert enc is not None and call.positions is not None
@@ -235,10 +271,10 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             values[:, odd] = _bias_at_pairs(call, blk, i[odd], j[odd]).view(H, -1)
         return values
 
-    def fill(bias: Tensor, blk: QueryBlock, first: int, groups: int, R: int) -> None:
-        """Reversed rows ``first .. first + groups * R - 1`` of ``bias (1, H, T, S)`` (row
-        ``t'`` is query ``end - 1 - t'``), in ``groups`` groups of ``R`` rows, each group
-        with its own tables: entry ``(t', j)`` of a group reads index ``t' - start + j``."""
+    def rows_of(blk: QueryBlock, first: int, groups: int, R: int) -> RowAffineRows:
+        """Reversed rows ``first .. first + groups * R - 1`` of block ``blk`` (row ``t'`` is
+        query ``end - 1 - t'``), in ``groups`` groups of ``R`` rows, each group with its own
+        tables: entry ``(t', j)`` of a group reads index ``t' - start + j``."""
         e, S = blk.end, blk.key_end
         starts = first + R * torch.arange(groups, device=dev)[:, None]  # (G, 1)
         m = starts + torch.arange(R + S - 1, device=dev)  # (G, N): t' + j at the group's rows
@@ -253,15 +289,7 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
                 constant[:, g, tail:] = float("-inf")
                 slope[:, g, tail:] = 0.0
                 exact[g, tail:] = True
-        scale = tables.row_scale.to(dtype)
-        for g in range(groups):
-            a = first + g * R
-            torch.addcmul(
-                _hankel(constant[:, g], 0, R, S),
-                _hankel(slope[:, g], 0, R, S),
-                scale[g].view(1, 1, R, 1),
-                out=bias[:, :, a : a + R],
-            )
+        out = RowAffineRows(first, groups, R, constant, slope, tables.row_scale.to(dtype))
         g, n = (~exact).nonzero(as_tuple=True)
         if g.numel():  # the distances where a group's rows share no affine form: per pair
             r = torch.arange(R, device=dev)
@@ -269,28 +297,38 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             j = n[:, None] - r
             inside = (j >= 0) & (j < S)
             t, j = t[inside], j[inside]
-            bias.view(H, -1).index_copy_(1, t * S + j, at_pairs(blk, e - 1 - t, j).to(dtype))
+            out.pairs, out.values = t * S + j, at_pairs(blk, e - 1 - t, j).to(dtype)
+        return out
 
     rows, Lk = forward_rows(call.k.shape[2]), call.k.shape[2]
-    # one buffer for every block's bias: a fresh one per block (tens of MB at L = 4096) costs
-    # the page faults of new memory each time
-    scratch = torch.empty(H * min(rows, call.q.shape[2]) * Lk, dtype=dtype, device=dev)
+    # one head's bias at a time, in one buffer for every block and head: written and read
+    # back by the kernel while it is in cache (all heads at once, tens of MB at L = 4096,
+    # went through memory; a fresh buffer per block also paid the page faults of new memory)
+    scratch = torch.empty(min(rows, call.q.shape[2]) * Lk, dtype=dtype, device=dev)
 
     def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         s, e, kend = blk.start, blk.end, blk.key_end
         if kend == 0:  # causal, Lq > Lk: the block sees no key, its rows are 0
             return q.new_zeros(*q.shape[:2], e - s, v.shape[-1])
         T = e - s
-        bias = scratch[: H * T * kend].view(1, H, T, kend)
         R = min(ROW_AFFINE_GROUP, T)
         full = T // R
-        fill(bias, blk, 0, full, R)
+        parts = [rows_of(blk, 0, full, R)]
         if T > full * R:
-            fill(bias, blk, full * R, 1, T - full * R)
+            parts.append(rows_of(blk, full * R, 1, T - full * R))
         qb = q[:, :, s:e].flip(2)
-        out = F.scaled_dot_product_attention(
-            qb, k[:, :, :kend], v[:, :, :kend], attn_mask=bias.to(qb.dtype), scale=call.scale
-        )
+        out = qb.new_empty(*qb.shape[:3], v.shape[-1])
+        bias = scratch[: T * kend].view(T, kend)
+        for h in range(H):
+            for part in parts:
+                part.write(bias, h)
+            out[:, h : h + 1] = F.scaled_dot_product_attention(
+                qb[:, h : h + 1],
+                k[:, h : h + 1, :kend],
+                v[:, h : h + 1, :kend],
+                attn_mask=bias.view(1, 1, T, kend).to(qb.dtype),
+                scale=call.scale,
+            )
         return out.flip(2)
 
     return run_blocks(block, call.blocks(rows), call.q, *call.expanded_kv())
