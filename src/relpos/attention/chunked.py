@@ -29,8 +29,8 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
 * **row-affine** (a bias affine in a per-row scalar over each block, ``Encoding.row_affine``:
   FIRE above its threshold; positions one batch-shared integer range, no user mask, and no
   gradient in the call): each block asks the encoding for two tables over the block's
-  distances and the rows' scalars (``row_affine_tables``) and forms its bias, one head at a
-  time (read by SDPA while in cache), as one ``constant + row_scale * slope`` over two
+  distances and the rows' scalars (``row_affine_tables``) and forms its bias, a few heads at
+  a time (``ROW_AFFINE_BIAS_BYTES``: read by SDPA while in cache), as one ``constant + row_scale * slope`` over two
   zero-copy Hankel views (rows reversed, as on the Toeplitz path; ``-inf`` written into the
   tables' future distances when causal); at the
   few distances where the block's rows do not share one affine form (``exact`` False) each
@@ -62,6 +62,7 @@ FORWARD_BLOCK = 256  # the most query rows of a forward block (Toeplitz), key bl
 BACKWARD_BLOCK = 128  # rows per backward block; its (B, H, rows, L) temporaries set the peak
 TILE_ELEMENTS = 1 << 18  # query rows x keys per tile of the tile path (bias work scales with it)
 ROW_AFFINE_GROUP = 32  # rows sharing one pair of tables inside a row-affine block
+ROW_AFFINE_BIAS_BYTES = 4 << 20  # the most bias per kernel call of the row-affine path (cache)
 
 
 # ---------------------------------------------------------------------------- Toeplitz path
@@ -235,20 +236,25 @@ class RowAffineRows:
     pairs: Tensor | None = None
     values: Tensor | None = None
 
-    def write(self, bias: Tensor, h: int) -> None:
-        """Head ``h``'s rows into ``bias (T, S)``: one ``addcmul`` of two zero-copy Hankel
-        views over every group (group ``g`` reads row ``g`` of the head's tables), then the
-        pairs."""
-        S, a, b = bias.shape[1], self.first, self.first + self.groups * self.R
+    def write(self, bias: Tensor, heads: slice) -> None:
+        """The rows of ``heads`` into ``bias (len(heads), T, S)``: one ``addcmul`` of two
+        zero-copy Hankel views over every head and group (group ``g`` of head ``h`` reads
+        row ``(h, g)`` of the tables), then the pairs."""
+        n, S = bias.shape[0], bias.shape[2]
+        a, b, G, R = self.first, self.first + self.groups * self.R, self.groups, self.R
+
+        def hankel(w: Tensor) -> Tensor:  # (n, G, N) -> (n, G, R, S), zero-copy
+            return w.as_strided((n, G, R, S), (w.stride(0), w.stride(1), 1, 1))
+
         torch.addcmul(
-            _hankel(self.constant[h], 0, self.R, S),
-            _hankel(self.slope[h], 0, self.R, S),
-            self.scale.view(1, self.groups, self.R, 1),
-            out=bias[a:b].view(1, self.groups, self.R, S),
+            hankel(self.constant[heads]),
+            hankel(self.slope[heads]),
+            self.scale.view(1, G, R, 1),
+            out=bias[:, a:b].view(n, G, R, S),
         )
         if self.pairs is not None:
             assert self.values is not None
-            bias.view(-1).index_copy_(0, self.pairs, self.values[h])
+            bias.view(n, -1).index_copy_(1, self.pairs, self.values[heads])
 
 
 def _row_affine_attention(call: AttentionCall) -> Tensor:
@@ -283,12 +289,11 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         tables = enc.row_affine_tables(call.ctx, rows, distance)
         constant, slope, exact = tables.constant.to(dtype), tables.slope.to(dtype), tables.exact
         if call.causal:  # bottom-right: key S - 1 is the block's last query's own, so the
-            # future keys are t' + j > S - 1, the tail of each group's tables: -inf there
-            for g in range(groups):
-                tail = max(0, S - int(starts[g]))  # 0: the group's rows see no key
-                constant[:, g, tail:] = float("-inf")
-                slope[:, g, tail:] = 0.0
-                exact[g, tail:] = True
+            # future keys are t' + j > S - 1: -inf there, written into the call's tables
+            future = m > S - 1
+            constant.masked_fill_(future, float("-inf"))
+            slope.masked_fill_(future, 0.0)
+            exact |= future
         out = RowAffineRows(first, groups, R, constant, slope, tables.row_scale.to(dtype))
         g, n = (~exact).nonzero(as_tuple=True)
         if g.numel():  # the distances where a group's rows share no affine form: per pair
@@ -301,10 +306,13 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         return out
 
     rows, Lk = forward_rows(call.k.shape[2]), call.k.shape[2]
-    # one head's bias at a time, in one buffer for every block and head: written and read
-    # back by the kernel while it is in cache (all heads at once, tens of MB at L = 4096,
-    # went through memory; a fresh buffer per block also paid the page faults of new memory)
-    scratch = torch.empty(min(rows, call.q.shape[2]) * Lk, dtype=dtype, device=dev)
+    # the bias of a few heads at a time (ROW_AFFINE_BIAS_BYTES), in one buffer for every
+    # block: written and read back by the kernel while it is in cache (all heads at once,
+    # 32 MB per block at L = 4096, went through memory; a fresh buffer per block also paid
+    # the page faults of new memory)
+    budget = max(1, ROW_AFFINE_BIAS_BYTES // (torch.finfo(dtype).bits // 8))  # elements
+    T_max = min(rows, call.q.shape[2])
+    scratch = torch.empty(min(H * T_max * Lk, max(budget, T_max * Lk)), dtype=dtype, device=dev)
 
     def block(blk: QueryBlock, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         s, e, kend = blk.start, blk.end, blk.key_end
@@ -318,15 +326,18 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             parts.append(rows_of(blk, full * R, 1, T - full * R))
         qb = q[:, :, s:e].flip(2)
         out = qb.new_empty(*qb.shape[:3], v.shape[-1])
-        bias = scratch[: T * kend].view(T, kend)
-        for h in range(H):
+        step = max(1, min(H, budget // (T * kend)))  # heads per kernel call
+        for h in range(0, H, step):
+            heads = slice(h, min(h + step, H))
+            n = heads.stop - heads.start
+            bias = scratch[: n * T * kend].view(n, T, kend)
             for part in parts:
-                part.write(bias, h)
-            out[:, h : h + 1] = F.scaled_dot_product_attention(
-                qb[:, h : h + 1],
-                k[:, h : h + 1, :kend],
-                v[:, h : h + 1, :kend],
-                attn_mask=bias.view(1, 1, T, kend).to(qb.dtype),
+                part.write(bias, heads)
+            out[:, heads] = F.scaled_dot_product_attention(
+                qb[:, heads],
+                k[:, heads, :kend],
+                v[:, heads, :kend],
+                attn_mask=bias[None].to(qb.dtype),
                 scale=call.scale,
             )
         return out.flip(2)
