@@ -30,12 +30,12 @@ One ladder per call (``chunked_path``, also what ``relpos.attention.plan`` repor
   FIRE above its threshold; positions one batch-shared integer range, no user mask, and no
   gradient in the call): each block asks the encoding for two tables over the block's
   distances and the rows' scalars (``row_affine_tables``) and forms its bias, a few heads at
-  a time (``ROW_AFFINE_BIAS_BYTES``: read by SDPA while in cache), as one ``constant + row_scale * slope`` over two
-  zero-copy Hankel views (rows reversed, as on the Toeplitz path; ``-inf`` written into the
-  tables' future distances when causal); at the
-  few distances where the block's rows do not share one affine form (``exact`` False) each
-  pair is asked for as a group of one row (one affine form), the encoding's ``bias`` only
-  where even that is not exact. Training steps take the tile path.
+  a time (``ROW_AFFINE_BIAS_BYTES``: read by SDPA while in cache), as one ``constant +
+  row_scale * slope`` over two zero-copy Hankel views (rows reversed, as on the Toeplitz
+  path; ``-inf`` written into the tables' future distances when causal); at the few
+  distances where the block's rows do not share one affine form (``exact`` False) each pair
+  is asked for as a group of one row (one affine form), the encoding's ``bias`` only where
+  even that is not exact. Training steps take the tile path.
 * **tile** (any other bias, user masks, arbitrary positions): each query block computes its
   ``(B, H, T, S)`` bias slice with the encoding's element-wise ``bias`` and runs SDPA on it,
   under activation checkpointing so backward recomputes the slice instead of storing it. The
