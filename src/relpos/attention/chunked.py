@@ -80,12 +80,11 @@ def forward_rows(length_k: int) -> int:
 
 
 def _hankel(w: Tensor, offset: int, rows: int, cols: int) -> Tensor:
-    """Zero-copy view ``M[0, h, r, c] = w[h, offset + r + c]`` of ``w (H, N)`` whose last
-    dimension is contiguous (its rows at any stride): one Hankel matrix per row of ``w``
-    (per head, or per group of rows of one head)."""
-    return w.as_strided(
-        (1, w.shape[0], rows, cols), (0, w.stride(0), 1, 1), w.storage_offset() + offset
-    )
+    """Zero-copy view ``M[..., r, c] = w[..., offset + r + c]`` of ``w (..., N)`` whose last
+    dimension is contiguous: one Hankel matrix per row of ``w`` (a head's table; on the
+    row-affine path, a group of rows of one head)."""
+    lead = w.shape[:-1]
+    return w.as_strided((*lead, rows, cols), (*w.stride()[:-1], 1, 1), w.storage_offset() + offset)
 
 
 def _antidiagonal_sums(a: Tensor) -> Tensor:
@@ -125,7 +124,7 @@ class _ToeplitzAttention(torch.autograd.Function):
                 out[:, :, s:e] = 0
                 continue
             qf = q[:, :, s:e].flip(2)
-            bias = _hankel(w, Lq - e, e - s, kend)
+            bias = _hankel(w, Lq - e, e - s, kend)[None]
             o, l = _block_forward(qf, k[:, :, :kend], v[:, :, :kend], bias, scale)
             out[:, :, s:e] = o.flip(2)
             lse[:, :, s:e] = l.flip(2).to(lse.dtype)
@@ -157,7 +156,7 @@ class _ToeplitzAttention(torch.autograd.Function):
             kb, vb = k32[:, :, :kend], v32[:, :, :kend]
             off = Lq - e
             scores = torch.matmul(qf, kb.transpose(-1, -2)).mul_(scale)
-            scores += _hankel(w, off, e - s, kend)
+            scores += _hankel(w, off, e - s, kend)[None]
             p = scores.sub_(lse[:, :, s:e].flip(2)[..., None]).exp_()
             dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), dof)
             ds = torch.matmul(dof, vb.transpose(-1, -2)).sub_(delta).mul_(p)
@@ -223,33 +222,29 @@ def _bias_at_pairs(call: AttentionCall, blk: QueryBlock, i: Tensor, j: Tensor) -
 @dataclass
 class RowAffineRows:
     """The bias of ``groups`` groups of ``R`` consecutive (reversed) rows of a row-affine
-    block from ``first`` on: ``constant``, ``slope (H, G, N)``, ``scale (G, R)``, and the
-    pairs where the groups share no affine form (``pairs``: flat indices into the block's
-    ``(T, S)`` bias, ``values (H, P)``), written one head at a time."""
+    block from ``first`` on: ``constant``, ``slope (H, G, N)``, ``row_scale (G, R)``, and
+    the pairs where the groups share no affine form (``pairs``: flat indices into the
+    block's ``(T, S)`` bias, ``values (H, P)``), written a few heads at a time."""
 
     first: int
     groups: int
     R: int
     constant: Tensor
     slope: Tensor
-    scale: Tensor
+    row_scale: Tensor
     pairs: Tensor | None = None
     values: Tensor | None = None
 
     def write(self, bias: Tensor, heads: slice) -> None:
         """The rows of ``heads`` into ``bias (len(heads), T, S)``: one ``addcmul`` of two
-        zero-copy Hankel views over every head and group (group ``g`` of head ``h`` reads
-        row ``(h, g)`` of the tables), then the pairs."""
+        zero-copy Hankel views over those heads and every group (group ``g`` of head ``h``
+        reads row ``(h, g)`` of the tables), then the pairs."""
         n, S = bias.shape[0], bias.shape[2]
         a, b, G, R = self.first, self.first + self.groups * self.R, self.groups, self.R
-
-        def hankel(w: Tensor) -> Tensor:  # (n, G, N) -> (n, G, R, S), zero-copy
-            return w.as_strided((n, G, R, S), (w.stride(0), w.stride(1), 1, 1))
-
         torch.addcmul(
-            hankel(self.constant[heads]),
-            hankel(self.slope[heads]),
-            self.scale.view(1, G, R, 1),
+            _hankel(self.constant[heads], 0, R, S),
+            _hankel(self.slope[heads], 0, R, S),
+            self.row_scale.view(1, G, R, 1),
             out=bias[:, a:b].view(n, G, R, S),
         )
         if self.pairs is not None:
