@@ -170,3 +170,16 @@ def test_pairs_whose_one_row_tables_are_not_exact_take_the_encodings_bias(monkey
         want = relpos.attention(q, k, v, enc, causal=True, backend="eager")
         got = relpos.attention(q, k, v, enc, causal=True, backend="chunked")
     assert (got - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("budget", [1, 2 * 64 * 300 * 8, 1 << 40])  # float64: 8 bytes
+def test_the_bias_budget_sets_heads_per_kernel_call_never_the_result(monkeypatch, budget):
+    """``ROW_AFFINE_BIAS_BYTES`` bounds the bias written per kernel call: one head at a time,
+    two, or all heads at once, the output is the dense one (grouped keys included)."""
+    enc = fire()
+    q, k, v = qkv(2, 300, 300, kv_heads=2)
+    monkeypatch.setattr(chunked, "ROW_AFFINE_BIAS_BYTES", budget)
+    with torch.no_grad():
+        want = relpos.attention(q, k, v, enc, causal=True, backend="eager")
+        got = relpos.attention(q, k, v, enc, causal=True, backend="chunked")
+    assert (got - want).abs().max() < 1e-12
