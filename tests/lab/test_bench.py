@@ -273,6 +273,25 @@ def test_calibrate_merge_refuses_a_missing_table_before_any_work(capsys, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+def test_a_merge_records_which_encodings_and_lengths_measured_each_key():
+    """One encoding's calls can fall into several kinds (DeBERTa: ``tile`` where the fold is
+    not a candidate, ``band`` where it is); the merge record names what measured each key."""
+    from relpos_lab.auto_bench import measured_by
+
+    t = {"sdpa": 1.0}
+    rows = [
+        {"key": "cpu/float32/tile/full/forward", "encoding": "deberta", "length": 64, "times": t},
+        {"key": "cpu/float32/band/full/forward", "encoding": "deberta", "length": 256, "times": t},
+        {"key": "cpu/float32/band/full/forward", "encoding": "deberta", "length": 512, "times": t},
+        {"key": "cpu/float32/tile/full/forward", "encoding": "swin-2d", "length": 128, "times": t},
+        {"encoding": "dca", "length": 64, "skipped": "causal-only encoding"},
+    ]
+    assert measured_by(rows) == {
+        "cpu/float32/band/full/forward": {"cases": ["deberta"], "lengths": [256, 512]},
+        "cpu/float32/tile/full/forward": {"cases": ["deberta", "swin-2d"], "lengths": [64, 128]},
+    }
+
+
 def test_a_merged_table_replaces_the_measured_keys_whole_and_keeps_the_rest():
     from relpos.attention import policy
     from relpos_lab.auto_bench import merged_table
@@ -287,7 +306,8 @@ def test_a_merged_table_replaces_the_measured_keys_whole_and_keeps_the_rest():
         {"command": "the first run"},
     )
     measured = policy.PolicyTable({"cpu/float32/tile/full/forward": (seg(None, ("sdpa",)),)})
-    table = merged_table(base, measured, {"command": "relpos bench --calibrate --merge"})
+    by = {"cpu/float32/tile/full/forward": {"cases": ["swin-2d"], "lengths": [64]}}
+    table = merged_table(base, measured, {"command": "relpos bench --calibrate --merge"}, by)
     assert table.entries["cpu/float32/tile/full/forward"] == (seg(None, ("sdpa",)),)
     assert (
         table.entries["cpu/float32/plain/full/forward"]
@@ -297,6 +317,7 @@ def test_a_merged_table_replaces_the_measured_keys_whole_and_keeps_the_rest():
     (record,) = table.meta["merged"]
     assert record["changed"] == ["cpu/float32/tile/full/forward"]
     assert record["command"] == "relpos bench --calibrate --merge"
+    assert record["measured_by"] == by
     again = merged_table(table, measured, {"command": "again"})  # nothing changes: recorded
     assert [r["changed"] for r in again.meta["merged"]] == [["cpu/float32/tile/full/forward"], []]
     policy.parse_table(again.to_json(), "merged")  # a valid table file

@@ -632,16 +632,34 @@ def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
     }
 
 
-def merged_table(base, measured, meta: dict[str, Any]):
+def measured_by(rows: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
+    """Per key of a ``--calibrate`` grid, the cases and lengths whose calls measured it: one
+    case's calls can fall into several kinds (DeBERTa is ``tile`` where the fold is not a
+    candidate, ``band`` where it is), and a merge replaces each of them whole."""
+    keys: dict[str, dict[str, set]] = {}
+    for r in rows:
+        if "key" in r and r.get("times"):
+            k = keys.setdefault(r["key"], {"cases": set(), "lengths": set()})
+            k["cases"].add(r["encoding"])
+            k["lengths"].add(r["length"])
+    return {k: {n: sorted(v) for n, v in d.items()} for k, d in sorted(keys.items())}
+
+
+def merged_table(
+    base, measured, meta: dict[str, Any], by: dict[str, dict[str, list]] | None = None
+):
     """``base`` (a ``policy.PolicyTable``) with every key ``measured`` has replaced by the
     measured segments, whole (a key is measured over its lengths, not spliced); the other
-    keys and ``base``'s meta kept, and ``meta`` with the keys that changed appended to its
-    ``merged`` list."""
+    keys and ``base``'s meta kept, and ``meta`` with the keys that changed (and ``by``, the
+    cases and lengths that measured each, ``measured_by``) appended to its ``merged``
+    list."""
     from relpos.attention import policy
 
     entries = {**base.entries, **measured.entries}
     changed = sorted(k for k, segs in measured.entries.items() if base.entries.get(k) != segs)
     record = {**meta, "keys": sorted(measured.entries), "changed": changed}
+    if by is not None:
+        record["measured_by"] = by
     merged = [*base.meta.get("merged", []), record]
     return policy.PolicyTable(entries, "merged", {**base.meta, "merged": merged})
 
@@ -786,7 +804,11 @@ def run_command(args: argparse.Namespace, command: str) -> int:
         meta = calibration_meta(result, command)
         table = policy.derive_table(calibration_points(result["rows"]), meta)
         if args.merge:
-            table = merged_table(policy.load_table(table_path), table, meta)
+            by = measured_by(result["rows"])
+            table = merged_table(policy.load_table(table_path), table, meta, by)
+            for key, d in by.items():  # what replaced each key: check it is what you meant
+                lengths = ",".join(map(str, d["lengths"]))
+                print(f"merged {key}: {', '.join(d['cases'])} at L = {lengths}")
         policy.write_table(table, table_path)
         policy.reload()
         written.append(f"{table_path} (policy table, {len(table.entries)} keys)")

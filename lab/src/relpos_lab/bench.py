@@ -425,7 +425,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--merge",
         action="store_true",
         help="--calibrate: the keys this run measures replace those of the table at --table "
-        "(each key whole), the other keys are kept, and the run is recorded in its meta",
+        "(each key whole), the other keys are kept, and the run is recorded in its meta; "
+        "one encoding's calls can fall into several kinds, and each key replaced is printed "
+        "with the encodings and lengths that measured it",
     )
 
 
