@@ -320,7 +320,7 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
         if T > full * R:
             parts.append(rows_of(blk, full * R, 1, T - full * R))
         qb = q[:, :, s:e].flip(2)
-        out = qb.new_empty(*qb.shape[:3], v.shape[-1])
+        outs = []
         step = max(1, min(H, budget // (T * kend)))  # heads per kernel call
         for h in range(0, H, step):
             heads = slice(h, min(h + step, H))
@@ -328,13 +328,16 @@ def _row_affine_attention(call: AttentionCall) -> Tensor:
             bias = scratch[: n * T * kend].view(n, T, kend)
             for part in parts:
                 part.write(bias, heads)
-            out[:, heads] = F.scaled_dot_product_attention(
-                qb[:, heads],
-                k[:, heads, :kend],
-                v[:, heads, :kend],
-                attn_mask=bias[None].to(qb.dtype),
-                scale=call.scale,
+            outs.append(
+                F.scaled_dot_product_attention(
+                    qb[:, heads],
+                    k[:, heads, :kend],
+                    v[:, heads, :kend],
+                    attn_mask=bias[None].to(qb.dtype),
+                    scale=call.scale,
+                )
             )
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # no copy for one call
         return out.flip(2)
 
     return run_blocks(block, call.blocks(rows), call.q, *call.expanded_kv())
