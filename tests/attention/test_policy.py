@@ -119,6 +119,70 @@ def test_representatives_are_ranked_by_their_worst_ratio():
     assert derive_table(pts).entries[KEY] == (Segment(None, ("fold", "chunked", "sdpa")),)
 
 
+def test_an_encoding_the_key_serves_badly_gets_its_own_key():
+    # two representatives of one key whose costs differ: the key ranks by the worst ratio,
+    # which runs "cheap" 1.25x slower than its fastest backend; it gets its own key, measured
+    # on it alone, and "costly" (within ENCODING_KEY_ABOVE under the key) does not
+    pts = [
+        Point(KEY, 100, "cheap", {"sdpa": 1.0, "chunked": 1.25}, "cheap"),
+        Point(KEY, 100, "costly", {"sdpa": 2.0, "chunked": 1.0}, "costly"),
+        Point(KEY, 400, "cheap", {"sdpa": 1.0, "chunked": 1.05}, "cheap"),
+        Point(KEY, 400, "costly", {"sdpa": 2.0, "chunked": 1.0}, "costly"),
+    ]
+    t = derive_table(pts)
+    assert t.entries[KEY] == (Segment(None, ("chunked", "sdpa")),)
+    assert set(t.entries) == {KEY, f"{KEY}/cheap"}
+    assert t.entries[f"{KEY}/cheap"] == (Segment(None, ("sdpa", "chunked")),)
+    cands = ["sdpa", "chunked"]
+    own = CallFacts("cpu", "float32", "toeplitz", True, False, 100, tuple(cands), "cheap")
+    assert select_backend(own, t) == "sdpa"
+    for other in ("costly", "never-measured", ""):  # every other encoding reads the key
+        f = CallFacts("cpu", "float32", "toeplitz", True, False, 100, tuple(cands), other)
+        assert select_backend(f, t) == "chunked"
+    # within the factor everywhere: no encoding key
+    calm = [Point(KEY, 100, "a", {"sdpa": 1.0, "chunked": 1.08}, "a"), pts[1]]
+    assert set(derive_table(calm).entries) == {KEY}
+    # a point without a registered name never gets one
+    anonymous = [Point(KEY, 100, "x", {"sdpa": 1.0, "chunked": 1.5}), pts[1]]
+    assert set(derive_table(anonymous).entries) == {KEY}
+
+
+def test_an_encoding_key_ranks_only_where_it_was_measured():
+    # the encoding's own key measured at one size: above it (a size it never measured, in
+    # its own key the last ranking holds), below it the same
+    t = PolicyTable(
+        {KEY: (Segment(None, ("chunked", "sdpa")),), f"{KEY}/e": (Segment(None, ("sdpa",)),)}
+    )
+    big = CallFacts("cpu", "float32", "toeplitz", True, False, 10**9, ("sdpa", "chunked"), "e")
+    assert select_backend(big, t) == "sdpa"
+    # its ranking holds no candidate of the call: the key's ranking decides, not the order
+    only = CallFacts("cpu", "float32", "toeplitz", True, False, 100, ("chunked", "fold"), "e")
+    assert select_backend(only, t) == "chunked"
+
+
+def test_encoding_keys_round_trip_and_are_checked(tmp_path):
+    t = PolicyTable(
+        {KEY: (Segment(None, ("sdpa",)),), f"{KEY}/swin-2d": (Segment(None, ("eager",)),)}
+    )
+    back = parse_table(t.to_json(), "t.json")
+    assert back.entries == t.entries
+    with pytest.raises(PolicyTableError, match="encoding"):
+        parse_table({"format": 1, "entries": {f"{KEY}/": [[None, ["sdpa"]]]}}, "t.json")
+
+
+def test_a_call_reads_the_registered_name_of_its_encodings_own_class():
+    enc = relpos.create("alibi", num_heads=4, head_dim=16)
+    q, k, v = _qkv()
+    assert api.facts(q, k, v, enc, causal=True).encoding == "alibi"
+    assert api.facts(q, k, v, None, causal=True).encoding == ""
+
+    class Mine(type(enc)):  # a user's subclass: its costs are its own, it reads the key
+        pass
+
+    mine = Mine(num_heads=4, head_dim=16)
+    assert api.facts(q, k, v, mine, causal=True).encoding == ""
+
+
 def test_derived_tables_round_trip_through_json(tmp_path):
     pts = [Point(KEY, 4096, "a", {"sdpa": 1.0, "chunked": 2.0}), Point(KEY, 65536, "a", {})]
     t = derive_table(pts, {"machine": {"cpu": "x"}})

@@ -286,9 +286,18 @@ def test_a_merge_records_which_encodings_and_lengths_measured_each_key():
         {"key": "cpu/float32/tile/full/forward", "encoding": "swin-2d", "length": 128, "times": t},
         {"encoding": "dca", "length": 64, "skipped": "causal-only encoding"},
     ]
+    rows[0]["encoding_name"] = "deberta"  # rows written before encoding keys lack it
     assert measured_by(rows) == {
-        "cpu/float32/band/full/forward": {"cases": ["deberta"], "lengths": [256, 512]},
-        "cpu/float32/tile/full/forward": {"cases": ["deberta", "swin-2d"], "lengths": [64, 128]},
+        "cpu/float32/band/full/forward": {
+            "cases": ["deberta"],
+            "encodings": [],
+            "lengths": [256, 512],
+        },
+        "cpu/float32/tile/full/forward": {
+            "cases": ["deberta", "swin-2d"],
+            "encodings": ["deberta"],
+            "lengths": [64, 128],
+        },
     }
 
 
@@ -321,3 +330,42 @@ def test_a_merged_table_replaces_the_measured_keys_whole_and_keeps_the_rest():
     again = merged_table(table, measured, {"command": "again"})  # nothing changes: recorded
     assert [r["changed"] for r in again.meta["merged"]] == [["cpu/float32/tile/full/forward"], []]
     policy.parse_table(again.to_json(), "merged")  # a valid table file
+
+
+def test_a_merge_replaces_the_encoding_keys_of_the_encodings_it_measured():
+    """A key measured again takes its encoding keys with it: those of the encodings the run
+    measured are replaced, or dropped where the run wrote none (the key's ranking now serves
+    them); an encoding the run did not measure keeps its own."""
+    from relpos.attention import policy
+    from relpos_lab.auto_bench import merged_table
+
+    seg = policy.Segment
+    key = "cpu/float32/tile/causal/forward"
+    base = policy.PolicyTable(
+        {
+            key: (seg(None, ("chunked", "sdpa")),),
+            f"{key}/swin-2d": (seg(None, ("sdpa", "chunked")),),
+            f"{key}/gaussian-shift": (seg(None, ("sdpa", "chunked")),),
+            f"{key}/layoutlmv2": (seg(None, ("eager", "sdpa")),),
+        }
+    )
+    measured = policy.PolicyTable(
+        {
+            key: (seg(None, ("sdpa", "chunked")),),
+            f"{key}/transformer-xl": (seg(None, ("chunked",)),),
+        }
+    )
+    by = {
+        key: {
+            "cases": ["gaussian-shift", "swin-2d", "transformer-xl"],
+            "encodings": ["gaussian-shift", "swin-2d", "transformer-xl"],
+            "lengths": [64],
+        }
+    }
+    table = merged_table(base, measured, {"command": "merge"}, by)
+    assert set(table.entries) == {key, f"{key}/transformer-xl", f"{key}/layoutlmv2"}
+    assert table.entries[f"{key}/layoutlmv2"] == base.entries[f"{key}/layoutlmv2"]
+    (record,) = table.meta["merged"]
+    assert record["changed"] == sorted(
+        [key, f"{key}/gaussian-shift", f"{key}/swin-2d", f"{key}/transformer-xl"]
+    )

@@ -378,6 +378,7 @@ def run_case(plan: GridPlan, case: EncodingCase, length: int, causal: bool, trai
     row["auto_plan"] = list(auto_choice)
     if facts is not None:
         row["key"], row["elements"] = facts.key, facts.elements
+        row["encoding_name"] = facts.encoding  # the name auto's encoding keys use
     _rate(row, samples)
     ran = auto_choice[0]
     if plan.confirm and row.get("auto_over_best", 0.0) > TARGET:
@@ -599,7 +600,7 @@ def calibration_points(rows: list[dict[str, Any]]):
     from relpos.attention.policy import Point
 
     return [
-        Point(r["key"], r["elements"], r["encoding"], dict(r["times"]))
+        Point(r["key"], r["elements"], r["encoding"], dict(r["times"]), r.get("encoding_name", ""))
         for r in rows
         if "key" in r and r.get("times")
     ]
@@ -635,13 +636,16 @@ def calibration_meta(result: dict[str, Any], command: str) -> dict[str, Any]:
 def measured_by(rows: list[dict[str, Any]]) -> dict[str, dict[str, list]]:
     """Per key of a ``--calibrate`` grid, the cases and lengths whose calls measured it: one
     case's calls can fall into several kinds (DeBERTa is ``tile`` where the fold is not a
-    candidate, ``band`` where it is), and a merge replaces each of them whole."""
+    candidate, ``band`` where it is), and a merge replaces each of them whole. ``encodings``:
+    the registered names of the cases (their encoding keys are replaced too)."""
     keys: dict[str, dict[str, set]] = {}
     for r in rows:
         if "key" in r and r.get("times"):
-            k = keys.setdefault(r["key"], {"cases": set(), "lengths": set()})
+            k = keys.setdefault(r["key"], {"cases": set(), "encodings": set(), "lengths": set()})
             k["cases"].add(r["encoding"])
             k["lengths"].add(r["length"])
+            if r.get("encoding_name"):
+                k["encodings"].add(r["encoding_name"])
     return {k: {n: sorted(v) for n, v in d.items()} for k, d in sorted(keys.items())}
 
 
@@ -649,14 +653,25 @@ def merged_table(
     base, measured, meta: dict[str, Any], by: dict[str, dict[str, list]] | None = None
 ):
     """``base`` (a ``policy.PolicyTable``) with every key ``measured`` has replaced by the
-    measured segments, whole (a key is measured over its lengths, not spliced); the other
-    keys and ``base``'s meta kept, and ``meta`` with the keys that changed (and ``by``, the
-    cases and lengths that measured each, ``measured_by``) appended to its ``merged``
-    list."""
+    measured segments, whole (a key is measured over its lengths, not spliced), and with the
+    encoding keys under it of the encodings that measured it (``by``, ``measured_by``)
+    replaced too: by the run's, or dropped where the run found the key's ranking good
+    enough for that encoding; the other keys and ``base``'s meta kept, and ``meta`` with the
+    keys that changed (and ``by``) appended to its ``merged`` list."""
     from relpos.attention import policy
 
-    entries = {**base.entries, **measured.entries}
-    changed = sorted(k for k, segs in measured.entries.items() if base.entries.get(k) != segs)
+    remeasured = {
+        policy.encoding_key(key, name)
+        for key, d in (by or {}).items()
+        for name in d.get("encodings", ())
+    }
+    kept = {k: segs for k, segs in base.entries.items() if k not in remeasured}
+    entries = {**kept, **measured.entries}
+    changed = sorted(
+        k
+        for k in set(measured.entries) | (remeasured & set(base.entries))
+        if base.entries.get(k) != entries.get(k)
+    )
     record = {**meta, "keys": sorted(measured.entries), "changed": changed}
     if by is not None:
         record["measured_by"] = by
@@ -803,6 +818,9 @@ def run_command(args: argparse.Namespace, command: str) -> int:
 
         meta = calibration_meta(result, command)
         table = policy.derive_table(calibration_points(result["rows"]), meta)
+        for key in sorted(k for k in table.entries if k != policy.general_key(k)):
+            print(f"encoding key {key}: its key's ranking costs it more than "
+                  f"{policy.ENCODING_KEY_ABOVE:.2f}x at some length")  # fmt: skip
         if args.merge:
             by = measured_by(result["rows"])
             table = merged_table(policy.load_table(table_path), table, meta, by)

@@ -209,7 +209,15 @@ def call_facts(call: AttentionCall) -> CallFacts:
         training=call.takes_gradients,
         elements=B * H * Lq * call.k.shape[2],
         candidates=candidates,
+        encoding=registered_name(call.encoding),
     )
+
+
+def registered_name(encoding: Encoding | None) -> str:
+    """The name ``encoding``'s own class is registered under ("" for none, or for a class
+    that is not registered itself, such as a user's subclass: its costs are not those its
+    parent was measured with)."""
+    return "" if encoding is None else vars(type(encoding)).get("name", "")
 
 
 def choose_backend(call: AttentionCall) -> str:

@@ -10,19 +10,25 @@ table, the Toeplitz tiles sum it by antidiagonal, which moves the crossover),
 ``row-affine`` for a bias the chunked backend reads from two tables per block of rows
 (FIRE's forward above its threshold), ``tile`` for a bias evaluated per pair, ``band`` for
 DeBERTa-style two-sided tables, and the probability paths ``probabilities`` /
-``piecewise-sdpa`` / ``row-suffix``), causal or not, forward or training step, and its size
-``B * H * Lq * Lk``. A ``PolicyTable`` maps the key
+``piecewise-sdpa`` / ``row-suffix``), causal or not, forward or training step, its size
+``B * H * Lq * Lk`` and the registered name of its encoding. A ``PolicyTable`` maps the key
 ``device/dtype/kind/causal|full/forward|train`` to segments of size, each holding the
-backends measured there, fastest first. ``select_backend(facts, table)`` is a pure function
-of the two: the first ranked backend that is a candidate; where the table has no
-measurement for the key (another device, a kind never calibrated) ``UNMEASURED_ORDER``
-decides.
+backends measured there, fastest first; a key may also be held for one encoding,
+``device/dtype/kind/causal|full/forward|train/<encoding>`` (an *encoding key*), measured on
+that encoding alone. ``select_backend(facts, table)`` is a pure function of the two: the
+first ranked backend that is a candidate, from the call's encoding key where the table has
+one, else from its key; where the table has no measurement for either (another device, a
+kind never calibrated) ``UNMEASURED_ORDER`` decides.
 
 Tables come from measurement, never from typed thresholds: ``relpos bench --calibrate``
 times every candidate of representative calls on a grid of lengths in interleaved rounds
 and ``derive_table`` turns the medians into segments (a boundary between two measured
 lengths lies at their geometric mean; several representatives of one key are ranked by
-their worst ratio to the fastest). The shipped table (``auto_table.json`` beside this
+their worst ratio to the fastest). One ranking per key serves every encoding of the key
+only as well as their costs agree: where the key's choice is more than ``ENCODING_KEY_ABOVE``
+of the fastest backend for one representative at a measured size, ``derive_table`` also
+writes that representative's encoding key, from its measurements alone (encodings never
+calibrated follow the key). The shipped table (``auto_table.json`` beside this
 module) records the machine and command that measured it. A per-machine table, written by
 ``relpos bench --calibrate``, lives at ``machine_table_path()`` (``$RELPOS_AUTO_TABLE``, else
 ``$XDG_CACHE_HOME/relpos/auto_table.json``, else ``~/.cache/relpos/auto_table.json``); when
@@ -51,7 +57,11 @@ __all__ = [
     "BACKEND_NAMES",
     "UNMEASURED_ORDER",
     "CallFacts",
+    "ENCODING_KEY_ABOVE",
     "Segment",
+    "encoding_key",
+    "general_key",
+    "table_key",
     "PolicyTable",
     "PolicyTableError",
     "Point",
@@ -89,6 +99,9 @@ UNMEASURED_ORDER = {
     "cpu": ("fold", "sdpa", "eager", "chunked"),
     "other": ("fold", "sdpa", "eager", "flex", "chunked"),
 }
+#: a representative whose time under its key's choice exceeds its fastest backend's by more
+#: than this factor, at some measured size, gets its own encoding key (``derive_table``)
+ENCODING_KEY_ABOVE = 1.10
 SHIPPED_PATH = Path(__file__).with_name("auto_table.json")
 TABLE_ENV = "RELPOS_AUTO_TABLE"
 
@@ -106,7 +119,8 @@ def dtype_class(dtype: torch.dtype) -> str:
 @dataclass(frozen=True)
 class CallFacts:
     """What the choice depends on. ``elements``: ``B * H * Lq * Lk``; ``candidates``: the
-    backends that compute the call exactly (never empty)."""
+    backends that compute the call exactly (never empty); ``encoding``: the registered name
+    of the call's encoding ("" for none)."""
 
     device: str
     dtype: str
@@ -115,10 +129,16 @@ class CallFacts:
     training: bool
     elements: int
     candidates: tuple[str, ...]
+    encoding: str = ""
 
     @property
     def key(self) -> str:
         return table_key(self.device, self.dtype, self.kind, self.causal, self.training)
+
+    @property
+    def encoding_key(self) -> str | None:
+        """The key measured on this call's encoding alone (None without an encoding)."""
+        return encoding_key(self.key, self.encoding) if self.encoding else None
 
 
 def table_key(device: str, dtype: str, kind: str, causal: bool, training: bool) -> str:
@@ -127,6 +147,16 @@ def table_key(device: str, dtype: str, kind: str, causal: bool, training: bool) 
         f"{device}/{dtype}/{kind}/{'causal' if causal else 'full'}/"
         f"{'train' if training else 'forward'}"
     )
+
+
+def encoding_key(key: str, encoding: str) -> str:
+    """``key/<encoding>``: ``key`` (``table_key``) measured on one encoding alone."""
+    return f"{key}/{encoding}"
+
+
+def general_key(key: str) -> str:
+    """The ``device/dtype/kind/causal|full/forward|train`` part of a key or encoding key."""
+    return "/".join(key.split("/")[:5])
 
 
 @dataclass(frozen=True)
@@ -216,14 +246,18 @@ class PolicyTable:
 
 
 def select_backend(facts: CallFacts, table: PolicyTable) -> str:
-    """The backend ``auto`` runs: the first backend of the table's ranking for the call's
-    key and size that is a candidate; else the first candidate in the device's
-    ``UNMEASURED_ORDER``; else the first candidate."""
+    """The backend ``auto`` runs: the first candidate in the table's ranking for the call's
+    encoding key (where the table has one) and size, else in its ranking for the call's key,
+    else in the device's ``UNMEASURED_ORDER``; else the first candidate."""
     if not facts.candidates:
         raise ValueError("select_backend: a call needs at least one candidate backend")
-    ranking = table.ranking(facts.key, facts.elements)
-    unmeasured = UNMEASURED_ORDER["cpu" if facts.device == "cpu" else "other"]
-    for order in (ranking or (), unmeasured):
+    own = facts.encoding_key
+    rankings = (
+        (own and table.ranking(own, facts.elements)) or (),
+        table.ranking(facts.key, facts.elements) or (),
+        UNMEASURED_ORDER["cpu" if facts.device == "cpu" else "other"],
+    )
+    for order in rankings:
         for name in order:
             if name in facts.candidates:
                 return name
@@ -233,13 +267,16 @@ def select_backend(facts: CallFacts, table: PolicyTable) -> str:
 # ------------------------------------------------------------------------------ derivation
 @dataclass(frozen=True)
 class Point:
-    """One measured grid point: ``key``, ``elements``, the representative encoding
-    (``case``) and the median seconds of each backend that ran it."""
+    """One measured grid point: ``key``, ``elements``, the representative (``case``, a
+    label), the median seconds of each backend that ran it, and the registered name of the
+    representative's encoding (``encoding``; "" for none: then it never gets an encoding
+    key)."""
 
     key: str
     elements: int
     case: str
     times: Mapping[str, float]
+    encoding: str = ""
 
 
 def _ranking(points: Sequence[Point]) -> tuple[str, ...]:
@@ -256,10 +293,44 @@ def _ranking(points: Sequence[Point]) -> tuple[str, ...]:
     return tuple(sorted(worst, key=lambda b: (worst[b], b)))
 
 
+def _segments(sizes: Mapping[int, Sequence[Point]]) -> tuple[Segment, ...]:
+    """Per measured size a ranking (``_ranking``); neighbouring sizes with the same ranking
+    merge; the boundary between two measured sizes is their geometric mean."""
+    ordered = sorted(sizes)
+    segments: list[Segment] = []
+    for n, e in enumerate(ordered):
+        ranking = _ranking(sizes[e])
+        if not ranking:
+            continue
+        up_to = None if n + 1 == len(ordered) else math.isqrt(e * ordered[n + 1])
+        if segments and segments[-1].ranking == ranking:
+            segments[-1] = Segment(up_to, ranking)
+        else:
+            segments.append(Segment(up_to, ranking))
+    if segments:
+        segments[-1] = Segment(None, segments[-1].ranking)
+    return tuple(segments)
+
+
+def _key_choice_costs(points: Sequence[Point], ranking: Sequence[str]) -> float:
+    """How much slower than its fastest backend one representative runs under ``ranking``
+    (its first ranked backend the representative ran), worst over ``points``."""
+    worst = 1.0
+    for p in points:
+        times = {b: t for b, t in p.times.items() if t > 0 and math.isfinite(t)}
+        chosen = next((b for b in ranking if b in times), None)
+        if chosen is not None:
+            worst = max(worst, times[chosen] / min(times.values()))
+    return worst
+
+
 def derive_table(points: Iterable[Point], meta: Mapping[str, Any] | None = None) -> PolicyTable:
     """Segments from measurements: per key and size a ranking (``_ranking`` over the
     representatives measured there); neighbouring sizes with the same ranking merge; the
-    boundary between two measured sizes is their geometric mean."""
+    boundary between two measured sizes is their geometric mean. Where the key's ranking
+    makes one representative's encoding run more than ``ENCODING_KEY_ABOVE`` of its fastest
+    backend at some measured size, that encoding also gets its encoding key, derived the
+    same way from its own points alone."""
     by_key: dict[str, dict[int, list[Point]]] = {}
     for p in points:
         if p.key.count("/") != 4:
@@ -267,20 +338,22 @@ def derive_table(points: Iterable[Point], meta: Mapping[str, Any] | None = None)
         by_key.setdefault(p.key, {}).setdefault(int(p.elements), []).append(p)
     entries: dict[str, tuple[Segment, ...]] = {}
     for key, sizes in by_key.items():
-        ordered = sorted(sizes)
-        rankings = [_ranking(sizes[e]) for e in ordered]
-        segments: list[Segment] = []
-        for n, (e, ranking) in enumerate(zip(ordered, rankings, strict=True)):
-            if not ranking:
-                continue
-            up_to = None if n + 1 == len(ordered) else math.isqrt(e * ordered[n + 1])
-            if segments and segments[-1].ranking == ranking:
-                segments[-1] = Segment(up_to, ranking)
-            else:
-                segments.append(Segment(up_to, ranking))
-        if segments:
-            segments[-1] = Segment(None, segments[-1].ranking)
-            entries[key] = tuple(segments)
+        segments = _segments(sizes)
+        if not segments:
+            continue
+        entries[key] = segments
+        table = PolicyTable({key: segments})
+        for name in sorted({p.encoding for ps in sizes.values() for p in ps} - {""}):
+            own = {
+                e: [p for p in ps if p.encoding == name]
+                for e, ps in sizes.items()
+                if any(p.encoding == name for p in ps)
+            }
+            if any(
+                _key_choice_costs(ps, table.ranking(key, e) or ()) > ENCODING_KEY_ABOVE
+                for e, ps in own.items()
+            ):
+                entries[encoding_key(key, name)] = _segments(own)
     return PolicyTable(entries, "derived", dict(meta or {}))
 
 
@@ -298,14 +371,15 @@ def parse_table(data: object, source: str) -> PolicyTable:
     for key, segs in raw.items():
         parts = key.split("/") if isinstance(key, str) else []
         if (
-            len(parts) != 5
+            len(parts) not in (5, 6)
+            or (len(parts) == 6 and not parts[5])
             or parts[2] not in KINDS
             or parts[3] not in ("causal", "full")
             or parts[4] not in ("forward", "train")
         ):
             raise PolicyTableError(
-                f"{source}: key {key!r} is not device/dtype/kind/causal|full/forward|train "
-                f"with kind in {KINDS}"
+                f"{source}: key {key!r} is not device/dtype/kind/causal|full/forward|train"
+                f"[/encoding] with kind in {KINDS}"
             )
         if not isinstance(segs, list) or not segs:
             raise PolicyTableError(f"{source}: {key}: expected a non-empty list of segments")
