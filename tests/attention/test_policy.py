@@ -170,6 +170,22 @@ def test_encoding_keys_round_trip_and_are_checked(tmp_path):
         parse_table({"format": 1, "entries": {f"{KEY}/": [[None, ["sdpa"]]]}}, "t.json")
 
 
+def test_a_machine_table_key_takes_the_shipped_encoding_keys_under_it_away():
+    shipped = PolicyTable(
+        {
+            KEY: (Segment(None, ("sdpa", "chunked")),),
+            f"{KEY}/e": (Segment(None, ("chunked", "sdpa")),),
+            "cpu/float32/tile/full/forward/e": (Segment(None, ("eager",)),),
+        }
+    )
+    machine = PolicyTable({KEY: (Segment(None, ("sdpa", "chunked")),)})
+    active = shipped.merged(machine)
+    # this machine measured KEY and found no encoding that needs its own ranking there
+    assert set(active.entries) == {KEY, "cpu/float32/tile/full/forward/e"}
+    f = CallFacts("cpu", "float32", "toeplitz", True, False, 100, ("sdpa", "chunked"), "e")
+    assert select_backend(f, active) == "sdpa"
+
+
 def test_a_call_reads_the_registered_name_of_its_encodings_own_class():
     enc = relpos.create("alibi", num_heads=4, head_dim=16)
     q, k, v = _qkv()

@@ -369,3 +369,53 @@ def test_a_merge_replaces_the_encoding_keys_of_the_encodings_it_measured():
     assert record["changed"] == sorted(
         [key, f"{key}/gaussian-shift", f"{key}/swin-2d", f"{key}/transformer-xl"]
     )
+
+
+def _calibration_row(encoding: str, times: dict[str, float], length: int = 64) -> dict:
+    return {
+        "encoding": encoding,
+        "encoding_name": encoding,
+        "length": length,
+        "causal": True,
+        "mode": "forward",
+        "dtype": "float32",
+        "key": "cpu/float32/tile/causal/forward",
+        "elements": 8 * length * length,
+        "baseline_s": 1.0,
+        "times": times,
+        "ratios": dict(times),
+        "best": min(times, key=times.__getitem__),
+    }
+
+
+def test_a_calibration_measures_again_where_a_keys_representatives_disagree():
+    """One disturbed measurement decides a key's ranking (or writes an encoding key) only
+    where its representatives disagree; those calls, and only those, are measured again."""
+    from relpos_lab.auto_bench import disputed_rows
+
+    rows = [
+        _calibration_row("a", {"sdpa": 1.0, "chunked": 1.05}),  # agree at L = 64
+        _calibration_row("b", {"sdpa": 2.0, "chunked": 2.1}),
+        _calibration_row("a", {"sdpa": 1.0, "chunked": 1.05}, 128),  # disagree at L = 128
+        _calibration_row("b", {"sdpa": 2.0, "chunked": 1.5}, 128),
+        _calibration_row("a", {"sdpa": 1.0, "chunked": 1.2}, 256),  # agree, c alone
+        _calibration_row("c", {"sdpa": 3.0, "chunked": 3.5}, 256),
+        {"encoding": "c", "length": 64, "skipped": "one candidate to time: ['chunked']"},
+    ]
+    assert disputed_rows(rows) == [2, 3]
+
+
+def test_a_call_measured_twice_keeps_each_backends_lower_median():
+    from relpos_lab.auto_bench import lower_medians
+
+    first = _calibration_row("gta", {"sdpa": 15.7, "eager": 12.2, "chunked": 16.8})
+    first["samples"] = {"sdpa": [15.7]}
+    again = _calibration_row("gta", {"sdpa": 11.4, "eager": 13.4, "chunked": 12.0})
+    again["baseline_s"] = 1.1
+    row = lower_medians(first, again)
+    assert row["times"] == {"sdpa": 11.4, "eager": 12.2, "chunked": 12.0}
+    assert row["best"] == "sdpa" and row["baseline_s"] == 1.0
+    assert row["ratios"] == row["times"] and "samples" not in row
+    assert row["measured_twice"]["times"] == [first["times"], again["times"]]
+    # a second measurement that could not run leaves the first as it was
+    assert lower_medians(first, {"encoding": "gta", "skipped": "x"}) is first

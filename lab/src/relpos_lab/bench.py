@@ -401,7 +401,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="--auto-vs-best: rounds more for a call whose auto / best is above the target "
         "after --repeats rounds (auto, the best, the backend auto ran, the baseline; medians "
-        f"over every round); default {CONFIRM_ROUNDS}, 0 for none",
+        f"over every round); default {CONFIRM_ROUNDS}, 0 for none. --calibrate: the rounds "
+        "of a second measurement, after the grid, of every call at a length where a key's "
+        "representatives disagree on the fastest backend (each backend keeps the lower of "
+        "its two medians); default --repeats, 0 for none",
     )
     grid.add_argument(
         "--clock",

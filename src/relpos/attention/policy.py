@@ -32,9 +32,9 @@ calibrated follow the key). The shipped table (``auto_table.json`` beside this
 module) records the machine and command that measured it. A per-machine table, written by
 ``relpos bench --calibrate``, lives at ``machine_table_path()`` (``$RELPOS_AUTO_TABLE``, else
 ``$XDG_CACHE_HOME/relpos/auto_table.json``, else ``~/.cache/relpos/auto_table.json``); when
-present its keys replace the shipped ones. It is read once per process (``reload`` reads it
-again); a file that cannot be read or does not parse as a table is reported by name in a
-warning and the shipped table is used.
+present its keys replace the shipped ones, with the shipped encoding keys under them. It is
+read once per process (``reload`` reads it again); a file that cannot be read or does not
+parse as a table is reported by name in a warning and the shipped table is used.
 """
 
 from __future__ import annotations
@@ -194,9 +194,17 @@ class PolicyTable:
         return segments[min(i, len(segments) - 1)].ranking
 
     def merged(self, other: PolicyTable) -> PolicyTable:
-        """This table with ``other``'s keys replacing its own."""
+        """This table with ``other``'s keys replacing its own; a key ``other`` holds takes
+        this table's encoding keys under it away (``other`` measured the key, and holds the
+        encoding keys its measurement needs)."""
+        keys = {general_key(k) for k in other.entries}
+        kept = {
+            k: segs
+            for k, segs in self.entries.items()
+            if k == general_key(k) or general_key(k) not in keys
+        }
         return PolicyTable(
-            {**self.entries, **other.entries},
+            {**kept, **other.entries},
             f"{other.source} over {self.source}",
             {"base": dict(self.meta), "override": dict(other.meta)},
         )
