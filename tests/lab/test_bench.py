@@ -405,17 +405,59 @@ def test_a_calibration_measures_again_where_a_keys_representatives_disagree():
     assert disputed_rows(rows) == [2, 3]
 
 
-def test_a_call_measured_twice_keeps_each_backends_lower_median():
-    from relpos_lab.auto_bench import lower_medians
+def test_a_call_measured_several_times_pools_every_round():
+    """The medians of a disputed call span the rounds of all its measurements: one disturbed
+    measurement of three (GTA's sdpa at 15.7 where two others read 11.4 and 11.5) is
+    outvoted."""
+    from relpos_lab.auto_bench import pooled
 
-    first = _calibration_row("gta", {"sdpa": 15.7, "eager": 12.2, "chunked": 16.8})
-    first["samples"] = {"sdpa": [15.7]}
-    again = _calibration_row("gta", {"sdpa": 11.4, "eager": 13.4, "chunked": 12.0})
-    again["baseline_s"] = 1.1
-    row = lower_medians(first, again)
-    assert row["times"] == {"sdpa": 11.4, "eager": 12.2, "chunked": 12.0}
-    assert row["best"] == "sdpa" and row["baseline_s"] == 1.0
-    assert row["ratios"] == row["times"] and "samples" not in row
-    assert row["measured_twice"]["times"] == [first["times"], again["times"]]
-    # a second measurement that could not run leaves the first as it was
-    assert lower_medians(first, {"encoding": "gta", "skipped": "x"}) is first
+    def measurement(sdpa: float, eager: float, base: float = 1.0) -> dict:
+        row = _calibration_row("gta", {"sdpa": sdpa, "eager": eager})
+        row["baseline_s"] = base
+        row["samples"] = {"sdpa-nobias": [base] * 3, "sdpa": [sdpa] * 3, "eager": [eager] * 3}
+        return row
+
+    disturbed, normal, third = (
+        measurement(15.7, 12.2),
+        measurement(11.4, 13.4),
+        measurement(11.5, 13.0),
+    )
+    row = pooled([disturbed, normal, third])
+    assert row["times"] == {"sdpa": 11.5, "eager": 13.0} and row["best"] == "sdpa"
+    assert row["baseline_s"] == 1.0 and row["ratios"] == row["times"]
+    assert [m["times"] for m in row["measurements"]] == [
+        disturbed["times"],
+        normal["times"],
+        third["times"],
+    ]
+    # a measurement that could not run adds nothing
+    skipped = {"encoding": "gta", "skipped": "x"}
+    assert pooled([disturbed, skipped]) is disturbed
+
+
+def test_the_disputed_calls_of_a_calibration_are_measured_again_and_pooled():
+    from relpos_lab.auto_bench import EncodingCase, GridPlan, remeasure_disputed, run_case
+
+    plan = GridPlan(
+        cases=(EncodingCase("alibi"), EncodingCase("kerple-log")),
+        lengths=(32,),
+        dtypes=("float32",),
+        masks=(True,),
+        modes=(False,),
+        heads=2,
+        head_dim=8,
+        repeats=1,
+        warmup=0,
+        confirm=1,
+        with_auto=False,
+        calibrate=True,
+    )
+    rows = [run_case(plan, c, 32, True, False, "float32", lambda m: None) for c in plan.cases]
+    assert rows[0]["key"] == rows[1]["key"]  # two representatives of one key
+    rows[1]["best"] = next(b for b in rows[1]["times"] if b != rows[0]["best"])  # disagree
+    again = remeasure_disputed(plan, rows, lambda m: None)
+    for before, after in zip(rows, again, strict=True):
+        assert 2 <= len(after["measurements"]) <= 3
+        assert after["measurements"][0]["times"] == before["times"]
+        assert after["best"] in after["times"] and set(after["times"]) == set(before["times"])
+    assert remeasure_disputed(plan, again[:1], lambda m: None) == again[:1]  # nothing disputed

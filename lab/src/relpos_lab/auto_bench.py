@@ -184,8 +184,8 @@ class GridPlan:
     warmup: int = 1
     #: --auto-vs-best: rounds more for a call whose auto / best is above ``TARGET`` after
     #: ``repeats`` rounds (auto, the best, the backend auto ran and the baseline; medians over
-    #: every round); --calibrate: the rounds of a second measurement, after the grid, of the
-    #: calls ``disputed_rows`` names (``remeasure_disputed``)
+    #: every round); --calibrate: the rounds of each further measurement, after the grid, of
+    #: the calls ``disputed_rows`` names (``remeasure_disputed``)
     confirm: int = 0
     flex_lengths: tuple[int, ...] = ()
     with_auto: bool = True
@@ -499,33 +499,26 @@ def disputed_rows(rows: list[dict[str, Any]]) -> list[int]:
     return sorted(i for members in disputed for i in members)
 
 
-def lower_medians(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
-    """A call measured twice: each backend's (and the baseline's) lower median of the two
-    measurements, since a disturbance only adds time; ratios and the best backend from them.
-    The two measurements' medians are kept under ``measured_twice``."""
-    if not again.get("times") or not first.get("times"):
-        return first
-    times = {b: min(t, again["times"].get(b, math.inf)) for b, t in first["times"].items()}
-    base = min(first["baseline_s"], again["baseline_s"])
-    row = {k: v for k, v in first.items() if k != "samples"}
-    row.update(
-        times=times,
-        baseline_s=base,
-        ratios={b: t / base for b, t in times.items()},
-        best=min(times, key=times.__getitem__),
-        measured_twice={
-            "times": [first["times"], again["times"]],
-            "baseline_s": [first["baseline_s"], again["baseline_s"]],
-        },
-    )
+def pooled(measurements: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call measured several times, as one row: every backend's (and the baseline's)
+    median over the rounds of all the measurements; each measurement's medians are kept
+    under ``measurements``. A measurement that could not run adds nothing."""
+    ran = [m for m in measurements if m.get("samples")]
+    if len(ran) < 2:
+        return measurements[0]
+    samples = {b: [x for m in ran for x in m["samples"].get(b, ())] for b in ran[0]["samples"]}
+    row = {k: v for k, v in ran[0].items() if k not in ("samples", "best")}
+    _rate(row, {b: s for b, s in samples.items() if s})
+    row["measurements"] = [{"times": m["times"], "baseline_s": m["baseline_s"]} for m in ran]
     return row
 
 
 def remeasure_disputed(
     plan: GridPlan, rows: list[dict[str, Any]], log: Callable[[str], None] = print
 ) -> list[dict[str, Any]]:
-    """``rows`` with each of ``disputed_rows`` measured again (``plan.confirm`` rounds) and
-    combined by ``lower_medians``."""
+    """``rows`` with each of ``disputed_rows`` measured again (``plan.confirm`` rounds), and
+    a third time where the two measurements disagree on the fastest backend; the rows pool
+    every round (``pooled``), so one disturbed measurement of three is outvoted."""
     if not plan.confirm:
         return rows
     cases = {c.label: c for c in plan.cases}
@@ -535,10 +528,12 @@ def remeasure_disputed(
     log(f"measuring {len(disputed)} calls again (their key's representatives disagree)")
     for i in disputed:
         r = rows[i]
-        again = run_case(again_plan, cases[r["encoding"]], r["length"], r["causal"],
-                         r["mode"] == "train", r["dtype"], log)  # fmt: skip
-        out[i] = lower_medians(r, again)
-        log(_progress(out[i]) + " (measured twice)")
+        args = (cases[r["encoding"]], r["length"], r["causal"], r["mode"] == "train", r["dtype"])
+        measurements = [r, run_case(again_plan, *args, log)]
+        if measurements[1].get("best", r["best"]) != r["best"]:
+            measurements.append(run_case(again_plan, *args, log))
+        out[i] = pooled(measurements)
+        log(_progress(out[i]) + f" (measured {len(measurements)} times, pooled)")
     return out
 
 

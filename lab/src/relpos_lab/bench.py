@@ -403,8 +403,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "after --repeats rounds (auto, the best, the backend auto ran, the baseline; medians "
         f"over every round); default {CONFIRM_ROUNDS}, 0 for none. --calibrate: the rounds "
         "of a second measurement, after the grid, of every call at a length where a key's "
-        "representatives disagree on the fastest backend (each backend keeps the lower of "
-        "its two medians); default --repeats, 0 for none",
+        "representatives disagree on the fastest backend (and of a third where the two "
+        "disagree; medians over every round); default --repeats, 0 for none",
     )
     grid.add_argument(
         "--clock",
