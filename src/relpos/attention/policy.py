@@ -287,12 +287,17 @@ class Point:
     encoding: str = ""
 
 
+def _measured(p: Point) -> dict[str, float]:
+    """The backends of ``p`` with a usable time (positive and finite)."""
+    return {b: t for b, t in p.times.items() if t > 0 and math.isfinite(t)}
+
+
 def _ranking(points: Sequence[Point]) -> tuple[str, ...]:
     """Backends by their worst ratio to the fastest backend of each representative (ties by
     name, so the order is reproducible)."""
     worst: dict[str, float] = {}
     for p in points:
-        times = {b: t for b, t in p.times.items() if t > 0 and math.isfinite(t)}
+        times = _measured(p)
         if not times:
             continue
         best = min(times.values())
@@ -325,7 +330,7 @@ def _key_choice_costs(points: Sequence[Point], ranking: Sequence[str]) -> float:
     (its first ranked backend the representative ran), worst over ``points``."""
     worst = 1.0
     for p in points:
-        times = {b: t for b, t in p.times.items() if t > 0 and math.isfinite(t)}
+        times = _measured(p)
         chosen = next((b for b in ranking if b in times), None)
         if chosen is not None:
             worst = max(worst, times[chosen] / min(times.values()))
@@ -351,12 +356,12 @@ def derive_table(points: Iterable[Point], meta: Mapping[str, Any] | None = None)
             continue
         entries[key] = segments
         table = PolicyTable({key: segments})
-        for name in sorted({p.encoding for ps in sizes.values() for p in ps} - {""}):
-            own = {
-                e: [p for p in ps if p.encoding == name]
-                for e, ps in sizes.items()
-                if any(p.encoding == name for p in ps)
-            }
+        by_encoding: dict[str, dict[int, list[Point]]] = {}
+        for e, ps in sizes.items():
+            for p in ps:
+                if p.encoding:
+                    by_encoding.setdefault(p.encoding, {}).setdefault(e, []).append(p)
+        for name, own in sorted(by_encoding.items()):
             if any(
                 _key_choice_costs(ps, table.ranking(key, e) or ()) > ENCODING_KEY_ABOVE
                 for e, ps in own.items()
